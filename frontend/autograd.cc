@@ -1,0 +1,272 @@
+// Eager autograd over a tape that is an ir::Graph (see autograd.h).
+//
+// The tape of a record scope holds the graph plus the data of every value in it (storage views,
+// not Tensors, so no reference cycle through AutogradMeta). Every tensor produced while
+// recording points at the tape and its value; the tape lives as long as any such tensor.
+// Leaves (tensors with AttachGrad) are graph inputs of the tape that first used them.
+#include "kiln/frontend/autograd.h"
+
+#include <unordered_map>
+
+#include "kiln/frontend/dispatch.h"
+#include "kiln/passes/autodiff.h"
+
+namespace kiln {
+
+struct Tape {
+  ir::Graph graph;
+  std::unordered_map<const ir::Value*, Tensor> data;  // detached views: no autograd meta
+  std::vector<std::pair<const ir::Value*, std::weak_ptr<TensorImpl>>> leaves;
+  bool freed = false;
+};
+
+struct AutogradMeta {
+  // Leaf state.
+  GradReq req = GradReq::kNull;
+  Tensor grad;
+  // Where this tensor lives on a tape (for leaves: the tape that last used it).
+  std::shared_ptr<Tape> tape;
+  ir::Value* value = nullptr;
+};
+
+namespace autograd {
+
+namespace {
+thread_local bool tls_recording = false;
+thread_local bool tls_training = false;
+thread_local std::shared_ptr<Tape> tls_tape;  // the tape of the outermost active record scope
+thread_local int tls_record_depth = 0;
+
+Tensor Detached(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd.reset();
+  return Tensor(std::move(impl));
+}
+
+bool OnTape(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->tape; }
+bool IsLeaf(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->req != GradReq::kNull; }
+
+// The value of `t` on `tape`, adding it as a graph input (leaf or constant) when needed.
+ir::Value* ValueOn(const std::shared_ptr<Tape>& tape, const Tensor& t) {
+  auto& meta = t.impl()->autograd;
+  if (meta && meta->tape == tape && meta->value) return meta->value;
+  ir::Value* v = tape->graph.AddInput(IsLeaf(t) ? "leaf" : "const", {t.shape(), t.dtype()});
+  tape->data.emplace(v, Detached(t));
+  if (IsLeaf(t)) {
+    meta->tape = tape;
+    meta->value = v;
+    tape->leaves.emplace_back(v, t.impl_ptr());
+  }
+  return v;
+}
+}  // namespace
+
+RecordScope::RecordScope(bool train_mode) : prev_recording_(tls_recording), prev_training_(tls_training) {
+  if (tls_record_depth++ == 0 || !tls_tape) tls_tape = std::make_shared<Tape>();
+  tls_recording = true;
+  tls_training = train_mode;
+}
+RecordScope::~RecordScope() {
+  tls_recording = prev_recording_;
+  tls_training = prev_training_;
+  if (--tls_record_depth == 0) tls_tape.reset();
+}
+
+PauseScope::PauseScope(bool train_mode) : prev_recording_(tls_recording), prev_training_(tls_training) {
+  tls_recording = false;
+  tls_training = train_mode;
+}
+PauseScope::~PauseScope() {
+  tls_recording = prev_recording_;
+  tls_training = prev_training_;
+}
+
+bool IsRecording() { return tls_recording; }
+bool IsTraining() { return tls_training; }
+bool SetTraining(bool training) {
+  bool prev = tls_training;
+  tls_training = training;
+  return prev;
+}
+
+bool NeedsRecord(std::span<const Tensor> inputs) {
+  if (!tls_recording) return false;
+  for (const Tensor& t : inputs)
+    if (IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape == tls_tape)) return true;
+  return false;
+}
+
+void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
+            std::span<const Tensor> outputs) {
+  const std::shared_ptr<Tape>& tape = tls_tape;
+  std::vector<ir::Value*> in;
+  in.reserve(inputs.size());
+  for (const Tensor& t : inputs) in.push_back(ValueOn(tape, t));
+  ir::Node* n = tape->graph.AddNode(op, std::move(in), attrs);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    ir::Value* v = n->output(static_cast<int>(i));
+    tape->data.emplace(v, Detached(outputs[i]));
+    auto meta = std::make_shared<AutogradMeta>();
+    meta->tape = tape;
+    meta->value = v;
+    outputs[i].impl()->autograd = std::move(meta);
+  }
+}
+
+namespace {
+
+// Builds gradient nodes on the heads' tape, evaluates them, and returns the gradients of
+// `xs` (undefined where no path leads to them). Rolls the tape back afterwards.
+std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads,
+                                  const std::vector<ir::Value*>& xs, const std::shared_ptr<Tape>& tape,
+                                  bool retain_graph) {
+  if (tape->freed)
+    KILN_THROW(StateError) << "backward: the graph of this computation was already freed by an earlier "
+                              "backward; pass retain_graph=True to the first backward to run it twice";
+  PauseScope pause(IsTraining());
+  ir::Graph& g = tape->graph;
+  ir::Graph::Mark mark = g.GetMark();
+  size_t mark_nodes = mark.nodes;
+  std::vector<ir::Value*> ys, dys;
+  std::vector<std::pair<ir::Value*, Tensor>> seeds;
+  for (size_t i = 0; i < heads.size(); ++i) {
+    const Tensor& h = heads[i];
+    ys.push_back(h.impl()->autograd->value);
+    Tensor hg = i < head_grads.size() ? head_grads[i] : Tensor();
+    if (hg.defined()) {
+      if (!(hg.shape() == h.shape()))
+        KILN_THROW(ShapeError) << "backward: head gradient of shape " << hg.shape().str()
+                               << " does not match the output's shape " << h.shape().str();
+      if (hg.dtype() != h.dtype()) hg = hg.AsType(h.dtype());
+    } else {
+      hg = Invoke1("full", {}, {{"shape", h.shape().vec()}, {"value", 1.0}, {"dtype", h.dtype()}}, h.device());
+    }
+    ir::Value* dv = g.AddInput("head_grad", {h.shape(), h.dtype()});
+    dys.push_back(dv);
+    seeds.emplace_back(dv, hg);
+  }
+  std::vector<ir::Value*> grads = passes::BuildGradients(g, ys, dys, xs);
+
+  // Evaluate the appended nodes in order.
+  std::unordered_map<const ir::Value*, Tensor> local;
+  for (auto& [v, t] : seeds) local.emplace(v, t);
+  auto lookup = [&](const ir::Value* v) -> const Tensor& {
+    auto it = local.find(v);
+    if (it != local.end()) return it->second;
+    auto jt = tape->data.find(v);
+    KILN_CHECK(jt != tape->data.end()) << "value %" << v->id() << " has no data on the tape";
+    return jt->second;
+  };
+  Device dev = heads[0].device();
+  for (size_t i = mark_nodes; i < g.nodes().size(); ++i) {
+    const ir::Node& n = *g.nodes()[i];
+    std::vector<Tensor> in;
+    for (ir::Value* v : n.inputs()) in.push_back(lookup(v));
+    std::vector<Tensor> out = Invoke(n.op(), in, n.attrs(), in.empty() ? std::optional<Device>(dev) : std::nullopt);
+    for (size_t k = 0; k < out.size(); ++k) local.emplace(n.output(static_cast<int>(k)), out[k]);
+  }
+  std::vector<Tensor> result;
+  for (ir::Value* gv : grads) result.push_back(gv ? lookup(gv) : Tensor());
+  // Gradient nodes are not part of the forward record: drop them so the tape does not grow.
+  g.Rollback(mark);
+  if (!retain_graph) {
+    tape->freed = true;
+    tape->data.clear();
+  }
+  return result;
+}
+
+std::shared_ptr<Tape> HeadsTape(const std::vector<Tensor>& heads) {
+  if (heads.empty()) KILN_THROW(ValueError) << "backward: no output tensors were given";
+  std::shared_ptr<Tape> tape;
+  for (const Tensor& h : heads) {
+    if (!OnTape(h) || IsLeaf(h))
+      KILN_THROW(StateError) << "backward: this tensor was not computed under autograd.record() from "
+                                "tensors that have gradients; call x.attach_grad() on the inputs and "
+                                "compute the output inside `with autograd.record():`";
+    if (tape && h.impl()->autograd->tape != tape)
+      KILN_THROW(StateError) << "backward: the outputs were recorded in different autograd.record() "
+                                "scopes; compute them in one scope";
+    tape = h.impl()->autograd->tape;
+  }
+  return tape;
+}
+
+}  // namespace
+
+void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads, bool retain_graph) {
+  std::shared_ptr<Tape> tape = HeadsTape(heads);
+  std::vector<ir::Value*> xs;
+  std::vector<std::shared_ptr<TensorImpl>> leaves;
+  for (auto& [v, w] : tape->leaves)
+    if (auto impl = w.lock(); impl && impl->autograd && impl->autograd->req != GradReq::kNull &&
+                              impl->autograd->value == v) {
+      xs.push_back(const_cast<ir::Value*>(v));
+      leaves.push_back(impl);
+    }
+  std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    AutogradMeta& m = *leaves[i]->autograd;
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      if (m.req == GradReq::kWrite) {
+        Tensor outs[1] = {m.grad};
+        InvokeInto(ir::FindOp("full"), {}, {{"shape", m.grad.shape().vec()}, {"value", 0.0},
+                                            {"dtype", m.grad.dtype()}}, outs);
+      }
+      continue;
+    }
+    if (m.req == GradReq::kWrite) {
+      g.CopyTo(m.grad);
+    } else {
+      Tensor gs[2] = {m.grad, g};
+      Tensor outs[1] = {m.grad};
+      InvokeInto(ir::FindOp("add"), gs, {}, outs);
+    }
+  }
+}
+
+std::vector<Tensor> Grad(const std::vector<Tensor>& heads, const std::vector<Tensor>& variables,
+                         const std::vector<Tensor>& head_grads, bool retain_graph) {
+  std::shared_ptr<Tape> tape = HeadsTape(heads);
+  std::vector<ir::Value*> xs;
+  for (const Tensor& v : variables) {
+    if (!v.impl()->autograd || v.impl()->autograd->tape != tape)
+      KILN_THROW(StateError) << "grad: a variable was not used in the recorded computation; call "
+                                "attach_grad() on it before recording";
+    xs.push_back(v.impl()->autograd->value);
+  }
+  std::vector<Tensor> out = Differentiate(heads, head_grads, xs, tape, retain_graph);
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!out[i].defined()) out[i] = Invoke1("full", {}, {{"shape", variables[i].shape().vec()}, {"value", 0.0},
+                                                         {"dtype", variables[i].dtype()}}, variables[i].device());
+  return out;
+}
+
+}  // namespace autograd
+
+// ---- Tensor's autograd methods -------------------------------------------------------------------
+
+void Tensor::AttachGrad(GradReq req) {
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->req = req;
+  if (req != GradReq::kNull) {
+    meta->grad = Invoke1("full", {}, {{"shape", shape().vec()}, {"value", 0.0}, {"dtype", dtype()}}, device());
+  }
+  impl_->autograd = std::move(meta);
+}
+
+Tensor Tensor::grad() const { return impl_->autograd ? impl_->autograd->grad : Tensor(); }
+GradReq Tensor::grad_req() const { return impl_->autograd ? impl_->autograd->req : GradReq::kNull; }
+
+void Tensor::Backward(const Tensor& head_grad, bool retain_graph) const {
+  autograd::Backward({*this}, {head_grad}, retain_graph);
+}
+
+Tensor Tensor::Detach() const {
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->autograd.reset();
+  return Tensor(std::move(impl));
+}
+
+}  // namespace kiln

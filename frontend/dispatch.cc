@@ -1,0 +1,243 @@
+// Invoke: the eager path of every op (see dispatch.h).
+#include "kiln/frontend/dispatch.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "kiln/frontend/autograd.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/env.h"
+
+namespace kiln {
+
+// ---- kernel table ------------------------------------------------------------------------------
+
+const KernelTable& KernelTable::Get() {
+  static const KernelTable* table = [] {
+    auto* t = new KernelTable();
+    BindElementwiseKernels(*t);
+    BindReduceKernels(*t);
+    BindMovementKernels(*t);
+    BindNNKernels(*t);
+    BindCreationKernels(*t);
+    return t;
+  }();
+  return *table;
+}
+
+const KernelBinding* KernelTable::Find(ir::OpId op, DeviceType device) const {
+  const auto& v = table_[static_cast<int>(device)];
+  if (op >= v.size() || (!v[op].fn && !v[op].view)) return nullptr;
+  return &v[op];
+}
+
+void KernelTable::Bind(std::string_view op, DeviceType device, KernelBinding binding) {
+  ir::OpId id = ir::FindOp(op);
+  auto& v = table_[static_cast<int>(device)];
+  if (v.size() <= id) v.resize(ir::OpTable::Get().size());
+  KILN_CHECK(!v[id].fn) << "kernel for '" << op << "' bound twice";
+  v[id] = binding;
+}
+
+// ---- random generator state --------------------------------------------------------------------
+
+namespace {
+std::atomic<uint64_t> g_seed{static_cast<uint64_t>(env::GetInt("KILN_SEED"))};
+std::atomic<uint64_t> g_offset{0};
+thread_local const char* tls_call_site = nullptr;
+}  // namespace
+
+void ManualSeed(uint64_t seed) {
+  g_seed = seed;
+  g_offset = 0;
+}
+
+void SetCallSite(const char* site) { tls_call_site = site; }
+
+// ---- invoke ------------------------------------------------------------------------------------
+
+namespace {
+
+Device CommonDevice(const ir::OpDef& def, std::span<const Tensor> inputs, std::optional<Device> device) {
+  if (inputs.empty()) {
+    Device d = device.value_or(cpu());
+    CheckDeviceExists(d);
+    return d;
+  }
+  Device d = inputs[0].device();
+  for (size_t i = 1; i < inputs.size(); ++i)
+    if (!(inputs[i].device() == d))
+      KILN_THROW(DeviceError) << def.name << ": inputs are on different devices (input 0 on "
+                              << d.str() << ", input " << i << " on " << inputs[i].device().str()
+                              << "); move them to one device with copyto() or as_in_context()";
+  if (device && !(*device == d))
+    KILN_THROW(DeviceError) << def.name << ": inputs are on " << d.str() << " but the op was asked "
+                            << "to run on " << device->str();
+  return d;
+}
+
+void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir::Attrs& attrs,
+          std::vector<Tensor> inputs, std::vector<Tensor> outputs) {
+  std::vector<engine::Var*> reads, writes;
+  reads.reserve(inputs.size());
+  writes.reserve(outputs.size());
+  size_t bytes = 0;
+  for (const Tensor& t : inputs) reads.push_back(t.storage()->var());
+  for (const Tensor& t : outputs) {
+    writes.push_back(t.storage()->var());
+    bytes += t.storage()->nbytes();
+  }
+  uint64_t seed = 0, offset = 0;
+  if (def.random) {
+    int64_t n = 0;
+    for (const Tensor& t : outputs) n += t.numel();
+    seed = g_seed.load();
+    offset = g_offset.fetch_add(static_cast<uint64_t>((n + 3) / 4 * 4));
+  }
+  engine::TaskOptions opts;
+  opts.device = device;
+  opts.name = def.name.c_str();
+  opts.call_site = tls_call_site;
+  opts.bytes = bytes;
+  KernelFn fn = kb.fn;
+  const ir::OpDef* op = &def;
+  engine::Engine::Get().Push(
+      [fn, op, attrs, device, seed, offset, in = std::move(inputs), out = std::move(outputs)] {
+        TensorView iv[16], ov[16];
+        std::vector<TensorView> big_in, big_out;
+        std::span<const TensorView> ins, outs;
+        if (in.size() <= 16) {
+          for (size_t i = 0; i < in.size(); ++i) iv[i] = in[i].View();
+          ins = {iv, in.size()};
+        } else {
+          for (const Tensor& t : in) big_in.push_back(t.View());
+          ins = big_in;
+        }
+        if (out.size() <= 16) {
+          for (size_t i = 0; i < out.size(); ++i) ov[i] = out[i].View();
+          outs = {ov, out.size()};
+        } else {
+          for (const Tensor& t : out) big_out.push_back(t.View());
+          outs = big_out;
+        }
+        fn(KernelArgs{*op, ins, outs, attrs, device, seed, offset});
+      },
+      reads, writes, opts);
+}
+
+const KernelBinding& FindKernel(const ir::OpDef& def, Device device) {
+  const KernelBinding* kb = KernelTable::Get().Find(def.id, device.type);
+  if (!kb)
+    KILN_THROW(DeviceError) << def.name << ": no kernel for " << (device.is_cpu() ? "CPU" : "GPU")
+                            << " devices in this build; run it on "
+                            << (device.is_cpu() ? "a GPU" : "kiln.cpu()");
+  return *kb;
+}
+
+}  // namespace
+
+std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& given,
+                           std::optional<Device> device) {
+  const ir::OpDef& def = ir::GetOp(op);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined())
+      KILN_THROW(ValueError) << def.name << ": input " << i << " is an undefined tensor";
+  ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
+  Device dev = CommonDevice(def, inputs, device);
+
+  ir::TensorType in_types[16];
+  std::vector<ir::TensorType> big;
+  std::span<const ir::TensorType> types;
+  if (inputs.size() <= 16) {
+    for (size_t i = 0; i < inputs.size(); ++i) in_types[i] = {inputs[i].shape(), inputs[i].dtype()};
+    types = {in_types, inputs.size()};
+  } else {
+    for (const Tensor& t : inputs) big.push_back({t.shape(), t.dtype()});
+    types = big;
+  }
+  std::vector<ir::TensorType> out_types = def.Infer(types, attrs);
+  const KernelBinding& kb = FindKernel(def, dev);
+
+  std::vector<Tensor> outputs;
+  outputs.reserve(out_types.size());
+  if (kb.view && inputs.size() == 1) {
+    const Tensor& x = inputs[0];
+    Layout in{x.offset(), x.shape(), x.strides()}, out;
+    if (kb.view(in, attrs, out_types[0], &out)) {
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = x.storage();
+      impl->offset = out.offset;
+      impl->shape = out.shape;
+      impl->strides = out.strides;
+      impl->dtype = out_types[0].dtype;
+      outputs.emplace_back(std::move(impl));
+      if (autograd::NeedsRecord(inputs)) autograd::Record(op, attrs, inputs, outputs);
+      return outputs;
+    }
+  }
+  KILN_CHECK(kb.fn) << def.name << " has a view but no copying kernel";
+
+  std::vector<Tensor> args(inputs.begin(), inputs.end());
+  if (kb.contiguous_inputs)
+    for (Tensor& t : args)
+      if (!t.is_contiguous()) t = t.Contiguous();
+  for (const ir::TensorType& t : out_types) outputs.push_back(Tensor::Empty(t.shape, t.dtype, dev));
+  Push(def, kb, dev, attrs, std::move(args), outputs);
+  if (autograd::NeedsRecord(inputs)) autograd::Record(op, attrs, inputs, outputs);
+  return outputs;
+}
+
+std::vector<Tensor> Invoke(std::string_view op, std::span<const Tensor> inputs, const ir::Attrs& attrs,
+                           std::optional<Device> device) {
+  return Invoke(ir::FindOp(op), inputs, attrs, device);
+}
+
+Tensor Invoke1(std::string_view op, std::initializer_list<Tensor> inputs, const ir::Attrs& attrs,
+               std::optional<Device> device) {
+  std::vector<Tensor> out = Invoke(ir::FindOp(op), std::span<const Tensor>(inputs.begin(), inputs.size()),
+                                   attrs, device);
+  KILN_CHECK(out.size() == 1) << op << " has " << out.size() << " outputs; use Invoke";
+  return out[0];
+}
+
+void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& given,
+                std::span<const Tensor> outputs) {
+  const ir::OpDef& def = ir::GetOp(op);
+  ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
+  Device dev = CommonDevice(def, inputs, inputs.empty() ? std::optional<Device>(outputs[0].device())
+                                                        : std::nullopt);
+  std::vector<ir::TensorType> types;
+  for (const Tensor& t : inputs) types.push_back({t.shape(), t.dtype()});
+  std::vector<ir::TensorType> out_types = def.Infer(types, attrs);
+  if (out_types.size() != outputs.size())
+    KILN_THROW(ValueError) << def.name << ": expected " << out_types.size() << " output tensor(s), found "
+                           << outputs.size();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!(outputs[i].shape() == out_types[i].shape) || outputs[i].dtype() != out_types[i].dtype)
+      KILN_THROW(ShapeError) << def.name << ": output " << i << " must be "
+                             << DTypeName(out_types[i].dtype) << out_types[i].shape.str() << ", found "
+                             << DTypeName(outputs[i].dtype()) << outputs[i].shape().str();
+    if (!(outputs[i].device() == dev))
+      KILN_THROW(DeviceError) << def.name << ": output " << i << " is on " << outputs[i].device().str()
+                              << " but the inputs are on " << dev.str();
+  }
+  const KernelBinding& kb = FindKernel(def, dev);
+  KILN_CHECK(kb.fn) << def.name;
+  std::vector<Tensor> args(inputs.begin(), inputs.end());
+  if (kb.contiguous_inputs)
+    for (Tensor& t : args)
+      if (!t.is_contiguous()) t = t.Contiguous();
+  // Kernels write contiguous outputs; a strided destination gets a contiguous temporary.
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  std::vector<std::pair<Tensor, Tensor>> copy_back;
+  for (Tensor& o : outs)
+    if (!o.is_contiguous()) {
+      Tensor tmp = Tensor::Empty(o.shape(), o.dtype(), dev);
+      copy_back.emplace_back(tmp, o);
+      o = tmp;
+    }
+  Push(def, kb, dev, attrs, std::move(args), outs);
+  for (auto& [tmp, dst] : copy_back) tmp.CopyTo(dst);
+}
+
+}  // namespace kiln

@@ -1,0 +1,205 @@
+// Tensor: creation, host access (the sync points), device copies.
+#include "kiln/frontend/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "kiln/frontend/dispatch.h"
+#include "kiln/runtime/cpu/copy.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/cuda.h"
+
+namespace kiln {
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0)
+      KILN_THROW(ShapeError) << "shape " << shape.str() << " has a negative dimension; sizes must be >= 0";
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * DTypeSize(dtype), device);
+  impl->shape = shape;
+  impl->strides = shape.ContiguousStrides();
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::FromHost(const void* data, const Shape& shape, DType dtype, Device device) {
+  size_t nbytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
+  if (device.is_cpu()) {
+    Tensor t = Empty(shape, dtype, device);  // fresh storage: nobody else can see it yet
+    if (nbytes) std::memcpy(t.storage()->data(), data, nbytes);
+    return t;
+  }
+  Tensor host = FromHost(data, shape, dtype, cpu());
+  return host.To(device);
+}
+
+Tensor Tensor::Scalar(double value, DType dtype, Device device) {
+  Tensor t = Empty(Shape{}, dtype, device.is_cpu() ? device : cpu());
+  host::Fill(t.View(), value);
+  return device.is_cpu() ? t : t.To(device);
+}
+
+TensorView Tensor::View() const {
+  TensorView v;
+  v.data = static_cast<char*>(impl_->storage->data()) + impl_->offset * static_cast<int64_t>(DTypeSize(impl_->dtype));
+  v.dtype = impl_->dtype;
+  v.shape = impl_->shape;
+  v.strides = impl_->strides;
+  return v;
+}
+
+void Tensor::WaitToRead() const { engine::Engine::Get().WaitForVar(impl_->storage->var()); }
+
+void Tensor::CopyToHost(void* dst) const {
+  if (!device().is_cpu()) {
+    To(cpu()).CopyToHost(dst);
+    return;
+  }
+  WaitToRead();
+  TensorView d = View();
+  d.data = dst;
+  d.strides = d.shape.ContiguousStrides();
+  host::CopyConvert(View(), d);
+}
+
+template <class T>
+std::vector<T> Tensor::ToVector() const {
+  Tensor src = device().is_cpu() ? *this : To(cpu());
+  src.WaitToRead();
+  std::vector<T> out(static_cast<size_t>(numel()));
+  TensorView d;
+  d.dtype = DTypeOf<T>::value;
+  d.shape = shape();
+  d.strides = shape().ContiguousStrides();
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<uint8_t> tmp(out.size());
+    d.data = tmp.data();
+    host::CopyConvert(src.View(), d);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = tmp[i] != 0;
+  } else {
+    d.data = out.data();
+    host::CopyConvert(src.View(), d);
+  }
+  return out;
+}
+template std::vector<float> Tensor::ToVector<float>() const;
+template std::vector<double> Tensor::ToVector<double>() const;
+template std::vector<int32_t> Tensor::ToVector<int32_t>() const;
+template std::vector<int64_t> Tensor::ToVector<int64_t>() const;
+template std::vector<uint8_t> Tensor::ToVector<uint8_t>() const;
+template std::vector<bool> Tensor::ToVector<bool>() const;
+
+double Tensor::Item() const {
+  if (numel() != 1)
+    KILN_THROW(ShapeError) << "item(): the tensor has " << numel() << " elements " << shape().str()
+                           << "; item() needs exactly one";
+  return ToVector<double>()[0];
+}
+
+std::string Tensor::str() const {
+  std::vector<double> v = ToVector<double>();
+  std::ostringstream os;
+  os.precision(IsFloat(dtype()) ? 6 : 19);
+  const Shape& s = shape();
+  std::vector<int64_t> strides(s.rank());
+  int64_t acc = 1;
+  for (int i = s.rank() - 1; i >= 0; --i) strides[i] = acc, acc *= s[i];
+  std::function<void(int, int64_t)> rec = [&](int dim, int64_t base) {
+    if (dim == s.rank()) {
+      double x = v[base];
+      if (dtype() == DType::kBool) os << (x != 0 ? "True" : "False");
+      else if (IsFloat(dtype()) && std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 1e15) os << x << ".";
+      else os << x;
+      return;
+    }
+    os << "[";
+    int64_t n = s[dim];
+    for (int64_t i = 0; i < n; ++i) {
+      if (n > 12 && i == 6) {
+        os << "..., ";
+        i = n - 6;
+      }
+      rec(dim + 1, base + i * strides[dim]);
+      if (i + 1 < n) os << (dim + 1 < s.rank() ? ",\n" + std::string(dim + 1, ' ') : ", ");
+    }
+    os << "]";
+  };
+  rec(0, 0);
+  os << "\n<Tensor " << s.str() << " " << DTypeName(dtype()) << " @" << device().str() << ">";
+  return os.str();
+}
+
+// ---- copies between devices ----------------------------------------------------------------------
+
+void Tensor::CopyTo(const Tensor& dst) const {
+  if (!(dst.shape() == shape()))
+    KILN_THROW(ShapeError) << "copyto: source shape " << shape().str() << " does not match destination "
+                           << dst.shape().str();
+  if (dst.dtype() != dtype())
+    KILN_THROW(DTypeError) << "copyto: source dtype " << DTypeName(dtype()) << " does not match destination "
+                           << DTypeName(dst.dtype()) << "; use astype() first";
+  Device sd = device(), dd = dst.device();
+  engine::Var* r[1] = {storage()->var()};
+  engine::Var* w[1] = {dst.storage()->var()};
+  engine::TaskOptions o;
+  o.name = "copyto";
+  o.bytes = dst.storage()->nbytes();
+  Tensor src = *this;
+  if (sd.is_cpu() && dd.is_cpu()) {
+    o.device = dd;
+    engine::Engine::Get().Push([src, dst] { host::CopyConvert(src.View(), dst.View()); }, r, w, o);
+    return;
+  }
+  // GPU transfers move contiguous bytes; strided sides go through a contiguous temporary.
+  if (!src.is_contiguous()) src = src.Contiguous();
+  if (!dst.is_contiguous()) {
+    Tensor tmp = Tensor::Empty(dst.shape(), dst.dtype(), dd);
+    src.CopyTo(tmp);
+    tmp.CopyTo(dst);
+    return;
+  }
+  r[0] = src.storage()->var();
+  size_t nbytes = static_cast<size_t>(numel()) * DTypeSize(dtype());
+  if (sd.is_cpu()) {
+    o.device = dd;
+    o.stream = engine::StreamKind::kCopyH2D;
+    engine::Engine::Get().Push([src, dst, nbytes] {
+      cuda::CopyAsync(dst.View().data, src.View().data, nbytes, cuda::CopyKind::kHostToDevice);
+    }, r, w, o);
+  } else if (dd.is_cpu()) {
+    o.device = sd;
+    o.stream = engine::StreamKind::kCopyD2H;
+    engine::Engine::Get().Push([src, dst, nbytes] {
+      cuda::CopyAsync(dst.View().data, src.View().data, nbytes, cuda::CopyKind::kDeviceToHost);
+    }, r, w, o);
+  } else {
+    o.device = dd;
+    o.stream = engine::StreamKind::kCopyH2D;
+    engine::Engine::Get().Push([src, dst, nbytes, sd, dd] {
+      if (sd == dd) cuda::CopyAsync(dst.View().data, src.View().data, nbytes, cuda::CopyKind::kDeviceToDevice);
+      else cuda::CopyPeerAsync(dst.View().data, dd, src.View().data, sd, nbytes);
+    }, r, w, o);
+  }
+}
+
+Tensor Tensor::To(Device device, bool copy) const {
+  if (device == this->device() && !copy) return *this;
+  CheckDeviceExists(device);
+  Tensor out = Empty(shape(), dtype(), device);
+  CopyTo(out);
+  return out;
+}
+
+Tensor Tensor::AsType(DType dtype) const {
+  if (dtype == this->dtype()) return *this;
+  return Invoke1("cast", {*this}, {{"dtype", dtype}});
+}
+
+Tensor Tensor::Contiguous() const {
+  if (is_contiguous()) return *this;
+  return Invoke1("copy", {*this});
+}
+
+}  // namespace kiln

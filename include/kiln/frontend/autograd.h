@@ -1,0 +1,62 @@
+// Eager autograd. Under a RecordScope every op whose inputs need gradients is appended to a tape
+// that is an ir::Graph (DESIGN.md section 5); Backward runs the autodiff pass of passes/ over it
+// and executes the gradient nodes eagerly. Eager autograd and graph autodiff share one
+// differentiation implementation: the op table's gradient rules.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kiln/frontend/tensor.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::autograd {
+
+/// `with autograd.record(train_mode)`: records ops for differentiation.
+class RecordScope {
+ public:
+  explicit RecordScope(bool train_mode = true);
+  ~RecordScope();
+  RecordScope(const RecordScope&) = delete;
+  RecordScope& operator=(const RecordScope&) = delete;
+
+ private:
+  bool prev_recording_, prev_training_;
+};
+
+/// `with autograd.pause(train_mode)`: stops recording inside a record scope.
+class PauseScope {
+ public:
+  explicit PauseScope(bool train_mode = false);
+  ~PauseScope();
+  PauseScope(const PauseScope&) = delete;
+  PauseScope& operator=(const PauseScope&) = delete;
+
+ private:
+  bool prev_recording_, prev_training_;
+};
+
+bool IsRecording();
+bool IsTraining();
+/// Sets the training flag (returns the previous value); dropout and batch norm read it.
+bool SetTraining(bool training);
+
+/// Backpropagates from `heads` (with `head_grads`, ones where undefined) into every leaf that has
+/// a gradient buffer. Without `retain_graph` the tape's saved values are released and a second
+/// backward through them raises StateError.
+void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads = {},
+              bool retain_graph = false);
+
+/// Gradients of `heads` with respect to `variables`, returned instead of written to .grad.
+std::vector<Tensor> Grad(const std::vector<Tensor>& heads, const std::vector<Tensor>& variables,
+                         const std::vector<Tensor>& head_grads = {}, bool retain_graph = false);
+
+// ---- used by dispatch ----
+
+/// True when recording and some input takes part in differentiation.
+bool NeedsRecord(std::span<const Tensor> inputs);
+/// Appends the op to the tape and links the outputs to it.
+void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
+            std::span<const Tensor> outputs);
+
+}  // namespace kiln::autograd

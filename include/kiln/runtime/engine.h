@@ -1,0 +1,92 @@
+// The dependency engine (DESIGN.md section 4), in the manner of MXNet's.
+//
+// Every task names the variables it reads and the ones it writes. A task runs once the earlier
+// writers of its reads, and the earlier readers and writers of its writes, have finished; tasks
+// with no conflict run concurrently on the workers of their device. Push returns at once.
+//
+// Errors: an exception thrown by a task is stored on the variables it writes; tasks that read
+// such a variable are skipped and pass the error on. WaitForVar rethrows the stored error (naming
+// the task), WaitForAll rethrows the first error since the previous WaitForAll. The engine keeps
+// running.
+//
+// Backpressure: at most `max_pending` tasks (KILN_ENGINE_MAX_PENDING) and `max_pending_bytes`
+// bytes of task outputs (KILN_ENGINE_MAX_PENDING_MB) wait at once; Push from a non-worker thread
+// blocks until there is room, which bounds the memory a fast producer can claim.
+//
+// KILN_ENGINE=naive runs every task on the calling thread at Push (same error semantics).
+// What it does not do: priorities, or fairness between devices beyond FIFO per worker.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kiln/runtime/device.h"
+
+namespace kiln::engine {
+
+/// An engine variable: the unit of dependency tracking (one per Storage). Opaque.
+class Var;
+
+/// Which queue of a device runs the task. CPU devices have one kind of worker; on GPUs each
+/// kind is its own CUDA stream.
+enum class StreamKind : uint8_t { kCompute = 0, kCopyH2D = 1, kCopyD2H = 2, kComm = 3 };
+
+struct TaskOptions {
+  Device device = cpu(0);
+  StreamKind stream = StreamKind::kCompute;
+  const char* name = "task";       ///< op name, used in error messages and the profiler
+  const char* call_site = nullptr;  ///< where the user called it (set by the frontend), optional
+  size_t bytes = 0;                 ///< bytes the task writes, for memory backpressure
+};
+
+struct EngineStats {
+  int64_t pushed = 0;
+  int64_t completed = 0;
+  int64_t pending = 0;
+  int64_t peak_pending = 0;
+  int64_t pending_bytes = 0;
+  int64_t peak_pending_bytes = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  /// The process-wide engine, chosen by KILN_ENGINE ("threaded", the default, or "naive").
+  static Engine& Get();
+
+  virtual Var* NewVar() = 0;
+  /// Releases the creator's reference; the variable dies once no pending task uses it.
+  virtual void ReleaseVar(Var* v) = 0;
+
+  /// Queues `fn`. A variable listed in both `reads` and `writes` counts as a write;
+  /// duplicates are ignored.
+  virtual void Push(std::function<void()> fn, std::span<Var* const> reads,
+                    std::span<Var* const> writes, const TaskOptions& opts) = 0;
+
+  /// Blocks until every task that writes `v` pushed so far has finished; rethrows its error.
+  virtual void WaitForVar(Var* v) = 0;
+  /// Blocks until every task pushed so far has finished; rethrows the first error since the
+  /// previous WaitForAll (and forgets it).
+  virtual void WaitForAll() = 0;
+  /// The error stored on `v`, if any (without waiting).
+  virtual std::exception_ptr VarError(Var* v) = 0;
+
+  virtual EngineStats Stats() const = 0;
+  virtual void ResetPeak() = 0;
+  virtual bool IsNaive() const = 0;
+  /// Sets the backpressure limits (tasks, bytes); 0 keeps the current value.
+  virtual void SetLimits(int64_t max_pending, int64_t max_pending_bytes) = 0;
+};
+
+/// Creates an engine of the given kind ("threaded" or "naive"); for tests and benchmarks.
+std::unique_ptr<Engine> CreateEngine(const std::string& kind);
+
+/// True on a thread that belongs to an engine's worker pool.
+bool OnWorkerThread();
+
+}  // namespace kiln::engine

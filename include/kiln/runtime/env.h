@@ -1,0 +1,26 @@
+// The environment switches of kiln, declared in one table (STYLE.md convention 12).
+// Reading a switch that is not in the table is a bug (KILN_CHECK); a KILN_* variable in the
+// environment that is not in the table is rejected with ValueError naming the closest switch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace kiln::env {
+
+struct Switch {
+  const char* name;
+  const char* default_value;
+  const char* doc;
+};
+
+/// Every switch kiln reads, with its default and one line of documentation.
+const Switch* Table(int* count);
+/// The value of a declared switch, or its default.
+std::string Get(const char* name);
+int64_t GetInt(const char* name);
+/// Throws ValueError when the environment holds a KILN_* name that is not declared.
+void CheckEnvironment();
+
+}  // namespace kiln::env

@@ -1,0 +1,38 @@
+// Storage: a reference-counted buffer on one device plus the engine variable that orders every
+// read and write of it. Tensors (frontend/) are views into a Storage.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/engine.h"
+
+namespace kiln {
+
+class Storage {
+ public:
+  /// Allocates `nbytes` on `device` from its caching allocator.
+  Storage(size_t nbytes, Device device);
+  /// Wraps memory owned elsewhere (DLPack, host arrays); `deleter` runs when the storage dies.
+  Storage(void* ptr, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t nbytes() const { return nbytes_; }
+  const Device& device() const { return device_; }
+  engine::Var* var() const { return var_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  engine::Var* var_ = nullptr;
+  std::function<void(void*)> deleter_;  // empty: return to the device allocator
+};
+
+using StoragePtr = std::shared_ptr<Storage>;
+
+}  // namespace kiln

@@ -1,0 +1,67 @@
+// Creation ops: full, arange, and random draws. They take no inputs; the device comes from the
+// caller. Random ops read the generator (seed, counter offset) that dispatch assigns them.
+#include <cmath>
+
+#include "infer_util.h"
+
+namespace kiln::ir {
+
+namespace {
+Shape ShapeAttr(const OpDef& op, const Attrs& a) {
+  const auto& dims = a.Ints("shape");
+  for (int64_t d : dims)
+    if (d < 0)
+      KILN_THROW(ShapeError) << op.name << ": shape has a negative dimension " << d << "; sizes must be >= 0";
+  return Shape(dims);
+}
+
+void DeclareSource(OpTable& t, const char* name, std::vector<AttrSpec> attrs, bool random, const char* doc) {
+  OpDef d;
+  d.name = name;
+  d.num_inputs = 0;
+  d.fusion = random ? FusionKind::kOpaque : FusionKind::kElementwise;
+  d.attrs = std::move(attrs);
+  d.random = random;
+  d.differentiable = false;
+  d.doc = doc;
+  d.infer = [random](const OpDef& op, std::span<const TensorType>, const Attrs& a) {
+    DType t = a.Type("dtype");
+    if (random && !IsFloat(t) && op.name != "random_bernoulli")
+      KILN_THROW(DTypeError) << op.name << ": expected a floating dtype, found " << DTypeName(t);
+    return One({ShapeAttr(op, a), t});
+  };
+  t.Add(std::move(d));
+}
+}  // namespace
+
+void RegisterCreationOps(OpTable& t) {
+  using K = AttrKind;
+  const AttrSpec shape{"shape", K::kInts, std::nullopt};
+  const AttrSpec f32{"dtype", K::kDType, DType::kFloat32};
+  DeclareSource(t, "full", {shape, {"value", K::kFloat, 0.0}, f32}, false, "a tensor filled with one value");
+  DeclareSource(t, "random_uniform", {shape, {"low", K::kFloat, 0.0}, {"high", K::kFloat, 1.0}, f32}, true,
+                "uniform draws in [low, high)");
+  DeclareSource(t, "random_normal", {shape, {"mean", K::kFloat, 0.0}, {"std", K::kFloat, 1.0}, f32}, true,
+                "normal draws");
+  DeclareSource(t, "random_bernoulli", {shape, {"p", K::kFloat, 0.5}, f32}, true,
+                "1 with probability p, else 0");
+
+  OpDef d;
+  d.name = "arange";
+  d.num_inputs = 0;
+  d.fusion = FusionKind::kElementwise;
+  d.attrs = {{"start", K::kFloat, 0.0}, {"stop", K::kFloat, std::nullopt}, {"step", K::kFloat, 1.0}, f32};
+  d.differentiable = false;
+  d.doc = "start, start+step, ... below stop";
+  d.infer = [](const OpDef& op, std::span<const TensorType>, const Attrs& a) {
+    double start = a.Float("start"), stop = a.Float("stop"), step = a.Float("step");
+    if (step == 0 || !std::isfinite(step) || !std::isfinite(start) || !std::isfinite(stop))
+      KILN_THROW(ValueError) << "arange: step must be finite and non-zero and the bounds finite, found start="
+                             << start << " stop=" << stop << " step=" << step;
+    int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((stop - start) / step)));
+    return One({Shape{n}, a.Type("dtype")});
+  };
+  t.Add(std::move(d));
+}
+
+}  // namespace kiln::ir

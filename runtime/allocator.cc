@@ -1,0 +1,142 @@
+// Caching allocators: one pool per device, plus one for pinned host memory.
+#include "kiln/runtime/allocator.h"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/cuda.h"
+
+namespace kiln {
+
+size_t RoundAllocationSize(size_t n) {
+  if (n <= 64) return 64;
+  if (n <= (1u << 20)) return (n + 511) & ~size_t{511};
+  // Above 1 MiB: round up to an eighth of the enclosing power of two (at most 12.5% waste).
+  size_t p = size_t{1} << (63 - __builtin_clzll(n - 1));
+  size_t step = p / 8;
+  return (n + step - 1) / step * step;
+}
+
+namespace {
+
+class CachingAllocator final : public Allocator {
+ public:
+  using RawAlloc = std::function<void*(size_t)>;
+  using RawFree = std::function<void(void*)>;
+  CachingAllocator(RawAlloc a, RawFree f) : raw_alloc_(std::move(a)), raw_free_(std::move(f)) {}
+  ~CachingAllocator() override = default;  // process lifetime: cached blocks die with it
+
+  void* Allocate(size_t nbytes) override {
+    size_t size = RoundAllocationSize(nbytes);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++stats_.num_allocs;
+      auto it = pool_.find(size);
+      if (it != pool_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        stats_.bytes_cached -= static_cast<int64_t>(size);
+        Use(size);
+        return p;
+      }
+      ++stats_.num_system_allocs;
+    }
+    void* p = nullptr;
+    try {
+      p = raw_alloc_(size);
+    } catch (const std::bad_alloc&) {
+      EmptyCache();  // give the cache back and try once more
+      p = raw_alloc_(size);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    Use(size);
+    return p;
+  }
+
+  void Free(void* p, size_t nbytes) override {
+    if (!p) return;
+    size_t size = RoundAllocationSize(nbytes);
+    std::lock_guard<std::mutex> g(mu_);
+    pool_[size].push_back(p);
+    stats_.bytes_in_use -= static_cast<int64_t>(size);
+    stats_.bytes_cached += static_cast<int64_t>(size);
+  }
+
+  AllocatorStats Stats() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  void EmptyCache() override {
+    std::unordered_map<size_t, std::vector<void*>> pool;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      pool.swap(pool_);
+      stats_.bytes_cached = 0;
+    }
+    for (auto& [size, blocks] : pool)
+      for (void* p : blocks) raw_free_(p);
+  }
+
+ private:
+  void Use(size_t size) {
+    stats_.bytes_in_use += static_cast<int64_t>(size);
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
+  RawAlloc raw_alloc_;
+  RawFree raw_free_;
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> pool_;
+  AllocatorStats stats_;
+};
+
+void* HostAlloc(size_t n) {
+  void* p = std::aligned_alloc(64, n);  // n is a multiple of 64 after rounding
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+constexpr int kMaxDevices = 64;
+
+}  // namespace
+
+Allocator& GetAllocator(const Device& d) {
+  static std::mutex mu;
+  static std::unique_ptr<Allocator> pools[2][kMaxDevices];
+  if (d.index < 0 || d.index >= kMaxDevices)
+    KILN_THROW(DeviceError) << "device " << d.str() << " is out of range: kiln supports indices 0.."
+                            << kMaxDevices - 1;
+  std::lock_guard<std::mutex> g(mu);
+  auto& slot = pools[static_cast<int>(d.type)][d.index];
+  if (!slot) {
+    if (d.is_cpu()) {
+      slot = std::make_unique<CachingAllocator>(HostAlloc, [](void* p) { std::free(p); });
+    } else {
+      CheckDeviceExists(d);
+      slot = std::make_unique<CachingAllocator>([d](size_t n) { return cuda::DeviceMalloc(d, n); },
+                                                [d](void* p) { cuda::DeviceFree(d, p); });
+    }
+  }
+  return *slot;
+}
+
+Allocator& GetPinnedAllocator() {
+  static CachingAllocator pinned(
+      [](size_t n) { return cuda::DeviceCount() > 0 ? cuda::HostMallocPinned(n) : HostAlloc(n); },
+      [](void* p) {
+        if (cuda::DeviceCount() > 0) cuda::HostFreePinned(p);
+        else std::free(p);
+      });
+  return pinned;
+}
+
+}  // namespace kiln

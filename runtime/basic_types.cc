@@ -1,0 +1,216 @@
+// DType, Shape and Device helpers.
+#include <cmath>
+#include <sstream>
+
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/dtype.h"
+#include "kiln/runtime/shape.h"
+
+namespace kiln {
+
+// ---- Half -------------------------------------------------------------------------------------
+
+Half::Half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mant = x & 0x007fffffu;
+  int exp = static_cast<int>((x >> 23) & 0xff);
+  if (exp == 0xff) {  // inf or nan
+    bits = static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+    return;
+  }
+  int e = exp - 127 + 15;
+  if (e >= 0x1f) {  // overflow to inf
+    bits = static_cast<uint16_t>(sign | 0x7c00u);
+    return;
+  }
+  if (e <= 0) {  // subnormal or zero
+    if (e < -10) {
+      bits = static_cast<uint16_t>(sign);
+      return;
+    }
+    mant |= 0x00800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t half_mant = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
+    bits = static_cast<uint16_t>(sign | half_mant);
+    return;
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exponent: fine
+  bits = static_cast<uint16_t>(half);
+}
+
+Half::operator float() const {
+  uint32_t sign = (static_cast<uint32_t>(bits) & 0x8000u) << 16;
+  uint32_t exp = (bits >> 10) & 0x1f;
+  uint32_t mant = bits & 0x3ffu;
+  uint32_t out;
+  if (exp == 0) {
+    if (mant == 0) {
+      out = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while (!(mant & 0x400u));
+      out = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    out = sign | 0x7f800000u | (mant << 13);
+  } else {
+    out = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &out, 4);
+  return f;
+}
+
+// ---- DType ------------------------------------------------------------------------------------
+
+namespace {
+struct DTypeInfo {
+  const char* name;
+  size_t size;
+  int rank;  // promotion order within its kind
+};
+constexpr DTypeInfo kInfo[kNumDTypes] = {
+    {"float32", 4, 12}, {"float64", 8, 13}, {"float16", 2, 10}, {"bfloat16", 2, 11},
+    {"int32", 4, 3},    {"int64", 8, 4},    {"uint8", 1, 2},    {"bool", 1, 0},
+};
+}  // namespace
+
+size_t DTypeSize(DType t) { return kInfo[static_cast<int>(t)].size; }
+const char* DTypeName(DType t) { return kInfo[static_cast<int>(t)].name; }
+
+DType ParseDType(std::string_view name) {
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (name == kInfo[i].name) return static_cast<DType>(i);
+  if (name == "float" || name == "float_") return DType::kFloat32;
+  if (name == "double") return DType::kFloat64;
+  if (name == "half") return DType::kFloat16;
+  if (name == "int" || name == "long") return DType::kInt64;
+  KILN_THROW(DTypeError) << "unknown dtype '" << name
+                         << "': expected one of float32, float64, float16, bfloat16, int32, "
+                            "int64, uint8, bool";
+}
+
+bool IsFloat(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 ||
+         t == DType::kBFloat16;
+}
+bool IsInteger(DType t) { return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8; }
+
+DType PromoteTypes(DType a, DType b) {
+  if (a == b) return a;
+  // float16 with bfloat16 has no exact common 16-bit type: float32, as PyTorch does.
+  if ((a == DType::kFloat16 && b == DType::kBFloat16) ||
+      (a == DType::kBFloat16 && b == DType::kFloat16))
+    return DType::kFloat32;
+  if (IsFloat(a) != IsFloat(b)) return IsFloat(a) ? a : b;
+  return kInfo[static_cast<int>(a)].rank >= kInfo[static_cast<int>(b)].rank ? a : b;
+}
+
+// ---- Shape ------------------------------------------------------------------------------------
+
+void Shape::Assign(const int64_t* p, size_t n) {
+  if (n > static_cast<size_t>(kMaxRank))
+    KILN_THROW(ShapeError) << "shape of rank " << n << " is not supported: kiln tensors have at most "
+                           << kMaxRank << " dimensions; reshape to fewer dimensions";
+  rank_ = static_cast<int>(n);
+  for (size_t i = 0; i < n; ++i) d_[i] = p[i];
+}
+
+void Shape::push_back(int64_t v) {
+  if (rank_ == kMaxRank)
+    KILN_THROW(ShapeError) << "shape would exceed " << kMaxRank << " dimensions";
+  d_[rank_++] = v;
+}
+
+void Shape::insert(int pos, int64_t v) {
+  KILN_CHECK(pos >= 0 && pos <= rank_);
+  push_back(0);
+  for (int i = rank_ - 1; i > pos; --i) d_[i] = d_[i - 1];
+  d_[pos] = v;
+}
+
+void Shape::erase(int pos) {
+  KILN_CHECK(pos >= 0 && pos < rank_);
+  for (int i = pos; i + 1 < rank_; ++i) d_[i] = d_[i + 1];
+  --rank_;
+}
+
+void Shape::resize(int rank, int64_t fill) {
+  KILN_CHECK(rank >= 0 && rank <= kMaxRank);
+  for (int i = rank_; i < rank; ++i) d_[i] = fill;
+  rank_ = rank;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= d_[i];
+  return n;
+}
+
+Shape Shape::ContiguousStrides() const {
+  Shape s;
+  s.rank_ = rank_;
+  int64_t acc = 1;
+  for (int i = rank_ - 1; i >= 0; --i) {
+    s.d_[i] = acc;
+    acc *= d_[i];
+  }
+  return s;
+}
+
+std::string Shape::str() const {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < rank_; ++i) os << (i ? ", " : "") << d_[i];
+  if (rank_ == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+
+Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op) {
+  int r = std::max(a.rank(), b.rank());
+  Shape out;
+  out.resize(r);
+  for (int i = 0; i < r; ++i) {
+    int ia = a.rank() - r + i, ib = b.rank() - r + i;
+    int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      KILN_THROW(ShapeError) << op << ": shapes " << a.str() << " and " << b.str()
+                             << " do not broadcast (dimension " << i << " is " << da << " vs "
+                             << db << "); each dimension must match or be 1";
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int NormalizeAxis(int64_t axis, int rank, const char* op) {
+  if (axis < -rank || axis >= std::max(rank, 1))
+    KILN_THROW(ShapeError) << op << ": axis " << axis << " is out of range for a tensor of rank "
+                           << rank << "; expected an axis in [" << -rank << ", "
+                           << std::max(rank, 1) - 1 << "]";
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// ---- Device -----------------------------------------------------------------------------------
+
+std::string Device::str() const { return std::string(is_cpu() ? "cpu(" : "gpu(") + std::to_string(index) + ")"; }
+
+void CheckDeviceExists(const Device& d) {
+  if (d.index < 0)
+    KILN_THROW(DeviceError) << "device index must be non-negative, found " << d.str();
+  if (d.is_gpu() && d.index >= NumGPUs())
+    KILN_THROW(DeviceError) << d.str() << " does not exist: this process sees " << NumGPUs()
+                            << " GPU(s); use kiln.cpu() or a GPU index below " << NumGPUs();
+}
+
+}  // namespace kiln

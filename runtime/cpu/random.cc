@@ -1,0 +1,78 @@
+#include "kiln/runtime/cpu/random.h"
+
+#include <cmath>
+
+#include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::host {
+
+std::array<uint32_t, 4> Philox(uint64_t key, uint64_t counter) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = uint64_t{0xD2511F53u} * c0;
+    uint64_t p1 = uint64_t{0xCD9E8D57u} * c2;
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c0, c1, c2, c3};
+}
+
+namespace {
+inline double ToUnit(uint32_t x) { return (x >> 8) * (1.0 / 16777216.0); }  // [0, 1), 24 bits
+
+// Calls f(i, u[4]) for each block covering elements [b, e) of the output.
+template <class F>
+void ForBlocks(int64_t n, uint64_t seed, uint64_t offset, F&& f) {
+  KILN_CHECK(offset % 4 == 0);
+  int64_t blocks = (n + 3) / 4;
+  ParallelFor(blocks, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      std::array<uint32_t, 4> u = Philox(seed, offset / 4 + static_cast<uint64_t>(blk));
+      for (int k = 0; k < 4 && blk * 4 + k < n; ++k) f(blk * 4 + k, u, k);
+    }
+  });
+}
+
+template <class G>
+void Generate(const TensorView& out, uint64_t seed, uint64_t offset, G&& g) {
+  KILN_CHECK(out.is_contiguous());
+  KILN_DISPATCH_ALL(out.dtype, {
+    scalar_t* y = out.ptr<scalar_t>();
+    ForBlocks(out.numel(), seed, offset, [&](int64_t i, const std::array<uint32_t, 4>& u, int k) {
+      y[i] = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(g(u, k)));
+    });
+  });
+}
+}  // namespace
+
+void RandomUniform(const TensorView& out, double low, double high, uint64_t seed, uint64_t offset) {
+  Generate(out, seed, offset, [&](const std::array<uint32_t, 4>& u, int k) {
+    double v = low + (high - low) * ToUnit(u[k]);
+    return v < high ? v : low;  // rounding must not reach `high`
+  });
+}
+
+void RandomNormal(const TensorView& out, double mean, double std, uint64_t seed, uint64_t offset) {
+  Generate(out, seed, offset, [&](const std::array<uint32_t, 4>& u, int k) {
+    int pair = k & ~1;
+    double u1 = 1.0 - ToUnit(u[pair]);  // (0, 1]
+    double u2 = ToUnit(u[pair + 1]);
+    double r = std::sqrt(-2.0 * std::log(u1));
+    double z = (k & 1) ? r * std::sin(2 * M_PI * u2) : r * std::cos(2 * M_PI * u2);
+    return mean + std * z;
+  });
+}
+
+void RandomBernoulli(const TensorView& out, double p, uint64_t seed, uint64_t offset) {
+  Generate(out, seed, offset, [&](const std::array<uint32_t, 4>& u, int k) { return ToUnit(u[k]) < p ? 1.0 : 0.0; });
+}
+
+}  // namespace kiln::host

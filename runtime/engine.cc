@@ -1,0 +1,503 @@
+// Threaded and naive implementations of the dependency engine (see engine.h for semantics).
+//
+// Each Var keeps a FIFO of tasks waiting on it and the number of running readers / whether a
+// writer runs. A task carries a counter of variables that have not yet granted it access; the
+// last grant schedules it on the worker pool of its (device, stream). Pushes are serialized by
+// one mutex so that tasks enter every variable's FIFO in the same order (no deadlock between
+// two tasks that read and write the same pair of variables from different threads).
+#include "kiln/runtime/engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kiln/runtime/env.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/cuda.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KILN_PAUSE() _mm_pause()
+#else
+#define KILN_PAUSE() std::this_thread::yield()
+#endif
+
+namespace kiln::engine {
+
+namespace {
+thread_local bool tls_on_worker = false;
+struct Task;
+}  // namespace
+
+class Var {
+ public:
+  struct Pending {
+    Task* task;
+    bool write;
+  };
+  std::mutex mu;
+  std::vector<Pending> queue;  // waiting tasks, FIFO from `head`
+  size_t head = 0;
+  int running_reads = 0;
+  bool running_write = false;
+  std::exception_ptr error;
+  std::atomic<int> refs{1};
+
+  bool QueueEmpty() const { return head == queue.size(); }
+  Pending Pop() {
+    Pending p = queue[head++];
+    if (head == queue.size()) queue.clear(), head = 0;
+    return p;
+  }
+};
+
+namespace {
+
+struct Task {
+  std::function<void()> fn;
+  TaskOptions opts;
+  std::vector<Var*> reads, writes;
+  std::atomic<int> wait{0};
+};
+
+// Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
+std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
+  std::string prefix = std::string("error in operator '") + o.name + "'";
+  if (o.call_site) prefix += std::string(" (called from ") + o.call_site + ")";
+  prefix += ": ";
+  try {
+    std::rethrow_exception(e);
+  } catch (const InternalError& x) {
+    return std::make_exception_ptr(InternalError(prefix + x.what()));
+  } catch (const ShapeError& x) {
+    return std::make_exception_ptr(ShapeError(prefix + x.what()));
+  } catch (const DTypeError& x) {
+    return std::make_exception_ptr(DTypeError(prefix + x.what()));
+  } catch (const DeviceError& x) {
+    return std::make_exception_ptr(DeviceError(prefix + x.what()));
+  } catch (const FormatError& x) {
+    return std::make_exception_ptr(FormatError(prefix + x.what()));
+  } catch (const ValueError& x) {
+    return std::make_exception_ptr(ValueError(prefix + x.what()));
+  } catch (const StateError& x) {
+    return std::make_exception_ptr(StateError(prefix + x.what()));
+  } catch (const std::bad_alloc&) {
+    return std::make_exception_ptr(Error(prefix + "out of memory"));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(prefix + "unknown exception"));
+  }
+}
+
+void Dedupe(std::span<Var* const> reads, std::span<Var* const> writes, Task* t) {
+  for (Var* w : writes) {
+    bool dup = false;
+    for (Var* x : t->writes) dup |= x == w;
+    if (!dup) t->writes.push_back(w);
+  }
+  for (Var* r : reads) {
+    bool dup = false;
+    for (Var* x : t->writes) dup |= x == r;
+    for (Var* x : t->reads) dup |= x == r;
+    if (!dup) t->reads.push_back(r);
+  }
+}
+
+// Shared by both engines: error state, counters, backpressure.
+class EngineBase : public Engine {
+ public:
+  EngineBase() {
+    max_pending_ = std::max<int64_t>(1, env::GetInt("KILN_ENGINE_MAX_PENDING"));
+    max_pending_bytes_ = std::max<int64_t>(1, env::GetInt("KILN_ENGINE_MAX_PENDING_MB")) << 20;
+  }
+
+  Var* NewVar() override { return new Var(); }
+  void ReleaseVar(Var* v) override { Unref(v); }
+
+  std::exception_ptr VarError(Var* v) override {
+    std::lock_guard<std::mutex> g(v->mu);
+    return v->error;
+  }
+
+  EngineStats Stats() const override {
+    EngineStats s;
+    s.pushed = pushed_.load();
+    s.completed = completed_.load();
+    s.pending = pending_.load();
+    s.peak_pending = peak_pending_.load();
+    s.pending_bytes = pending_bytes_.load();
+    s.peak_pending_bytes = peak_pending_bytes_.load();
+    return s;
+  }
+  void ResetPeak() override {
+    peak_pending_ = pending_.load();
+    peak_pending_bytes_ = pending_bytes_.load();
+  }
+  void SetLimits(int64_t max_pending, int64_t max_pending_bytes) override {
+    if (max_pending > 0) max_pending_ = max_pending;
+    if (max_pending_bytes > 0) max_pending_bytes_ = max_pending_bytes;
+  }
+
+ protected:
+  static void Unref(Var* v) {
+    if (v->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete v;
+  }
+
+  // Runs the task body with the error rules of engine.h; returns nothing, stores errors.
+  void Execute(Task* t) {
+    std::exception_ptr err;
+    for (Var* r : t->reads) {
+      std::lock_guard<std::mutex> g(r->mu);
+      if (r->error) {
+        err = r->error;
+        break;
+      }
+    }
+    if (!err) {
+      try {
+        t->fn();
+      } catch (...) {
+        err = NameError(std::current_exception(), t->opts);
+        std::lock_guard<std::mutex> g(error_mu_);
+        if (!first_error_) first_error_ = err;
+      }
+    }
+    for (Var* w : t->writes) {
+      std::lock_guard<std::mutex> g(w->mu);
+      w->error = err;
+    }
+  }
+
+  void CountPushed(const Task* t) {
+    pushed_.fetch_add(1, std::memory_order_relaxed);
+    int64_t p = pending_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    int64_t b = pending_bytes_.fetch_add(static_cast<int64_t>(t->opts.bytes)) +
+                static_cast<int64_t>(t->opts.bytes);
+    if (p > peak_pending_.load(std::memory_order_relaxed)) peak_pending_.store(p);
+    if (b > peak_pending_bytes_.load(std::memory_order_relaxed)) peak_pending_bytes_.store(b);
+  }
+
+  void CountCompleted(size_t bytes) {
+    pending_bytes_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_acq_rel);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    completed_.fetch_add(1, std::memory_order_acq_rel);
+    completed_.notify_all();
+  }
+
+  void RethrowFirstError() {
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> g(error_mu_);
+      std::swap(e, first_error_);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+  std::atomic<int64_t> pushed_{0}, completed_{0}, pending_{0}, peak_pending_{0};
+  std::atomic<int64_t> pending_bytes_{0}, peak_pending_bytes_{0};
+  std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{512 << 20};
+  std::mutex error_mu_;
+  std::exception_ptr first_error_;
+};
+
+// ---- naive -------------------------------------------------------------------------------------
+
+class NaiveEngine final : public EngineBase {
+ public:
+  void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
+            const TaskOptions& opts) override {
+    Task t;
+    t.fn = std::move(fn);
+    t.opts = opts;
+    Dedupe(reads, writes, &t);
+    CountPushed(&t);
+    Execute(&t);
+    if (opts.device.is_gpu()) cuda::SynchronizeDevice(opts.device);
+    CountCompleted(opts.bytes);
+  }
+  void WaitForVar(Var* v) override {
+    if (auto e = VarError(v)) std::rethrow_exception(e);
+  }
+  void WaitForAll() override { RethrowFirstError(); }
+  bool IsNaive() const override { return true; }
+};
+
+// ---- threaded ----------------------------------------------------------------------------------
+
+class WorkerPool {
+ public:
+  WorkerPool(int threads, Device device, StreamKind stream, std::function<void(Task*)> run)
+      : run_(std::move(run)) {
+    for (int i = 0; i < threads; ++i)
+      threads_.emplace_back([this, device, stream] {
+        tls_on_worker = true;
+        if (device.is_gpu()) cuda::BindWorkerThread(device, static_cast<int>(stream));
+        Loop();
+      });
+  }
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void Enqueue(Task* t) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(t);
+      size_.store(q_.size(), std::memory_order_release);
+      wake = sleepers_ > 0;
+    }
+    if (wake) cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      // Spin briefly before sleeping: a producer pushing tiny ops then never pays a wake-up.
+      for (int i = 0; i < 4000 && size_.load(std::memory_order_acquire) == 0; ++i) KILN_PAUSE();
+      Task* t;
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        ++sleepers_;
+        cv_.wait(g, [&] { return stop_ || !q_.empty(); });
+        --sleepers_;
+        if (q_.empty()) return;  // stopping
+        t = q_.front();
+        q_.pop_front();
+        size_.store(q_.size(), std::memory_order_release);
+      }
+      run_(t);
+    }
+  }
+
+  std::function<void(Task*)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task*> q_;
+  std::atomic<size_t> size_{0};
+  int sleepers_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+class ThreadedEngine final : public EngineBase {
+ public:
+  explicit ThreadedEngine(int cpu_workers) : cpu_workers_(std::max(1, cpu_workers)) {}
+  ~ThreadedEngine() override {
+    try {
+      WaitForAll();
+    } catch (...) {
+    }
+    for (auto& p : pools_) delete p.load();
+  }
+
+  void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
+            const TaskOptions& opts) override {
+    if (!tls_on_worker) Backpressure();
+    Task* t = new Task();
+    t->fn = std::move(fn);
+    t->opts = opts;
+    Dedupe(reads, writes, t);
+    t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1);
+    CountPushed(t);
+    int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
+    {
+      std::lock_guard<std::mutex> order(push_mu_);
+      for (Var* r : t->reads) {
+        r->refs.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> g(r->mu);
+        if (!r->running_write && r->QueueEmpty()) {
+          ++r->running_reads;
+          ++granted;
+        } else {
+          r->queue.push_back({t, false});
+        }
+      }
+      for (Var* w : t->writes) {
+        w->refs.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> g(w->mu);
+        if (!w->running_write && w->running_reads == 0 && w->QueueEmpty()) {
+          w->running_write = true;
+          ++granted;
+        } else {
+          w->queue.push_back({t, true});
+        }
+      }
+    }
+    if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
+  }
+
+  void WaitForVar(Var* v) override {
+    {  // fast path: nothing writes v now or later in the queue
+      std::lock_guard<std::mutex> g(v->mu);
+      bool writer_ahead = v->running_write;
+      for (size_t i = v->head; i < v->queue.size() && !writer_ahead; ++i)
+        writer_ahead = v->queue[i].write;
+      if (!writer_ahead) {
+        if (v->error) std::rethrow_exception(v->error);
+        return;
+      }
+    }
+    if (tls_on_worker)
+      KILN_THROW(StateError) << "wait_to_read called inside an engine task: that would deadlock; "
+                                "sync only from the thread that queues work";
+    std::atomic<int> done{0};
+    Var* vs[1] = {v};
+    TaskOptions o;
+    o.name = "wait_to_read";
+    o.device = cpu(0);
+    PushWaiter([&done] { done.store(1), done.notify_all(); }, vs, o);
+    done.wait(0);
+    if (auto e = VarError(v)) std::rethrow_exception(e);
+  }
+
+  void WaitForAll() override {
+    if (tls_on_worker)
+      KILN_THROW(StateError) << "waitall called inside an engine task: that would deadlock";
+    for (;;) {
+      int64_t c = completed_.load(std::memory_order_acquire);
+      if (pending_.load(std::memory_order_acquire) == 0) break;
+      completed_.wait(c);
+    }
+    RethrowFirstError();
+  }
+
+  bool IsNaive() const override { return false; }
+
+ private:
+  // A waiter reads v like any task but must run even if v holds an error, and runs inline
+  // on the thread that completes v's writer (it only flips a flag).
+  void PushWaiter(std::function<void()> fn, std::span<Var* const> reads, const TaskOptions& o) {
+    Task* t = new Task();
+    t->fn = std::move(fn);
+    t->opts = o;
+    t->opts.stream = static_cast<StreamKind>(255);  // marks an inline waiter
+    Dedupe(reads, {}, t);
+    t->wait.store(static_cast<int>(t->reads.size()) + 1);
+    CountPushed(t);
+    int granted = 1;
+    {
+      std::lock_guard<std::mutex> order(push_mu_);
+      for (Var* r : t->reads) {
+        r->refs.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> g(r->mu);
+        if (!r->running_write && r->QueueEmpty()) {
+          ++r->running_reads;
+          ++granted;
+        } else {
+          r->queue.push_back({t, false});
+        }
+      }
+    }
+    if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
+  }
+
+  void Backpressure() {
+    for (;;) {
+      int64_t c = completed_.load(std::memory_order_acquire);
+      if (pending_.load(std::memory_order_acquire) < max_pending_.load(std::memory_order_relaxed) &&
+          pending_bytes_.load(std::memory_order_acquire) <
+              max_pending_bytes_.load(std::memory_order_relaxed))
+        return;
+      completed_.wait(c);
+    }
+  }
+
+  void Schedule(Task* t) {
+    if (static_cast<uint8_t>(t->opts.stream) == 255) {
+      Finish(t, /*execute=*/false);
+      return;
+    }
+    Pool(t->opts.device, t->opts.stream)->Enqueue(t);
+  }
+
+  WorkerPool* Pool(const Device& d, StreamKind s) {
+    int dev = d.index;
+    KILN_CHECK(dev >= 0 && dev < kMaxDevices) << "device index " << dev;
+    int stream = d.is_cpu() ? 0 : static_cast<int>(s);
+    size_t slot = (static_cast<size_t>(d.type) * kMaxDevices + dev) * 4 + stream;
+    WorkerPool* p = pools_[slot].load(std::memory_order_acquire);
+    if (p) return p;
+    std::lock_guard<std::mutex> g(pool_mu_);
+    p = pools_[slot].load();
+    if (!p) {
+      p = new WorkerPool(d.is_cpu() ? cpu_workers_ : 1, d, static_cast<StreamKind>(stream),
+                         [this](Task* t) { Finish(t, true); });
+      pools_[slot].store(p, std::memory_order_release);
+    }
+    return p;
+  }
+
+  void Finish(Task* t, bool execute) {
+    if (execute) {
+      Execute(t);
+      if (t->opts.device.is_gpu()) cuda::SynchronizeWorkerStream();
+    } else {
+      t->fn();
+    }
+    std::vector<Task*> ready;
+    for (Var* r : t->reads) {
+      std::lock_guard<std::mutex> g(r->mu);
+      if (--r->running_reads == 0 && !r->QueueEmpty()) {
+        KILN_CHECK(r->queue[r->head].write);
+        r->running_write = true;
+        ready.push_back(r->Pop().task);
+      }
+    }
+    for (Var* w : t->writes) {
+      std::lock_guard<std::mutex> g(w->mu);
+      w->running_write = false;
+      while (!w->QueueEmpty() && !w->queue[w->head].write) {
+        ++w->running_reads;
+        ready.push_back(w->Pop().task);
+      }
+      if (w->running_reads == 0 && !w->QueueEmpty()) {
+        w->running_write = true;
+        ready.push_back(w->Pop().task);
+      }
+    }
+    for (Task* r : ready)
+      if (r->wait.fetch_sub(1, std::memory_order_acq_rel) == 1) Schedule(r);
+    size_t bytes = t->opts.bytes;
+    for (Var* v : t->reads) Unref(v);
+    for (Var* v : t->writes) Unref(v);
+    delete t;  // releases what the task captured (storages) after its variables moved on
+    CountCompleted(bytes);
+  }
+
+  static constexpr int kMaxDevices = 64;
+  int cpu_workers_;
+  std::mutex push_mu_, pool_mu_;
+  std::atomic<WorkerPool*> pools_[2 * kMaxDevices * 4] = {};
+};
+
+}  // namespace
+
+bool OnWorkerThread() { return tls_on_worker; }
+
+std::unique_ptr<Engine> CreateEngine(const std::string& kind) {
+  if (kind == "naive") return std::make_unique<NaiveEngine>();
+  if (kind == "threaded")
+    return std::make_unique<ThreadedEngine>(static_cast<int>(env::GetInt("KILN_CPU_WORKERS")));
+  KILN_THROW(ValueError) << "KILN_ENGINE=" << kind << " is not an engine: expected threaded or naive";
+}
+
+Engine& Engine::Get() {
+  static Engine* engine = [] {
+    env::CheckEnvironment();
+    // Leaked on purpose: worker threads must outlive every static that may push at exit.
+    return CreateEngine(env::Get("KILN_ENGINE")).release();
+  }();
+  return *engine;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,90 @@
+// The table of environment switches and their lookup.
+#include "kiln/runtime/env.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "kiln/runtime/error.h"
+
+extern char** environ;
+
+namespace kiln::env {
+
+namespace {
+constexpr Switch kSwitches[] = {
+    {"KILN_ENGINE", "threaded", "threaded (default) or naive: run every task synchronously on the calling thread"},
+    {"KILN_ENGINE_MAX_PENDING", "1024", "tasks that may wait in the engine before Push blocks (backpressure)"},
+    {"KILN_ENGINE_MAX_PENDING_MB", "512", "megabytes of task outputs that may wait before Push blocks"},
+    {"KILN_CPU_WORKERS", "1", "engine worker threads per CPU device (kernels are multithreaded inside)"},
+    {"KILN_NUM_THREADS", "0", "threads a CPU kernel may use; 0 means one per core"},
+    {"KILN_SEED", "0", "initial seed of the random number generator"},
+    {"KILN_DUMP_IR", "", "print the graph after a pass: a pass name or all"},
+    {"KILN_DISABLE_PASS", "", "comma-separated passes to switch off"},
+    {"KILN_CACHE_DIR", "", "directory of the compiled-kernel disk cache (default ~/.cache/kiln)"},
+    {"KILN_VERIFY", "0", "1: run the graph verifier around every pass"},
+    {"KILN_PROFILE", "0", "1: record engine task timings"},
+    {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
+};
+
+size_t Distance(std::string_view a, std::string_view b) {  // Levenshtein, for suggestions
+  std::vector<size_t> row(b.size() + 1), last(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) last[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      row[j] = std::min({last[j] + 1, row[j - 1] + 1, last[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(row, last);
+  }
+  return last[b.size()];
+}
+}  // namespace
+
+const Switch* Table(int* count) {
+  *count = static_cast<int>(sizeof(kSwitches) / sizeof(kSwitches[0]));
+  return kSwitches;
+}
+
+std::string Get(const char* name) {
+  for (const Switch& s : kSwitches) {
+    if (std::strcmp(s.name, name) == 0) {
+      const char* v = std::getenv(name);
+      return v ? v : s.default_value;
+    }
+  }
+  KILN_CHECK(false) << "environment switch " << name << " is not declared in runtime/env.cc";
+  return {};
+}
+
+int64_t GetInt(const char* name) {
+  std::string v = Get(name);
+  if (v.empty()) return 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (*end != '\0')
+    KILN_THROW(ValueError) << name << "=" << v << " is not an integer; set it to a whole number";
+  return x;
+}
+
+void CheckEnvironment() {
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (kv.substr(0, 5) != "KILN_") continue;
+    std::string_view name = kv.substr(0, kv.find('='));
+    bool known = false;
+    const char* best = kSwitches[0].name;
+    size_t best_d = SIZE_MAX;
+    for (const Switch& s : kSwitches) {
+      if (name == s.name) known = true;
+      size_t d = Distance(name, s.name);
+      if (d < best_d) best_d = d, best = s.name;
+    }
+    if (!known)
+      KILN_THROW(ValueError) << "unknown environment variable " << name << ": did you mean " << best
+                             << "? The switches are listed in kiln's README";
+  }
+}
+
+}  // namespace kiln::env
