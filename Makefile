@@ -1,0 +1,32 @@
+# kiln: `make test` sets up a fresh Debian 12 machine (packages, configure, build) and runs every
+# test; `make bench [BENCH=name]` runs the benchmarks. BUILD and CMAKE_FLAGS select the build.
+BUILD ?= build
+CMAKE_FLAGS ?=
+PYTHON := /usr/bin/python3
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps configure build test test-cpp bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
+	  || { cat $(BUILD).configure.log; exit 1; }
+	@grep -E "kiln:" $(BUILD).configure.log || true
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test-cpp: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+test: test-cpp
+
+bench: build
+	@bash scripts/run-bench $(BUILD) $(BENCH)
+
+clean:
+	rm -rf $(BUILD) $(BUILD).configure.log
