@@ -110,13 +110,17 @@ constexpr int kMaxDevices = 64;
 }  // namespace
 
 Allocator& GetAllocator(const Device& d) {
-  static std::mutex mu;
-  static std::unique_ptr<Allocator> pools[2][kMaxDevices];
+  // Leaked on purpose: engine workers may still free memory while the process exits.
+  static std::mutex& mu = *new std::mutex();
+  struct Pools {
+    std::unique_ptr<Allocator> slots[2][kMaxDevices];
+  };
+  static Pools& pools = *new Pools();
   if (d.index < 0 || d.index >= kMaxDevices)
     KILN_THROW(DeviceError) << "device " << d.str() << " is out of range: kiln supports indices 0.."
                             << kMaxDevices - 1;
   std::lock_guard<std::mutex> g(mu);
-  auto& slot = pools[static_cast<int>(d.type)][d.index];
+  auto& slot = pools.slots[static_cast<int>(d.type)][d.index];
   if (!slot) {
     if (d.is_cpu()) {
       slot = std::make_unique<CachingAllocator>(HostAlloc, [](void* p) { std::free(p); });
@@ -130,7 +134,7 @@ Allocator& GetAllocator(const Device& d) {
 }
 
 Allocator& GetPinnedAllocator() {
-  static CachingAllocator pinned(
+  static CachingAllocator& pinned = *new CachingAllocator(
       [](size_t n) { return cuda::DeviceCount() > 0 ? cuda::HostMallocPinned(n) : HostAlloc(n); },
       [](void* p) {
         if (cuda::DeviceCount() > 0) cuda::HostFreePinned(p);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -495,7 +496,15 @@ Engine& Engine::Get() {
   static Engine* engine = [] {
     env::CheckEnvironment();
     // Leaked on purpose: worker threads must outlive every static that may push at exit.
-    return CreateEngine(env::Get("KILN_ENGINE")).release();
+    Engine* e = CreateEngine(env::Get("KILN_ENGINE")).release();
+    // Finish queued work before static destructors run; errors nobody waited for are dropped.
+    std::atexit([] {
+      try {
+        Engine::Get().WaitForAll();
+      } catch (...) {
+      }
+    });
+    return e;
   }();
   return *engine;
 }
