@@ -78,15 +78,20 @@ Device CommonDevice(const ir::OpDef& def, std::span<const Tensor> inputs, std::o
 
 void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir::Attrs& attrs,
           std::vector<Tensor> inputs, std::vector<Tensor> outputs) {
-  std::vector<engine::Var*> reads, writes;
-  reads.reserve(inputs.size());
-  writes.reserve(outputs.size());
-  size_t bytes = 0;
-  for (const Tensor& t : inputs) reads.push_back(t.storage()->var());
+  engine::Var* small[16];
+  std::vector<engine::Var*> big;
+  engine::Var** vars = small;
+  if (inputs.size() + outputs.size() > 16) {
+    big.resize(inputs.size() + outputs.size());
+    vars = big.data();
+  }
+  size_t bytes = 0, n = 0;
+  for (const Tensor& t : inputs) vars[n++] = t.storage()->var();
   for (const Tensor& t : outputs) {
-    writes.push_back(t.storage()->var());
+    vars[n++] = t.storage()->var();
     bytes += t.storage()->nbytes();
   }
+  std::span<engine::Var* const> reads(vars, inputs.size()), writes(vars + inputs.size(), outputs.size());
   uint64_t seed = 0, offset = 0;
   if (def.random) {
     int64_t n = 0;

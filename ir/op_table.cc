@@ -92,13 +92,14 @@ OpDef& OpTable::Add(OpDef def) {
   KILN_CHECK(def.num_outputs >= 0 || def.outputs_from_attrs) << def.name;
   def.id = static_cast<OpId>(ops_.size());
   ops_.push_back(std::make_unique<OpDef>(std::move(def)));
+  by_name_.emplace(ops_.back()->name, ops_.back()->id);
   return *ops_.back();
 }
 
 std::optional<OpId> OpTable::TryFind(std::string_view name) const {
-  for (const auto& op : ops_)
-    if (op->name == name) return op->id;
-  return std::nullopt;
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
 }
 
 OpId OpTable::Find(std::string_view name) const {

@@ -14,6 +14,9 @@
 namespace kiln {
 
 size_t RoundAllocationSize(size_t n) {
+  if (n > (size_t{1} << 60))
+    KILN_THROW(MemoryError) << "cannot allocate " << n << " bytes: larger than any machine's memory "
+                            << "(a negative size converted to unsigned?)";
   if (n <= 64) return 64;
   if (n <= (1u << 20)) return (n + 511) & ~size_t{511};
   // Above 1 MiB: round up to an eighth of the enclosing power of two (at most 12.5% waste).
@@ -51,7 +54,12 @@ class CachingAllocator final : public Allocator {
       p = raw_alloc_(size);
     } catch (const std::bad_alloc&) {
       EmptyCache();  // give the cache back and try once more
-      p = raw_alloc_(size);
+      try {
+        p = raw_alloc_(size);
+      } catch (const std::bad_alloc&) {
+        KILN_THROW(MemoryError) << "out of memory allocating " << size << " bytes; in use "
+                                << Stats().bytes_in_use << " bytes; free tensors or use smaller batches";
+      }
     }
     std::lock_guard<std::mutex> g(mu_);
     Use(size);

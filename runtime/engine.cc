@@ -31,6 +31,56 @@ namespace kiln::engine {
 namespace {
 thread_local bool tls_on_worker = false;
 struct Task;
+
+// Test-and-test-and-set lock for the engine's tiny critical sections (a few loads and stores):
+// under the producer/worker ping-pong of small ops, a sleeping mutex costs more than the work.
+class SpinLock {
+ public:
+  void lock() {
+    for (int spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (flag_.load(std::memory_order_relaxed)) {
+        if (++spins > 2000) std::this_thread::yield();
+        else KILN_PAUSE();
+      }
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+// A list with a few entries inline (most tasks touch one to three variables).
+template <class T, size_t N>
+class InlineVec {
+ public:
+  void push_back(T v) {
+    if (size_ < N) inline_[size_] = v;
+    else heap_.push_back(v);
+    ++size_;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T operator[](size_t i) const { return i < N ? inline_[i] : heap_[i - N]; }
+  class It {
+   public:
+    It(const InlineVec* v, size_t i) : v_(v), i_(i) {}
+    T operator*() const { return (*v_)[i_]; }
+    It& operator++() { return ++i_, *this; }
+    bool operator!=(const It& o) const { return i_ != o.i_; }
+
+   private:
+    const InlineVec* v_;
+    size_t i_;
+  };
+  It begin() const { return {this, 0}; }
+  It end() const { return {this, size_}; }
+
+ private:
+  T inline_[N];
+  size_t size_ = 0;
+  std::vector<T> heap_;
+};
 }  // namespace
 
 class Var {
@@ -39,7 +89,7 @@ class Var {
     Task* task;
     bool write;
   };
-  std::mutex mu;
+  SpinLock mu;
   std::vector<Pending> queue;  // waiting tasks, FIFO from `head`
   size_t head = 0;
   int running_reads = 0;
@@ -60,8 +110,10 @@ namespace {
 struct Task {
   std::function<void()> fn;
   TaskOptions opts;
-  std::vector<Var*> reads, writes;
+  InlineVec<Var*, 4> reads, writes;
+  uint64_t writes_read = 0;  // bit i: writes[i] was also listed as a read (an in-place update)
   std::atomic<int> wait{0};
+  Task* next_dead = nullptr;  // link in the graveyard (see ThreadedEngine::Bury)
 };
 
 // Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
@@ -102,7 +154,11 @@ void Dedupe(std::span<Var* const> reads, std::span<Var* const> writes, Task* t) 
   }
   for (Var* r : reads) {
     bool dup = false;
-    for (Var* x : t->writes) dup |= x == r;
+    for (size_t i = 0; i < t->writes.size(); ++i)
+      if (t->writes[i] == r) {
+        dup = true;
+        if (i < 64) t->writes_read |= uint64_t{1} << i;
+      }
     for (Var* x : t->reads) dup |= x == r;
     if (!dup) t->reads.push_back(r);
   }
@@ -120,7 +176,7 @@ class EngineBase : public Engine {
   void ReleaseVar(Var* v) override { Unref(v); }
 
   std::exception_ptr VarError(Var* v) override {
-    std::lock_guard<std::mutex> g(v->mu);
+    std::lock_guard<SpinLock> g(v->mu);
     return v->error;
   }
 
@@ -152,11 +208,17 @@ class EngineBase : public Engine {
   void Execute(Task* t) {
     std::exception_ptr err;
     for (Var* r : t->reads) {
-      std::lock_guard<std::mutex> g(r->mu);
+      std::lock_guard<SpinLock> g(r->mu);
       if (r->error) {
         err = r->error;
         break;
       }
+    }
+    for (size_t i = 0; !err && i < t->writes.size() && i < 64; ++i) {
+      if (!(t->writes_read >> i & 1)) continue;
+      Var* w = t->writes[i];
+      std::lock_guard<SpinLock> g(w->mu);
+      err = w->error;  // an in-place update of a failed value fails too
     }
     if (!err) {
       try {
@@ -168,7 +230,7 @@ class EngineBase : public Engine {
       }
     }
     for (Var* w : t->writes) {
-      std::lock_guard<std::mutex> g(w->mu);
+      std::lock_guard<SpinLock> g(w->mu);
       w->error = err;
     }
   }
@@ -182,11 +244,29 @@ class EngineBase : public Engine {
     if (b > peak_pending_bytes_.load(std::memory_order_relaxed)) peak_pending_bytes_.store(b);
   }
 
+  // Wakes sleepers only when it matters: WaitForAll at zero pending, a blocked producer once the
+  // queue has drained to half its limits (hysteresis: no wake-up per completed task).
   void CountCompleted(size_t bytes) {
-    pending_bytes_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_acq_rel);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_acq_rel) -
+                static_cast<int64_t>(bytes);
+    int64_t p = pending_.fetch_sub(1, std::memory_order_acq_rel) - 1;
     completed_.fetch_add(1, std::memory_order_acq_rel);
-    completed_.notify_all();
+    if (sleepers_.load(std::memory_order_acquire) > 0 &&
+        (p == 0 || (p <= max_pending_.load(std::memory_order_relaxed) / 2 &&
+                    b <= max_pending_bytes_.load(std::memory_order_relaxed) / 2)))
+      completed_.notify_all();
+  }
+
+  // Blocks until `done()` holds, sleeping on completed_ between checks.
+  template <class Pred>
+  void SleepUntil(Pred done) {
+    for (;;) {
+      int64_t c = completed_.load(std::memory_order_acquire);
+      if (done()) return;
+      sleepers_.fetch_add(1, std::memory_order_acq_rel);
+      if (!done()) completed_.wait(c, std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+    }
   }
 
   void RethrowFirstError() {
@@ -201,6 +281,7 @@ class EngineBase : public Engine {
   std::atomic<int64_t> pushed_{0}, completed_{0}, pending_{0}, peak_pending_{0};
   std::atomic<int64_t> pending_bytes_{0}, peak_pending_bytes_{0};
   std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{512 << 20};
+  std::atomic<int> sleepers_{0};
   std::mutex error_mu_;
   std::exception_ptr first_error_;
 };
@@ -229,6 +310,9 @@ class NaiveEngine final : public EngineBase {
 
 // ---- threaded ----------------------------------------------------------------------------------
 
+// A FIFO of ready tasks served by a few threads. Workers spin briefly on an empty queue, then
+// sleep on an atomic epoch; Enqueue wakes one only when somebody sleeps (seq_cst on size_ and
+// sleepers_ makes the check-then-sleep race free).
 class WorkerPool {
  public:
   WorkerPool(int threads, Device device, StreamKind stream, std::function<void(Task*)> run)
@@ -241,52 +325,62 @@ class WorkerPool {
       });
   }
   ~WorkerPool() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    stop_.store(true);
+    epoch_.fetch_add(1);
+    epoch_.notify_all();
     for (auto& t : threads_) t.join();
   }
 
   void Enqueue(Task* t) {
-    bool wake;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      std::lock_guard<SpinLock> g(mu_);
       q_.push_back(t);
-      size_.store(q_.size(), std::memory_order_release);
-      wake = sleepers_ > 0;
     }
-    if (wake) cv_.notify_one();
+    size_.fetch_add(1);
+    if (sleepers_.load() > 0) {
+      epoch_.fetch_add(1);
+      epoch_.notify_one();
+    }
   }
 
  private:
+  Task* TryPop() {
+    if (size_.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard<SpinLock> g(mu_);
+    if (q_.empty()) return nullptr;
+    Task* t = q_.front();
+    q_.pop_front();
+    size_.fetch_sub(1);
+    return t;
+  }
+
   void Loop() {
     for (;;) {
+      Task* t = TryPop();
       // Spin briefly before sleeping: a producer pushing tiny ops then never pays a wake-up.
-      for (int i = 0; i < 4000 && size_.load(std::memory_order_acquire) == 0; ++i) KILN_PAUSE();
-      Task* t;
-      {
-        std::unique_lock<std::mutex> g(mu_);
-        ++sleepers_;
-        cv_.wait(g, [&] { return stop_ || !q_.empty(); });
-        --sleepers_;
-        if (q_.empty()) return;  // stopping
-        t = q_.front();
-        q_.pop_front();
-        size_.store(q_.size(), std::memory_order_release);
+      for (int i = 0; !t && i < 4000; ++i) {
+        KILN_PAUSE();
+        t = TryPop();
       }
-      run_(t);
+      if (t) {
+        run_(t);
+        continue;
+      }
+      if (stop_.load()) return;
+      uint32_t e = epoch_.load();
+      sleepers_.fetch_add(1);
+      if (size_.load() == 0 && !stop_.load()) epoch_.wait(e);
+      sleepers_.fetch_sub(1);
     }
   }
 
   std::function<void(Task*)> run_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  SpinLock mu_;
   std::deque<Task*> q_;
-  std::atomic<size_t> size_{0};
-  int sleepers_ = 0;
-  bool stop_ = false;
+  std::atomic<int64_t> size_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<uint32_t> epoch_{0};
+  std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };
 
@@ -299,11 +393,15 @@ class ThreadedEngine final : public EngineBase {
     } catch (...) {
     }
     for (auto& p : pools_) delete p.load();
+    Reap();
   }
 
   void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
             const TaskOptions& opts) override {
-    if (!tls_on_worker) Backpressure();
+    if (!tls_on_worker) {
+      if (graveyard_.load(std::memory_order_relaxed)) Reap();
+      Backpressure();
+    }
     Task* t = new Task();
     t->fn = std::move(fn);
     t->opts = opts;
@@ -315,7 +413,7 @@ class ThreadedEngine final : public EngineBase {
       std::lock_guard<std::mutex> order(push_mu_);
       for (Var* r : t->reads) {
         r->refs.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> g(r->mu);
+        std::lock_guard<SpinLock> g(r->mu);
         if (!r->running_write && r->QueueEmpty()) {
           ++r->running_reads;
           ++granted;
@@ -325,7 +423,7 @@ class ThreadedEngine final : public EngineBase {
       }
       for (Var* w : t->writes) {
         w->refs.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> g(w->mu);
+        std::lock_guard<SpinLock> g(w->mu);
         if (!w->running_write && w->running_reads == 0 && w->QueueEmpty()) {
           w->running_write = true;
           ++granted;
@@ -339,7 +437,7 @@ class ThreadedEngine final : public EngineBase {
 
   void WaitForVar(Var* v) override {
     {  // fast path: nothing writes v now or later in the queue
-      std::lock_guard<std::mutex> g(v->mu);
+      std::lock_guard<SpinLock> g(v->mu);
       bool writer_ahead = v->running_write;
       for (size_t i = v->head; i < v->queue.size() && !writer_ahead; ++i)
         writer_ahead = v->queue[i].write;
@@ -358,17 +456,15 @@ class ThreadedEngine final : public EngineBase {
     o.device = cpu(0);
     PushWaiter([&done] { done.store(1), done.notify_all(); }, vs, o);
     done.wait(0);
+    Reap();
     if (auto e = VarError(v)) std::rethrow_exception(e);
   }
 
   void WaitForAll() override {
     if (tls_on_worker)
       KILN_THROW(StateError) << "waitall called inside an engine task: that would deadlock";
-    for (;;) {
-      int64_t c = completed_.load(std::memory_order_acquire);
-      if (pending_.load(std::memory_order_acquire) == 0) break;
-      completed_.wait(c);
-    }
+    SleepUntil([&] { return pending_.load(std::memory_order_acquire) == 0; });
+    Reap();
     RethrowFirstError();
   }
 
@@ -390,7 +486,7 @@ class ThreadedEngine final : public EngineBase {
       std::lock_guard<std::mutex> order(push_mu_);
       for (Var* r : t->reads) {
         r->refs.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> g(r->mu);
+        std::lock_guard<SpinLock> g(r->mu);
         if (!r->running_write && r->QueueEmpty()) {
           ++r->running_reads;
           ++granted;
@@ -402,15 +498,15 @@ class ThreadedEngine final : public EngineBase {
     if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
   }
 
+  // Over either limit, the producer sleeps until the queue has drained to half of both.
   void Backpressure() {
-    for (;;) {
-      int64_t c = completed_.load(std::memory_order_acquire);
-      if (pending_.load(std::memory_order_acquire) < max_pending_.load(std::memory_order_relaxed) &&
-          pending_bytes_.load(std::memory_order_acquire) <
-              max_pending_bytes_.load(std::memory_order_relaxed))
-        return;
-      completed_.wait(c);
-    }
+    auto under = [&](int64_t div) {
+      return pending_.load(std::memory_order_acquire) < std::max<int64_t>(1, max_pending_.load() / div) &&
+             pending_bytes_.load(std::memory_order_acquire) <= max_pending_bytes_.load() / div;
+    };
+    if (under(1)) return;
+    SleepUntil([&] { return under(2) || pending_.load(std::memory_order_acquire) == 0; });
+    Reap();
   }
 
   void Schedule(Task* t) {
@@ -447,7 +543,7 @@ class ThreadedEngine final : public EngineBase {
     }
     std::vector<Task*> ready;
     for (Var* r : t->reads) {
-      std::lock_guard<std::mutex> g(r->mu);
+      std::lock_guard<SpinLock> g(r->mu);
       if (--r->running_reads == 0 && !r->QueueEmpty()) {
         KILN_CHECK(r->queue[r->head].write);
         r->running_write = true;
@@ -455,7 +551,7 @@ class ThreadedEngine final : public EngineBase {
       }
     }
     for (Var* w : t->writes) {
-      std::lock_guard<std::mutex> g(w->mu);
+      std::lock_guard<SpinLock> g(w->mu);
       w->running_write = false;
       while (!w->QueueEmpty() && !w->queue[w->head].write) {
         ++w->running_reads;
@@ -471,12 +567,33 @@ class ThreadedEngine final : public EngineBase {
     size_t bytes = t->opts.bytes;
     for (Var* v : t->reads) Unref(v);
     for (Var* v : t->writes) Unref(v);
-    delete t;  // releases what the task captured (storages) after its variables moved on
+    Bury(t);
     CountCompleted(bytes);
+  }
+
+  // Finished tasks are destroyed by the thread that pushes work (on its next Push or wait), not
+  // by the worker: what a task captured (tensors, storages, closures) was allocated by the pusher,
+  // and freeing it there keeps malloc on one thread's fast path instead of contending for arena
+  // locks across threads, which dominated the cost of tiny ops.
+  void Bury(Task* t) {
+    Task* head = graveyard_.load(std::memory_order_relaxed);
+    do {
+      t->next_dead = head;
+    } while (!graveyard_.compare_exchange_weak(head, t, std::memory_order_release, std::memory_order_relaxed));
+  }
+
+  void Reap() {
+    Task* t = graveyard_.exchange(nullptr, std::memory_order_acquire);
+    while (t) {
+      Task* next = t->next_dead;
+      delete t;
+      t = next;
+    }
   }
 
   static constexpr int kMaxDevices = 64;
   int cpu_workers_;
+  std::atomic<Task*> graveyard_{nullptr};
   std::mutex push_mu_, pool_mu_;
   std::atomic<WorkerPool*> pools_[2 * kMaxDevices * 4] = {};
 };

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/ir/attrs.h"
@@ -91,6 +92,7 @@ class OpTable {
 
  private:
   std::vector<std::unique_ptr<OpDef>> ops_;
+  std::unordered_map<std::string_view, OpId> by_name_;  // keys point into ops_[i]->name
 };
 
 /// Shorthand for OpTable::Get().Find(name).

@@ -29,6 +29,8 @@ class DeviceError : public Error { using Error::Error; };
 class FormatError : public Error { using Error::Error; };
 /// A bad argument value (negative size, unknown option, bad attribute).
 class ValueError : public Error { using Error::Error; };
+/// An allocation that cannot be satisfied (device or host memory exhausted, absurd size).
+class MemoryError : public Error { using Error::Error; };
 /// Misuse of the engine or autograd state (for example backward twice without retain_graph).
 class StateError : public Error { using Error::Error; };
 
