@@ -46,9 +46,12 @@ struct OpCase {
   ir::Attrs attrs;
   Reference reference;               ///< double-precision outputs (their dtype field is ignored)
   Checker check;                     ///< used when `reference` is empty
-  /// Floating inputs are run in each of these dtypes (integer/bool inputs keep theirs).
+  /// Floating inputs are run in each of these dtypes (integer/bool inputs keep theirs); a case
+  /// without floating inputs (integer-only, creation) runs once, whatever this says.
   std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat64};
-  double rtol = 1e-5, atol = 1e-6;   ///< float32 tolerance; float64 uses 1e-9, 16-bit floats 2e-2
+  /// float32 tolerance. float64 uses 1e-9/1e-12, or these where they are loosened above the
+  /// defaults (an approximate reference); 16-bit floats 2e-2/2e-2, or these where looser.
+  double rtol = 1e-5, atol = 1e-6;
   bool grad = true;                  ///< finite-difference check of float inputs (when differentiable)
   std::vector<int> grad_inputs;      ///< inputs to check; empty: every floating input
   double grad_tol = 1e-5;            ///< relative tolerance of the float64 gradient check

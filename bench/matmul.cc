@@ -1,0 +1,91 @@
+// Benchmark: a 1024x1024x1024 float32 matmul through kiln (eager Invoke1, then WaitToRead)
+// against oneDNN called directly in the same process (primitive created once, then executed).
+// Kiln's extra cost is dispatch, the engine hop, output allocation and the primitive-cache
+// lookup. Prints JSON lines: ms and GFLOP/s of each, and the ratio onednn_ms / kiln_ms (above 1:
+// kiln is ahead). --quick: fewer repeats, for CI smoke runs.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kiln/frontend/dispatch.h"
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Milliseconds of each of `repeats` calls of `f`, after `warmup` untimed calls.
+std::vector<double> TimeMs(int warmup, int repeats, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return ms;
+}
+
+void Emit(const char* c, const char* metric, double value, const char* unit) {
+  std::printf(
+      "{\"bench\": \"matmul\", \"case\": \"%s\", \"metric\": \"%s\", \"value\": %.4g, \"unit\": "
+      "\"%s\"}\n",
+      c, metric, value, unit);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int rounds = 3, per_round = quick ? 2 : 7,
+            warmup = 2;  // >= 15 timed runs of each when not quick
+  const int64_t M = 1024, K = 1024, N = 1024;
+
+  std::mt19937 gen(0);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> a(M * K), b(K * N), c(M * N);
+  for (float& x : a) x = u(gen);
+  for (float& x : b) x = u(gen);
+
+  // kiln
+  kiln::Tensor ta = kiln::Tensor::FromVector(a, {M, K}), tb = kiln::Tensor::FromVector(b, {K, N});
+  auto run_kiln = [&] { kiln::Invoke1("matmul", {ta, tb}).WaitToRead(); };
+
+  // oneDNN directly: plain row-major operands, as kiln passes them.
+  using dnnl::memory;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  memory::desc amd({M, K}, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc bmd({K, N}, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc cmd({M, N}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), eng);
+  dnnl::matmul prim(pd);
+  memory am(amd, eng, a.data()), bm(bmd, eng, b.data()), cm(cmd, eng, c.data());
+  auto run_onednn = [&] {
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+  };
+
+  // Alternate blocks so both see the same machine load; each block warms up its own thread team.
+  std::vector<double> kiln_ms, onednn_ms;
+  for (int r = 0; r < rounds; ++r) {
+    for (double t : TimeMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
+    for (double t : TimeMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
+  }
+  double k = Median(kiln_ms), o = Median(onednn_ms), gflop = 2.0 * M * N * K * 1e-9;
+  Emit("kiln", "ms", k, "ms");
+  Emit("onednn", "ms", o, "ms");
+  Emit("kiln", "gflops", gflop / (k * 1e-3), "GFLOP/s");
+  Emit("onednn", "gflops", gflop / (o * 1e-3), "GFLOP/s");
+  Emit("kiln/onednn", "speedup", o / k, "x");
+  return 0;
+}

@@ -1,0 +1,57 @@
+// CPU kernels of the movement ops (reshape, transpose, slice, concat, stack, split, take,
+// one_hot, ...) and the slice arithmetic that inference and view construction share.
+// Copies move raw bytes (dtype-agnostic): strided copies coalesce dimensions first, then take a
+// row-memcpy path, a cache-tiled path for transposes, or a plain strided loop. Kernels write
+// into the views they are given and never allocate tensors; they do not convert dtypes (that is
+// host::CopyConvert in copy.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kiln/runtime/tensor_view.h"
+
+namespace kiln::host {
+
+/// One axis of a slice after NumPy normalization: `len` elements, the first at `begin`, `step`
+/// apart (begin is 0 when len is 0).
+struct SliceAxis {
+  int64_t begin = 0;
+  int64_t step = 1;
+  int64_t len = 0;
+};
+
+/// NumPy slicing of the leading axes of `shape`: begin/end/step may each be shorter than the
+/// rank (a missing entry takes the whole axis, a missing step is 1); negative indices count from
+/// the end and out-of-range bounds clamp, so INT64_MIN / INT64_MAX stand for "from the start" /
+/// "to the end" in either direction. Returns one entry per axis of `shape`. Throws ValueError
+/// for a zero step and ShapeError for more entries than axes, both naming `op`.
+std::vector<SliceAxis> NormalizeSlice(const Shape& shape, std::span<const int64_t> begin,
+                                      std::span<const int64_t> end, std::span<const int64_t> step,
+                                      const char* op);
+
+/// dst = src: equal shapes and dtypes, any strides on either side (0 and negative included on
+/// src). Multithreaded for large tensors.
+void CopyStrided(const TensorView& src, const TensorView& dst);
+
+/// Concatenates `in` along `axis` into `out` (equal dtypes; all other dims equal). Inputs may be
+/// strided; a contiguous `out` with contiguous inputs takes one parallel pass of block copies.
+void Concat(std::span<const TensorView> in, const TensorView& out, int axis);
+/// The inverse of Concat: `in` cut along `axis` into consecutive pieces `out`.
+void Split(const TensorView& in, std::span<const TensorView> out, int axis);
+
+/// out = x.take(indices, axis) (NumPy): contiguous x, indices (int32/int64) and out; negative
+/// indices wrap once. Throws ValueError naming the first bad index and the valid range, before
+/// writing anything.
+void Take(const TensorView& x, const TensorView& indices, const TensorView& out, int axis);
+/// The gradient of Take: dx = zeros, then dx[..., indices[j], ...] += dy[..., j, ...] along
+/// `axis`, repeated indices accumulating. Contiguous floating operands. No atomics: threads own
+/// disjoint rows or column ranges of dx.
+void TakeGrad(const TensorView& dy, const TensorView& indices, const TensorView& dx, int axis);
+
+/// out[..., k] = (indices[...] == k) ? on : off for k < depth = out.shape.back(); an index
+/// outside [0, depth) gives a row of `off`. Contiguous operands; any output dtype.
+void OneHot(const TensorView& indices, const TensorView& out, double on, double off);
+
+}  // namespace kiln::host

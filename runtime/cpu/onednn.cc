@@ -1,0 +1,501 @@
+// The oneDNN path of the neural-network kernels (onednn.h), in four parts:
+//   1. one engine for the process, one stream and growable scratch buffers per thread;
+//   2. an LRU cache of primitives keyed by (op, dtype, shapes, attributes), so a repeated call
+//      costs a hash lookup instead of a primitive-descriptor creation;
+//   3. memory descriptors: plain row-major layouts; a transposed matmul operand is described by
+//      its strides, never copied; broadcast batch dims are dims of size 1;
+//   4. the entry points: trivial (empty) cases, then oneDNN for float32/bfloat16, and the plain
+//      loops of reference_nn.cc for other dtypes or where oneDNN has no kernel for the dtype.
+// Primitives use a user-provided scratchpad so one cached primitive can run on several threads.
+#include "kiln/runtime/cpu/onednn.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstdlib>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kiln/runtime/cpu/copy.h"
+#include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::host {
+
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+using prop = dnnl::prop_kind;
+using alg = dnnl::algorithm;
+
+// ---- 1. engine, streams, buffers ----------------------------------------------------------------
+
+dnnl::engine& Engine() {
+  static auto* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // leaked: workers outlive statics
+  return *e;
+}
+
+/// The calling thread's stream; on first use it also caps the thread's OpenMP team, which is
+/// what oneDNN parallelizes over, at NumThreads() (KILN_NUM_THREADS).
+dnnl::stream& Stream() {
+  thread_local dnnl::stream s = [] {
+    omp_set_num_threads(NumThreads());
+    return dnnl::stream(Engine());
+  }();
+  return s;
+}
+
+/// Per-thread 64-byte aligned buffers that only grow: scratchpad, workspace, a temporary.
+enum Slot { kScratchpad, kWorkspace, kTemp, kNumSlots };
+void* Buffer(Slot slot, size_t bytes) {
+  struct Buf {
+    void* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf bufs[kNumSlots];
+  Buf& b = bufs[slot];
+  if (b.n < bytes) {
+    std::free(b.p);
+    b.n = (bytes + 4095) / 4096 * 4096;
+    b.p = std::aligned_alloc(64, b.n);
+    KILN_CHECK(b.p) << "out of memory allocating a " << b.n << "-byte oneDNN buffer";
+  }
+  return b.p;
+}
+
+/// A ready-to-run primitive and the descriptors of the arguments callers pass, in their order.
+struct Prim {
+  dnnl::primitive prim;
+  std::vector<std::pair<int, memory::desc>> args;
+  memory::desc scratchpad, workspace;  // zero-sized when unused
+  std::shared_ptr<Prim> forward;       // max-pool gradient: the pass that fills the workspace
+};
+
+template <class P, class PD>
+std::shared_ptr<Prim> MakePrim(const PD& pd, std::vector<std::pair<int, memory::desc>> args) {
+  auto p = std::make_shared<Prim>();
+  p->prim = P(pd);
+  p->args = std::move(args);
+  p->scratchpad = pd.scratchpad_desc();
+  p->workspace = pd.workspace_desc();
+  return p;
+}
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
+void Execute(const Prim& p, std::initializer_list<void*> ptrs) {
+  std::unordered_map<int, memory> args;
+  auto ptr = ptrs.begin();
+  for (const auto& [arg, md] : p.args) args.emplace(arg, memory(md, Engine(), *ptr++));
+  if (size_t n = p.scratchpad.get_size())
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), Buffer(kScratchpad, n)));
+  if (size_t n = p.workspace.get_size())
+    args.emplace(DNNL_ARG_WORKSPACE, memory(p.workspace, Engine(), Buffer(kWorkspace, n)));
+  p.prim.execute(Stream(), args);
+  Stream().wait();
+}
+
+// ---- 2. primitive cache -------------------------------------------------------------------------
+
+using Key = std::vector<int64_t>;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+class PrimitiveCache {
+ public:
+  /// The cached primitive for `key`, made by `make` on a miss (outside the lock). A null result
+  /// (oneDNN has no kernel) is cached too, so the fallback decision is made once.
+  std::shared_ptr<Prim> Get(const Key& key, const std::function<std::shared_ptr<Prim>()>& make) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = map_.find(key); it != map_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second);
+        ++stats_.hits;
+        return it->second->second;
+      }
+    }
+    std::shared_ptr<Prim> p = make();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.misses;
+    if (auto it = map_.find(key); it != map_.end())
+      return it->second->second;  // made twice; keep one
+    lru_.emplace_front(key, p);
+    map_.emplace(key, lru_.begin());
+    if (lru_.size() > kCapacity) {
+      map_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    stats_.size = static_cast<int64_t>(lru_.size());
+    return p;
+  }
+  OneDnnCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  static constexpr size_t kCapacity = 256;
+  std::mutex mu_;
+  std::list<std::pair<Key, std::shared_ptr<Prim>>> lru_;
+  std::unordered_map<Key, std::list<std::pair<Key, std::shared_ptr<Prim>>>::iterator, KeyHash> map_;
+  OneDnnCacheStats stats_;
+};
+
+PrimitiveCache& Cache() {
+  static auto* c = new PrimitiveCache();  // leaked like the engine
+  return *c;
+}
+
+/// Runs `make`, turning "no implementation for this case" into nullptr (the caller falls back).
+template <class F>
+std::shared_ptr<Prim> TryMake(F&& make) {
+  try {
+    return make();
+  } catch (const dnnl::error& e) {
+    if (e.status == dnnl_unimplemented) return nullptr;
+    KILN_CHECK(false) << "oneDNN failed to create a primitive: " << e.what();
+    return nullptr;
+  }
+}
+
+enum class Kind : int64_t {
+  kMatmul,
+  kConv,
+  kConvData,
+  kConvWeight,
+  kMaxPool,
+  kMaxPoolGrad,
+  kAvgPool,
+  kAvgPoolGrad
+};
+
+void Append(Key& k, const Shape& s) {
+  k.push_back(s.rank());
+  k.insert(k.end(), s.begin(), s.end());
+}
+
+// ---- 3. memory descriptors ----------------------------------------------------------------------
+
+/// The oneDNN type of a dtype kiln runs on oneDNN; false for the others.
+bool OneDnnType(DType t, dt* out) {
+  switch (t) {
+    case DType::kFloat32:
+      *out = dt::f32;
+      return true;
+    case DType::kBFloat16:
+      *out = dt::bf16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+memory::dims Dims(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+memory::desc Plain(const Shape& s, dt t) {
+  static const tag tags[] = {tag::undef, tag::a, tag::ab, tag::abc, tag::abcd};
+  KILN_CHECK(s.rank() >= 1 && s.rank() <= 4) << s.str();
+  return memory::desc(Dims(s), t, tags[s.rank()]);
+}
+
+/// A matmul operand stored row-major as `s`, seen with rank `r` (leading dims of size 1) and the
+/// last two dims swapped when `transposed`.
+memory::desc MatmulOperand(const Shape& s, int r, bool transposed, dt t) {
+  Shape padded;
+  for (int i = s.rank(); i < r; ++i) padded.push_back(1);
+  for (int64_t d : s) padded.push_back(d);
+  Strides st = padded.ContiguousStrides();
+  memory::dims dims = Dims(padded), strides = Dims(st);
+  if (transposed) {
+    std::swap(dims[r - 2], dims[r - 1]);
+    std::swap(strides[r - 2], strides[r - 1]);
+  }
+  return memory::desc(dims, t, strides);
+}
+
+/// Weights (O, I/groups, KH, KW) as oneDNN wants them: (G, O/G, I/G, KH, KW) when grouped.
+memory::desc ConvWeights(const Shape& w, int64_t groups, dt t) {
+  if (groups == 1) return Plain(w, t);
+  return memory::desc({groups, w[0] / groups, w[1], w[2], w[3]}, t, tag::goihw);
+}
+
+struct ConvGeometry {
+  memory::dims strides, dilates, pad_l, pad_r;
+  explicit ConvGeometry(const Conv2dParams& p)
+      : strides{p.stride[0], p.stride[1]},
+        dilates{p.dilation[0] - 1, p.dilation[1] - 1},  // oneDNN counts the gaps
+        pad_l{p.padding[0], p.padding[1]},
+        pad_r{p.padding[0], p.padding[1]} {}
+};
+
+dnnl::convolution_forward::primitive_desc ConvForwardPD(const Shape& x, const Shape& w,
+                                                        const Shape& y, const Conv2dParams& p, dt t,
+                                                        prop kind) {
+  ConvGeometry g(p);
+  dnnl::convolution_forward::desc d(kind, alg::convolution_direct, Plain(x, t),
+                                    ConvWeights(w, p.groups, t), Plain(y, t), g.strides, g.dilates,
+                                    g.pad_l, g.pad_r);
+  return {d, UserScratchpad(), Engine()};
+}
+
+struct PoolGeometry {
+  memory::dims strides, kernel, pad_l, pad_r;
+  explicit PoolGeometry(const Pool2dParams& p)
+      : strides{p.stride[0], p.stride[1]},
+        kernel{p.kernel[0], p.kernel[1]},
+        pad_l{p.padding[0], p.padding[1]},
+        pad_r{p.padding[0], p.padding[1]} {}
+};
+
+dnnl::pooling_forward::primitive_desc PoolForwardPD(const Shape& x, const Shape& y,
+                                                    const Pool2dParams& p, alg a, dt t, prop kind) {
+  PoolGeometry g(p);
+  dnnl::pooling_forward::desc d(kind, a, Plain(x, t), Plain(y, t), g.strides, g.kernel, g.pad_l,
+                                g.pad_r);
+  return {d, UserScratchpad(), Engine()};
+}
+
+alg AvgAlgorithm(const Pool2dParams& p) {
+  return p.count_include_pad ? alg::pooling_avg_include_padding : alg::pooling_avg_exclude_padding;
+}
+
+Key ConvKey(Kind kind, dt t, const Shape& a, const Shape& b, const Shape& c,
+            const Conv2dParams& p) {
+  Key k{static_cast<int64_t>(kind),
+        static_cast<int64_t>(t),
+        p.stride[0],
+        p.stride[1],
+        p.padding[0],
+        p.padding[1],
+        p.dilation[0],
+        p.dilation[1],
+        p.groups};
+  Append(k, a);
+  Append(k, b);
+  Append(k, c);
+  return k;
+}
+
+Key PoolKey(Kind kind, dt t, const Shape& x, const Shape& y, const Pool2dParams& p) {
+  Key k{static_cast<int64_t>(kind),
+        static_cast<int64_t>(t),
+        p.kernel[0],
+        p.kernel[1],
+        p.stride[0],
+        p.stride[1],
+        p.padding[0],
+        p.padding[1],
+        p.count_include_pad};
+  Append(k, x);
+  Append(k, y);
+  return k;
+}
+
+// ---- 4. entry points ----------------------------------------------------------------------------
+
+/// Checks the contiguity kernels rely on; true (after zero-filling `out` where the result is a sum
+/// over nothing) when there is nothing to compute.
+bool Trivial(const TensorView& out, std::initializer_list<const TensorView*> ins) {
+  KILN_CHECK(out.is_contiguous()) << "NN kernels write contiguous outputs";
+  for (const TensorView* v : ins)
+    KILN_CHECK(v->is_contiguous()) << "NN kernels take contiguous inputs";
+  if (out.numel() == 0) return true;
+  for (const TensorView* v : ins)
+    if (v->numel() == 0) {
+      Fill(out, 0.0);
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+OneDnnCacheStats GetOneDnnCacheStats() { return Cache().stats(); }
+
+void Matmul(const TensorView& a, const TensorView& b, const TensorView& out,
+            const MatmulParams& p) {
+  if (Trivial(out, {&a, &b})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(out.dtype, &t)) {
+    Key k{static_cast<int64_t>(Kind::kMatmul), static_cast<int64_t>(t), p.transpose_a,
+          p.transpose_b};
+    Append(k, a.shape);
+    Append(k, b.shape);
+    prim = Cache().Get(k, [&] {
+      return TryMake([&] {
+        int r = out.rank();
+        memory::desc am = MatmulOperand(a.shape, r, p.transpose_a, t);
+        memory::desc bm = MatmulOperand(b.shape, r, p.transpose_b, t);
+        memory::desc cm = MatmulOperand(out.shape, r, false, t);
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), UserScratchpad(), Engine());
+        return MakePrim<dnnl::matmul>(
+            pd, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      });
+    });
+  }
+  if (!prim) return reference::Matmul(a, b, out, p);
+  Execute(*prim, {a.data, b.data, out.data});
+}
+
+void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p) {
+  if (Trivial(y, {&x, &w})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(y.dtype, &t))
+    prim = Cache().Get(ConvKey(Kind::kConv, t, x.shape, w.shape, y.shape, p), [&] {
+      return TryMake([&] {
+        auto pd = ConvForwardPD(x.shape, w.shape, y.shape, p, t, prop::forward_inference);
+        return MakePrim<dnnl::convolution_forward>(pd, {{DNNL_ARG_SRC, pd.src_desc()},
+                                                        {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                                                        {DNNL_ARG_DST, pd.dst_desc()}});
+      });
+    });
+  if (!prim) return reference::Conv2d(x, w, y, p);
+  Execute(*prim, {x.data, w.data, y.data});
+}
+
+void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx,
+                    const Conv2dParams& p) {
+  if (Trivial(dx, {&dy, &w})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(dx.dtype, &t))
+    prim = Cache().Get(ConvKey(Kind::kConvData, t, dx.shape, w.shape, dy.shape, p), [&] {
+      return TryMake([&] {
+        auto hint = ConvForwardPD(dx.shape, w.shape, dy.shape, p, t, prop::forward_training);
+        ConvGeometry g(p);
+        dnnl::convolution_backward_data::desc d(
+            alg::convolution_direct, Plain(dx.shape, t), ConvWeights(w.shape, p.groups, t),
+            Plain(dy.shape, t), g.strides, g.dilates, g.pad_l, g.pad_r);
+        dnnl::convolution_backward_data::primitive_desc pd(d, UserScratchpad(), Engine(), hint);
+        return MakePrim<dnnl::convolution_backward_data>(pd,
+                                                         {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
+                                                          {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                                                          {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
+      });
+    });
+  if (!prim) return reference::Conv2dGradData(dy, w, dx, p);
+  Execute(*prim, {dy.data, w.data, dx.data});
+}
+
+void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                      const Conv2dParams& p) {
+  if (Trivial(dw, {&dy, &x})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(dw.dtype, &t))
+    prim = Cache().Get(ConvKey(Kind::kConvWeight, t, x.shape, dw.shape, dy.shape, p), [&] {
+      return TryMake([&] {
+        auto hint = ConvForwardPD(x.shape, dw.shape, dy.shape, p, t, prop::forward_training);
+        ConvGeometry g(p);
+        dnnl::convolution_backward_weights::desc d(
+            alg::convolution_direct, Plain(x.shape, t), ConvWeights(dw.shape, p.groups, t),
+            Plain(dy.shape, t), g.strides, g.dilates, g.pad_l, g.pad_r);
+        dnnl::convolution_backward_weights::primitive_desc pd(d, UserScratchpad(), Engine(), hint);
+        return MakePrim<dnnl::convolution_backward_weights>(
+            pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
+                 {DNNL_ARG_SRC, pd.src_desc()},
+                 {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()}});
+      });
+    });
+  if (!prim) return reference::Conv2dGradWeight(dy, x, dw, p);
+  Execute(*prim, {dy.data, x.data, dw.data});
+}
+
+void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
+  if (Trivial(y, {&x})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(y.dtype, &t))
+    prim = Cache().Get(PoolKey(Kind::kMaxPool, t, x.shape, y.shape, p), [&] {
+      return TryMake([&] {
+        auto pd = PoolForwardPD(x.shape, y.shape, p, alg::pooling_max, t, prop::forward_inference);
+        return MakePrim<dnnl::pooling_forward>(
+            pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_DST, pd.dst_desc()}});
+      });
+    });
+  if (!prim) return reference::MaxPool2d(x, y, p);
+  Execute(*prim, {x.data, y.data});
+}
+
+void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx,
+                   const Pool2dParams& p) {
+  if (Trivial(dx, {&dy, &x})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(dx.dtype, &t))
+    prim = Cache().Get(PoolKey(Kind::kMaxPoolGrad, t, x.shape, dy.shape, p), [&] {
+      return TryMake([&] {
+        // oneDNN's max-pool backward reads the forward pass's workspace (where each max was), so
+        // the gradient reruns the forward pass in training mode into a temporary first.
+        auto fwd = PoolForwardPD(x.shape, dy.shape, p, alg::pooling_max, t, prop::forward_training);
+        PoolGeometry g(p);
+        dnnl::pooling_backward::desc d(alg::pooling_max, Plain(x.shape, t), Plain(dy.shape, t),
+                                       g.strides, g.kernel, g.pad_l, g.pad_r);
+        dnnl::pooling_backward::primitive_desc pd(d, UserScratchpad(), Engine(), fwd);
+        auto bwd = MakePrim<dnnl::pooling_backward>(
+            pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()}, {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
+        bwd->forward = MakePrim<dnnl::pooling_forward>(
+            fwd, {{DNNL_ARG_SRC, fwd.src_desc()}, {DNNL_ARG_DST, fwd.dst_desc()}});
+        return bwd;
+      });
+    });
+  if (!prim) return reference::MaxPool2dGrad(dy, x, dx, p);
+  Execute(*prim->forward, {x.data, Buffer(kTemp, prim->forward->args[1].second.get_size())});
+  Execute(*prim, {dy.data, dx.data});
+}
+
+void AvgPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
+  if (Trivial(y, {&x})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(y.dtype, &t))
+    prim = Cache().Get(PoolKey(Kind::kAvgPool, t, x.shape, y.shape, p), [&] {
+      return TryMake([&] {
+        auto pd = PoolForwardPD(x.shape, y.shape, p, AvgAlgorithm(p), t, prop::forward_inference);
+        return MakePrim<dnnl::pooling_forward>(
+            pd, {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_DST, pd.dst_desc()}});
+      });
+    });
+  if (!prim) return reference::AvgPool2d(x, y, p);
+  Execute(*prim, {x.data, y.data});
+}
+
+void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParams& p) {
+  if (Trivial(dx, {&dy})) return;
+  dt t;
+  std::shared_ptr<Prim> prim;
+  if (OneDnnType(dx.dtype, &t))
+    prim = Cache().Get(PoolKey(Kind::kAvgPoolGrad, t, dx.shape, dy.shape, p), [&] {
+      return TryMake([&] {
+        auto fwd = PoolForwardPD(dx.shape, dy.shape, p, AvgAlgorithm(p), t, prop::forward_training);
+        PoolGeometry g(p);
+        dnnl::pooling_backward::desc d(AvgAlgorithm(p), Plain(dx.shape, t), Plain(dy.shape, t),
+                                       g.strides, g.kernel, g.pad_l, g.pad_r);
+        dnnl::pooling_backward::primitive_desc pd(d, UserScratchpad(), Engine(), fwd);
+        return MakePrim<dnnl::pooling_backward>(
+            pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()}, {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
+      });
+    });
+  if (!prim) return reference::AvgPool2dGrad(dy, dx, p);
+  Execute(*prim, {dy.data, dx.data});
+}
+
+}  // namespace kiln::host

@@ -1,0 +1,489 @@
+// The conformance runner (see conformance.h): runs every registered case on every available
+// device, in each of its dtypes, with contiguous and strided inputs, against its double-precision
+// reference; checks gradients of differentiable ops against central differences in float64; and
+// checks that every op of the op table has a case. Failures are collected per run and reported
+// one CHECK each, so one failing case never hides another.
+//
+// It deliberately does not compare eager against hybridized execution (that belongs with the
+// hybridize tests) and does not time anything.
+#include "conformance.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "kiln/frontend/autograd.h"
+#include "kiln/frontend/dispatch.h"
+#include "kiln/ir/op.h"
+
+namespace kiln::testing {
+
+// ---- input helpers -------------------------------------------------------------------------------
+
+HostTensor Arange(const Shape& shape, double start, double step, DType dtype) {
+  HostTensor t{shape, std::vector<double>(static_cast<size_t>(shape.numel())), dtype};
+  for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = start + step * static_cast<double>(i);
+  return t;
+}
+
+namespace {
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+HostTensor Uniform(const Shape& shape, double lo, double hi, uint64_t seed, DType dtype) {
+  HostTensor t{shape, std::vector<double>(static_cast<size_t>(shape.numel())), dtype};
+  uint64_t state = seed;
+  for (double& v : t.data) v = lo + (hi - lo) * static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
+  return t;
+}
+
+HostTensor Ints(const Shape& shape, std::vector<double> values, DType dtype) {
+  KILN_CHECK(static_cast<int64_t>(values.size()) == shape.numel())
+      << "Ints: " << values.size() << " values do not fill shape " << shape.str();
+  return HostTensor{shape, std::move(values), dtype};
+}
+
+// ---- registry ------------------------------------------------------------------------------------
+
+namespace {
+
+struct Group {
+  std::string name;
+  std::vector<OpCase> (*make)();
+};
+
+std::vector<Group>& Groups() {
+  static std::vector<Group> groups;
+  return groups;
+}
+
+struct Loaded {
+  std::vector<OpCase> cases;
+  std::vector<std::string> errors;  // groups whose case builder threw
+};
+
+// Cases are built on first use, not at static initialization: building them may touch the op
+// table, and the order of static initializers across files is unspecified.
+const Loaded& Cases() {
+  static const Loaded loaded = [] {
+    Loaded l;
+    std::vector<Group> groups = Groups();
+    std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) { return a.name < b.name; });
+    for (const Group& g : groups) {
+      try {
+        for (OpCase& c : g.make()) l.cases.push_back(std::move(c));
+      } catch (const std::exception& e) {
+        l.errors.push_back("conformance group '" + g.name + "': building its cases threw: " + e.what());
+      }
+    }
+    return l;
+  }();
+  return loaded;
+}
+
+}  // namespace
+
+void RegisterCases(const char* group, std::vector<OpCase> (*make)()) { Groups().push_back({group, make}); }
+
+namespace {
+
+// ---- tensors from host data ----------------------------------------------------------------------
+
+const OpCase kDefaults;
+
+/// `v` as stored in `t` and read back (16-bit floats round, integers truncate).
+double RoundTo(double v, DType t) {
+  double r = 0;
+  KILN_DISPATCH_ALL(t, {
+    scalar_t s = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(v));
+    r = static_cast<double>(static_cast<compute_t<scalar_t>>(s));
+  });
+  return r;
+}
+
+void Store(void* base, DType t, int64_t i, double v) {
+  KILN_DISPATCH_ALL(
+      t, { static_cast<scalar_t*>(base)[i] = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(v)); });
+}
+
+/// The inputs of one run: floating inputs in `dtype` (when given), others in their own dtype,
+/// values rounded through the dtype so the reference sees what the kernel sees.
+std::vector<HostTensor> RunInputs(const std::vector<HostTensor>& in, std::optional<DType> dtype) {
+  std::vector<HostTensor> out = in;
+  for (HostTensor& h : out) {
+    if (dtype && IsFloat(h.dtype)) h.dtype = *dtype;
+    for (double& v : h.data) v = RoundTo(v, h.dtype);
+  }
+  return out;
+}
+
+/// A tensor holding `h` on `device`. Strided: each element at twice its contiguous stride after
+/// one leading pad element, the gaps filled with a sentinel, so a kernel that ignores strides or
+/// the offset reads visibly wrong values.
+Tensor MakeTensor(const HostTensor& h, Device device, bool strided) {
+  KILN_CHECK(static_cast<int64_t>(h.data.size()) == h.shape.numel())
+      << "host tensor has " << h.data.size() << " values for shape " << h.shape.str();
+  const int64_t n = h.shape.numel();
+  const size_t es = DTypeSize(h.dtype);
+  if (!strided) {
+    std::vector<unsigned char> buf(static_cast<size_t>(n) * es);
+    for (int64_t i = 0; i < n; ++i) Store(buf.data(), h.dtype, i, h.data[static_cast<size_t>(i)]);
+    return Tensor::FromHost(buf.data(), h.shape, h.dtype, device);
+  }
+  const int64_t total = 2 * n + 1;
+  std::vector<unsigned char> buf(static_cast<size_t>(total) * es);
+  const double sentinel = IsFloat(h.dtype) ? std::nan("") : h.dtype == DType::kBool ? 1.0 : 77.0;
+  for (int64_t i = 0; i < total; ++i) Store(buf.data(), h.dtype, i, sentinel);
+  Strides strides = h.shape.ContiguousStrides();
+  for (int64_t& s : strides) s *= 2;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, pos = 1;
+    for (int d = h.shape.rank() - 1; d >= 0; --d) {
+      pos += (rem % h.shape[d]) * strides[d];
+      rem /= h.shape[d];
+    }
+    Store(buf.data(), h.dtype, pos, h.data[static_cast<size_t>(i)]);
+  }
+  Tensor base = Tensor::FromHost(buf.data(), Shape{total}, h.dtype, device);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->offset = 1;
+  impl->shape = h.shape;
+  impl->strides = strides;
+  impl->dtype = h.dtype;
+  return Tensor(std::move(impl));
+}
+
+// ---- comparison ----------------------------------------------------------------------------------
+
+struct Tolerance {
+  double rtol = 0, atol = 0;
+  bool exact = true;
+};
+
+// float64 is held to 1e-9/1e-12 unless the case loosened its tolerances above the defaults (a
+// sign that the reference itself is approximate); 16-bit floats to 2e-2 (or the case's, if looser).
+Tolerance ToleranceFor(const OpCase& c, DType out) {
+  switch (out) {
+    case DType::kFloat32: return {c.rtol, c.atol, false};
+    case DType::kFloat64:
+      return {c.rtol > kDefaults.rtol ? c.rtol : 1e-9, c.atol > kDefaults.atol ? c.atol : 1e-12, false};
+    case DType::kFloat16:
+    case DType::kBFloat16: return {std::max(2e-2, c.rtol), std::max(2e-2, c.atol), false};
+    default: return {0, 0, true};
+  }
+}
+
+bool Close(double got, double want, const Tolerance& t) {
+  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want);
+  if (got == want) return true;  // also equal infinities
+  if (t.exact || std::isinf(got) || std::isinf(want)) return false;
+  return std::fabs(got - want) <= t.atol + t.rtol * std::fabs(want);
+}
+
+std::string Num(double v) {
+  std::ostringstream os;
+  os << std::setprecision(17) << v;
+  return os.str();
+}
+
+std::string IndexStr(const Shape& shape, int64_t flat) {
+  std::vector<int64_t> idx(static_cast<size_t>(shape.rank()));
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    idx[static_cast<size_t>(d)] = flat % shape[d];
+    flat /= shape[d];
+  }
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < idx.size(); ++i) os << (i ? ", " : "") << idx[i];
+  os << "]";
+  return os.str();
+}
+
+// ---- one forward run -----------------------------------------------------------------------------
+
+struct Run {
+  const OpCase& c;
+  std::optional<DType> dtype;  // nullopt: the case has no floating inputs
+  Device device;
+  bool strided;
+
+  std::string str() const {
+    std::ostringstream os;
+    os << "case '" << c.label << "' (op " << c.op;
+    if (!c.attrs.empty()) os << " {" << c.attrs.str() << "}";
+    os << ", " << (dtype ? DTypeName(*dtype) : "no floating inputs") << ", " << device.str();
+    if (!c.inputs.empty()) os << ", " << (strided ? "non-contiguous" : "contiguous") << " inputs";
+    os << ")";
+    return os.str();
+  }
+};
+
+bool HasFloatInput(const OpCase& c) {
+  return std::any_of(c.inputs.begin(), c.inputs.end(), [](const HostTensor& h) { return IsFloat(h.dtype); });
+}
+
+/// Compares output `k` with its reference; returns "" when they agree.
+std::string CompareOutput(const Run& run, int k, const Tensor& out, const HostTensor& ref,
+                          const ir::TensorType& declared) {
+  std::ostringstream err;
+  if (out.dtype() != declared.dtype) {
+    err << "output " << k << " has dtype " << DTypeName(out.dtype()) << " but the op declares "
+        << DTypeName(declared.dtype);
+    return err.str();
+  }
+  if (!(out.shape() == ref.shape) || !(out.shape() == declared.shape)) {
+    err << "output " << k << " has shape " << out.shape().str() << "; the reference has " << ref.shape.str()
+        << " and the op declares " << declared.shape.str();
+    return err.str();
+  }
+  if (static_cast<int64_t>(ref.data.size()) != ref.shape.numel())
+    return "the reference of output " + std::to_string(k) + " has " + std::to_string(ref.data.size()) +
+           " values for shape " + ref.shape.str() + " (a bug in the case)";
+  std::vector<double> got = out.ToVector<double>();
+  Tolerance tol = ToleranceFor(run.c, out.dtype());
+  int64_t first = -1, bad = 0;
+  double want_first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double want = IsFloat(out.dtype()) ? RoundTo(ref.data[i], out.dtype()) : ref.data[i];
+    if (Close(got[i], want, tol)) continue;
+    if (bad++ == 0) first = static_cast<int64_t>(i), want_first = want;
+  }
+  if (bad == 0) return "";
+  err << "output " << k << " (" << DTypeName(out.dtype()) << out.shape().str() << ") differs at "
+      << IndexStr(out.shape(), first) << " (flat " << first << "): got "
+      << Num(got[static_cast<size_t>(first)]) << ", expected " << Num(want_first);
+  if (tol.exact)
+    err << " (exact)";
+  else
+    err << " (rtol " << tol.rtol << ", atol " << tol.atol << ")";
+  err << "; " << bad << " of " << got.size() << " elements differ";
+  return err.str();
+}
+
+/// Runs the case once; returns "" on success, else what went wrong. Checkers report through
+/// their own doctest CHECKs (with the run in INFO).
+std::string RunForward(const Run& run) {
+  const OpCase& c = run.c;
+  try {
+    const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+    ir::Attrs attrs = def.Resolve(c.attrs);
+    std::vector<HostTensor> host = RunInputs(c.inputs, run.dtype);
+    std::vector<Tensor> in;
+    std::vector<ir::TensorType> types;
+    for (const HostTensor& h : host) {
+      in.push_back(MakeTensor(h, run.device, run.strided));
+      types.push_back({h.shape, h.dtype});
+    }
+    std::vector<Tensor> out = Invoke(def.id, in, c.attrs, run.device);
+    if (!c.reference) {
+      if (!c.check) return "the case has neither a reference nor a checker";
+      INFO(run.str());
+      c.check(out, attrs);
+      return "";
+    }
+    std::vector<ir::TensorType> declared = def.Infer(types, attrs);
+    std::vector<HostTensor> ref = c.reference(host, attrs);
+    if (out.size() != ref.size() || out.size() != declared.size())
+      return "the op returned " + std::to_string(out.size()) + " outputs; the reference has " +
+             std::to_string(ref.size()) + " and the op declares " + std::to_string(declared.size());
+    std::string errs;
+    for (size_t k = 0; k < out.size(); ++k) {
+      std::string e = CompareOutput(run, static_cast<int>(k), out[k], ref[k], declared[k]);
+      if (!e.empty()) errs += (errs.empty() ? "" : "; ") + e;
+    }
+    return errs;
+  } catch (const std::exception& e) {
+    return std::string("threw: ") + e.what();
+  }
+}
+
+bool AnyStrided(const std::vector<HostTensor>& in) {
+  for (const HostTensor& h : in) {
+    // A strided tensor is non-contiguous when some dimension other than a size-1 one exists.
+    if (std::any_of(h.shape.begin(), h.shape.end(), [](int64_t d) { return d > 1; })) return true;
+  }
+  return false;
+}
+
+// ---- gradients -----------------------------------------------------------------------------------
+
+/// Up to `max` indices spread over [0, n).
+std::vector<int64_t> Sample(int64_t n, int64_t max) {
+  std::vector<int64_t> idx;
+  if (n <= max) {
+    for (int64_t i = 0; i < n; ++i) idx.push_back(i);
+  } else {
+    for (int64_t k = 0; k < max; ++k) idx.push_back(k * n / max);
+  }
+  return idx;
+}
+
+std::string CheckGradient(const OpCase& c) {
+  const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+  std::vector<HostTensor> host = RunInputs(c.inputs, DType::kFloat64);
+  std::vector<int> which;
+  if (c.grad_inputs.empty()) {
+    for (size_t j = 0; j < host.size(); ++j)
+      if (IsFloat(host[j].dtype)) which.push_back(static_cast<int>(j));
+  } else {
+    for (int j : c.grad_inputs) {
+      if (j < 0 || j >= static_cast<int>(host.size()) || !IsFloat(host[static_cast<size_t>(j)].dtype))
+        return "grad_inputs names input " + std::to_string(j) + ", which is not a floating input";
+      which.push_back(j);
+    }
+  }
+  if (which.empty()) return "";
+
+  std::vector<Tensor> xs;
+  for (const HostTensor& h : host) xs.push_back(MakeTensor(h, cpu(), false));
+  for (int j : which) xs[static_cast<size_t>(j)].AttachGrad();
+  std::vector<Tensor> out;
+  {
+    autograd::RecordScope record;
+    out = Invoke(def.id, xs, c.attrs, cpu());
+  }
+  // L = sum_k <w_k, y_k> over the floating outputs.
+  std::vector<Tensor> heads, head_grads;
+  std::vector<std::vector<double>> weights(out.size());
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (!IsFloat(out[k].dtype())) continue;
+    HostTensor w = Uniform(out[k].shape(), -1, 1, 1234 + k, DType::kFloat64);
+    weights[k] = w.data;
+    heads.push_back(out[k]);
+    head_grads.push_back(MakeTensor(w, cpu(), false));
+  }
+  if (heads.empty()) return "";
+  std::vector<Tensor> vars;
+  for (int j : which) vars.push_back(xs[static_cast<size_t>(j)]);
+  std::vector<Tensor> grads = autograd::Grad(heads, vars, head_grads);
+
+  auto loss = [&](const std::vector<HostTensor>& in) {
+    std::vector<Tensor> t;
+    for (const HostTensor& h : in) t.push_back(MakeTensor(h, cpu(), false));
+    std::vector<Tensor> y = Invoke(def.id, t, c.attrs, cpu());
+    double l = 0;
+    for (size_t k = 0; k < y.size(); ++k) {
+      if (!IsFloat(y[k].dtype())) continue;
+      std::vector<double> v = y[k].ToVector<double>();
+      for (size_t i = 0; i < v.size(); ++i) l += weights[k][i] * v[i];
+    }
+    return l;
+  };
+
+  std::string errs;
+  for (size_t q = 0; q < which.size(); ++q) {
+    const size_t j = static_cast<size_t>(which[q]);
+    if (!(grads[q].shape() == host[j].shape)) {
+      errs += std::string(errs.empty() ? "" : "; ") + "gradient of input " + std::to_string(j) +
+              " has shape " + grads[q].shape().str() + ", the input " + host[j].shape.str();
+      continue;
+    }
+    std::vector<double> analytic = grads[q].ToVector<double>();
+    int bad = 0;
+    std::string first;
+    std::vector<HostTensor> probe = host;
+    for (int64_t i : Sample(host[j].shape.numel(), 20)) {
+      double& x = probe[j].data[static_cast<size_t>(i)];
+      const double x0 = x, eps = 1e-6 * std::max(1.0, std::fabs(x0));
+      x = x0 + eps;
+      double lp = loss(probe);
+      x = x0 - eps;
+      double lm = loss(probe);
+      x = x0;
+      double numeric = (lp - lm) / (2 * eps), a = analytic[static_cast<size_t>(i)];
+      double scale = std::max({1.0, std::fabs(a), std::fabs(numeric)});
+      if (std::fabs(a - numeric) <= c.grad_tol * scale) continue;
+      if (bad++ == 0)
+        first = IndexStr(host[j].shape, i) + ": analytic " + Num(a) + ", numeric " + Num(numeric);
+    }
+    if (bad)
+      errs += std::string(errs.empty() ? "" : "; ") + "gradient of input " + std::to_string(j) + " " +
+              host[j].shape.str() + " differs at " + first + " (grad_tol " + Num(c.grad_tol) + "; " +
+              std::to_string(bad) + " checked elements differ)";
+  }
+  return errs;
+}
+
+}  // namespace
+
+// ---- the tests -----------------------------------------------------------------------------------
+
+TEST_CASE("conformance: forward") {
+  const Loaded& loaded = Cases();
+  for (const std::string& e : loaded.errors) CHECK_MESSAGE(false, e);
+  std::vector<Device> devices = {cpu()};
+  if (NumGPUs() > 0)
+    devices.push_back(gpu(0));
+  else
+    MESSAGE("conformance: GPU pass skipped: no GPU (NumGPUs() == 0)");
+
+  std::set<std::string> no_gpu_kernel;
+  for (const OpCase& c : loaded.cases) {
+    std::vector<std::optional<DType>> dtypes;
+    if (HasFloatInput(c)) dtypes.assign(c.dtypes.begin(), c.dtypes.end());
+    if (dtypes.empty()) dtypes.push_back(std::nullopt);
+    for (Device dev : devices) {
+      if (dev.is_gpu()) {
+        auto id = ir::OpTable::Get().TryFind(c.op);
+        if (id && !KernelTable::Get().Find(*id, DeviceType::kGPU)) {
+          no_gpu_kernel.insert(c.op);
+          continue;
+        }
+      }
+      for (std::optional<DType> dt : dtypes) {
+        for (bool strided : {false, true}) {
+          if (strided && (!c.noncontiguous || !AnyStrided(c.inputs))) continue;
+          Run run{c, dt, dev, strided};
+          std::string err = RunForward(run);
+          CHECK_MESSAGE(err.empty(), run.str() << ": " << err);
+        }
+      }
+    }
+  }
+  if (!no_gpu_kernel.empty()) {
+    std::string names;
+    for (const std::string& n : no_gpu_kernel) names += " " + n;
+    MESSAGE("conformance: GPU pass skipped for ops without a GPU kernel:" << names);
+  }
+}
+
+TEST_CASE("conformance: gradients") {
+  for (const OpCase& c : Cases().cases) {
+    if (!c.grad) continue;
+    auto id = ir::OpTable::Get().TryFind(c.op);
+    if (!id || !ir::GetOp(*id).differentiable) continue;  // unknown ops fail the forward test
+    std::string err;
+    try {
+      err = CheckGradient(c);
+    } catch (const std::exception& e) {
+      err = std::string("threw: ") + e.what();
+    }
+    CHECK_MESSAGE(err.empty(), "case '" << c.label << "' (op " << c.op << ", float64, gradient): " << err);
+  }
+}
+
+TEST_CASE("conformance: every op has a case") {
+  std::set<std::string> covered;
+  for (const OpCase& c : Cases().cases) covered.insert(c.op);
+  const ir::OpTable& table = ir::OpTable::Get();
+  std::string missing;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const std::string& name = table[static_cast<ir::OpId>(i)].name;
+    if (!covered.count(name)) missing += " " + name;
+  }
+  CHECK_MESSAGE(missing.empty(), "ops without a conformance case:" << missing);
+}
+
+}  // namespace kiln::testing
