@@ -222,6 +222,11 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
       KILN_THROW(ShapeError) << def.name << ": output " << i << " must be "
                              << DTypeName(out_types[i].dtype) << out_types[i].shape.str() << ", found "
                              << DTypeName(outputs[i].dtype()) << outputs[i].shape().str();
+    for (int d = 0; d < outputs[i].rank(); ++d)
+      if (outputs[i].strides()[d] == 0 && outputs[i].shape()[d] > 1)
+        KILN_THROW(ValueError) << def.name << ": output " << i << " is a broadcast view (shape "
+                               << outputs[i].shape().str() << " with a zero stride): its elements overlap "
+                               << "and cannot be written; write into a contiguous tensor instead";
     if (!(outputs[i].device() == dev))
       KILN_THROW(DeviceError) << def.name << ": output " << i << " is on " << outputs[i].device().str()
                               << " but the inputs are on " << dev.str();

@@ -71,7 +71,7 @@ bool TransposeView(const Layout& in, const ir::Attrs& a, const ir::TensorType& o
 }
 
 bool SliceView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, Layout* r) {
-  auto axes = host::NormalizeSlice(in.shape, a.Ints("begin"), a.Ints("end"), a.Ints("step"), "slice");
+  auto axes = NormalizeSlice(in.shape, a.Ints("begin"), a.Ints("end"), a.Ints("step"), "slice");
   r->offset = in.offset;
   r->shape = out.shape;
   r->strides = in.strides;
@@ -171,7 +171,8 @@ void TakeKernel(const KernelArgs& a) {
 }
 
 void TakeGradKernel(const KernelArgs& a) {
-  host::TakeGrad(a.in[0], a.in[1], a.out[0], NormalizeAxis(a.attrs.Int("axis"), a.out[0].rank(), "take_grad"));
+  host::TakeGrad(a.in[0], a.in[1], a.out[0],
+                 NormalizeAxis(a.attrs.Int("axis"), a.out[0].rank(), "take_grad"));
 }
 
 void OneHotKernel(const KernelArgs& a) {

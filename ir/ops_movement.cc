@@ -5,7 +5,6 @@
 #include <numeric>
 
 #include "infer_util.h"
-#include "kiln/runtime/cpu/movement.h"
 
 namespace kiln::ir {
 
@@ -14,7 +13,8 @@ namespace {
 using K = AttrKind;
 using Ints = std::vector<int64_t>;
 
-OpDef Decl(const char* name, int num_inputs, FusionKind fusion, std::vector<AttrSpec> attrs, const char* doc) {
+OpDef Decl(const char* name, int num_inputs, FusionKind fusion, std::vector<AttrSpec> attrs,
+           const char* doc) {
   OpDef d;
   d.name = name;
   d.num_inputs = num_inputs;
@@ -23,7 +23,6 @@ OpDef Decl(const char* name, int num_inputs, FusionKind fusion, std::vector<Attr
   d.doc = doc;
   return d;
 }
-
 
 std::string ShapeText(const Ints& v) {
   std::string s = "(";
@@ -34,7 +33,8 @@ std::string ShapeText(const Ints& v) {
 Shape NonNegativeShape(const OpDef& op, const Ints& dims) {
   for (int64_t d : dims)
     if (d < 0)
-      KILN_THROW(ShapeError) << op.name << ": shape " << ShapeText(dims) << " has a negative dimension; sizes must be >= 0";
+      KILN_THROW(ShapeError) << op.name << ": shape " << ShapeText(dims)
+                             << " has a negative dimension; sizes must be >= 0";
   return Shape(dims);
 }
 
@@ -44,7 +44,8 @@ Shape ReshapeTarget(const Shape& in, const Ints& spec) {
   for (size_t i = 0; i < spec.size(); ++i) {
     if (spec[i] == -1) {
       if (infer_at >= 0)
-        KILN_THROW(ShapeError) << "reshape: " << ShapeText(spec) << " has more than one -1; only one size can be inferred";
+        KILN_THROW(ShapeError) << "reshape: " << ShapeText(spec)
+                               << " has more than one -1; only one size can be inferred";
       infer_at = static_cast<int>(i);
     } else if (spec[i] < 0) {
       KILN_THROW(ShapeError) << "reshape: " << ShapeText(spec) << " has a negative size " << spec[i]
@@ -63,7 +64,8 @@ Shape ReshapeTarget(const Shape& in, const Ints& spec) {
   }
   if (out.numel() != n)
     KILN_THROW(ShapeError) << "reshape: cannot reshape " << in.str() << " (" << n << " elements) into "
-                           << out.str() << " (" << out.numel() << " elements); the number of elements must not change";
+                           << out.str() << " (" << out.numel()
+                           << " elements); the number of elements must not change";
   return out;
 }
 
@@ -89,7 +91,7 @@ std::vector<int> Permutation(const Ints& axes, int rank) {
 }
 
 Shape SliceShape(const Shape& in, const Attrs& a, const char* op) {
-  auto axes = host::NormalizeSlice(in, a.Ints("begin"), a.Ints("end"), a.Ints("step"), op);
+  auto axes = NormalizeSlice(in, a.Ints("begin"), a.Ints("end"), a.Ints("step"), op);
   Shape out = in;
   for (int i = 0; i < in.rank(); ++i) out[i] = axes[i].len;
   return out;
@@ -111,7 +113,8 @@ Shape BroadcastTarget(const Shape& in, const Shape& to) {
 // Sizes of split's parts: sections = {N} is N equal parts, several values are the sizes.
 Ints SplitSizes(const Ints& sections, int64_t len, int axis) {
   if (sections.empty())
-    KILN_THROW(ValueError) << "split: sections is empty; give the number of equal parts or the size of each part";
+    KILN_THROW(ValueError)
+        << "split: sections is empty; give the number of equal parts or the size of each part";
   if (sections.size() == 1) {
     int64_t n = sections[0];
     if (n < 1) KILN_THROW(ValueError) << "split: the number of parts must be at least 1, found " << n;
@@ -121,7 +124,8 @@ Ints SplitSizes(const Ints& sections, int64_t len, int axis) {
     return Ints(static_cast<size_t>(n), len / n);
   }
   for (int64_t s : sections)
-    if (s < 0) KILN_THROW(ValueError) << "split: section sizes must be >= 0, found " << AttrValueStr(sections);
+    if (s < 0)
+      KILN_THROW(ValueError) << "split: section sizes must be >= 0, found " << AttrValueStr(sections);
   int64_t sum = std::accumulate(sections.begin(), sections.end(), int64_t{0});
   if (sum != len)
     KILN_THROW(ValueError) << "split: section sizes " << AttrValueStr(sections) << " add up to " << sum
@@ -190,8 +194,8 @@ void DeclareViews(OpTable& t) {
     Shape shape = NonNegativeShape(op, a.Ints("shape"));
     Shape sliced = SliceShape(shape, a, "slice_grad");
     if (!(sliced == in[0].shape))
-      KILN_THROW(ShapeError) << "slice_grad: the gradient has shape " << in[0].shape.str() << " but the slice of "
-                             << shape.str() << " has shape " << sliced.str();
+      KILN_THROW(ShapeError) << "slice_grad: the gradient has shape " << in[0].shape.str()
+                             << " but the slice of " << shape.str() << " has shape " << sliced.str();
     return One({shape, in[0].dtype});
   };
   d.grad = [](GradContext& g) {
@@ -204,9 +208,7 @@ void DeclareViews(OpTable& t) {
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     return One({BroadcastTarget(in[0].shape, NonNegativeShape(op, a.Ints("shape"))), in[0].dtype});
   };
-  d.grad = [](GradContext& g) {
-    return std::vector<Value*>{g.SumTo(g.out_grad(), g.input(0)->shape())};
-  };
+  d.grad = [](GradContext& g) { return std::vector<Value*>{g.SumTo(g.out_grad(), g.input(0)->shape())}; };
   t.Add(std::move(d));
 
   d = Decl("expand_dims", 1, FusionKind::kInjective, {{"axis", K::kInt, std::nullopt}},
@@ -284,8 +286,9 @@ void DeclareJoins(OpTable& t) {
         KILN_THROW(DTypeError) << "stack: input " << i << " has dtype " << DTypeName(in[i].dtype)
                                << " but input 0 has " << DTypeName(in[0].dtype) << "; cast them to one dtype";
       if (!(in[i].shape == s0))
-        KILN_THROW(ShapeError) << "stack: input " << i << " has shape " << in[i].shape.str() << " but input 0 has "
-                               << s0.str() << "; stacked tensors must have equal shapes";
+        KILN_THROW(ShapeError) << "stack: input " << i << " has shape " << in[i].shape.str()
+                               << " but input 0 has " << s0.str()
+                               << "; stacked tensors must have equal shapes";
     }
     Shape out = s0;
     out.insert(NormalizeAxis(a.Int("axis"), s0.rank() + 1, "stack"), static_cast<int64_t>(in.size()));
@@ -293,14 +296,15 @@ void DeclareJoins(OpTable& t) {
   };
   d.grad = [](GradContext& g) {
     int axis = NormalizeAxis(g.attrs().Int("axis"), g.input(0)->shape().rank() + 1, "stack");
-    std::vector<Value*> parts = g.OpN("split", {g.out_grad()},
-                                      {{"sections", Ints{g.num_inputs()}}, {"axis", int64_t{axis}}});
+    std::vector<Value*> parts =
+        g.OpN("split", {g.out_grad()}, {{"sections", Ints{g.num_inputs()}}, {"axis", int64_t{axis}}});
     for (Value*& p : parts) p = g.Reshape(p, g.input(0)->shape());
     return parts;
   };
   t.Add(std::move(d));
 
-  d = Decl("split", 1, FusionKind::kInjective, {{"sections", K::kInts, std::nullopt}, {"axis", K::kInt, int64_t{0}}},
+  d = Decl("split", 1, FusionKind::kInjective,
+           {{"sections", K::kInts, std::nullopt}, {"axis", K::kInt, int64_t{0}}},
            "cut along an axis into N equal parts (sections=[N]) or parts of the given sizes");
   d.num_outputs = -1;
   d.outputs_from_attrs = [](const Attrs& a, int) {
@@ -350,7 +354,8 @@ void DeclareGathers(OpTable& t) {
   };
   t.Add(std::move(d));
 
-  d = Decl("take_grad", 2, FusionKind::kOpaque, {{"axis", K::kInt, std::nullopt}, {"dim", K::kInt, std::nullopt}},
+  d = Decl("take_grad", 2, FusionKind::kOpaque,
+           {{"axis", K::kInt, std::nullopt}, {"dim", K::kInt, std::nullopt}},
            "zeros with dy added at the indices along `axis` (the gradient of take; repeats accumulate)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     RequireFloat(op, in[0].dtype, "gradient");
@@ -381,7 +386,9 @@ void DeclareGathers(OpTable& t) {
   t.Add(std::move(d));
 
   d = Decl("one_hot", 1, FusionKind::kOpaque,
-           {{"depth", K::kInt, std::nullopt}, {"on_value", K::kFloat, 1.0}, {"off_value", K::kFloat, 0.0},
+           {{"depth", K::kInt, std::nullopt},
+            {"on_value", K::kFloat, 1.0},
+            {"off_value", K::kFloat, 0.0},
             {"dtype", K::kDType, DType::kFloat32}},
            "out[..., k] = on_value where indices == k, else off_value (indices outside [0, depth): all off)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {

@@ -19,8 +19,7 @@ std::array<int64_t, 2> Pair(const OpDef& op, const Attrs& a, const char* name, i
   const std::vector<int64_t>& v = a.Ints(name);
   if (v.size() != 1 && v.size() != 2)
     KILN_THROW(ValueError) << op.name << ": attribute '" << name
-                           << "' must have 2 values (height, width), "
-                           << "found " << AttrValueStr(v);
+                           << "' must have 2 values (height, width), found " << AttrValueStr(v);
   std::array<int64_t, 2> r{v[0], v.size() == 2 ? v[1] : v[0]};
   for (int64_t x : r)
     if (x < min)
@@ -53,7 +52,7 @@ int64_t OutSize(const OpDef& op, const char* axis, int64_t in, int64_t k, int64_
 
 // ---- matmul -------------------------------------------------------------------------------------
 
-Shape MatmulShape(const OpDef& op, const Shape& a, const Shape& b, bool ta, bool tb) {
+Shape MatmulShape(const Shape& a, const Shape& b, bool ta, bool tb) {
   if (a.rank() < 2 || b.rank() < 2)
     KILN_THROW(ShapeError) << "matmul: expected inputs of rank >= 2, found a " << a.str()
                            << " and b " << b.str() << "; reshape a vector to (1, K) or (K, 1)";
@@ -89,9 +88,8 @@ void DeclareMatmul(OpTable& t) {
   d.doc = "op(a) @ op(b) over the last two dims, batch dims broadcast; op transposes when asked";
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     RequireFloatPair(op, in);
-    return One(
-        {MatmulShape(op, in[0].shape, in[1].shape, a.Bool("transpose_a"), a.Bool("transpose_b")),
-         in[0].dtype});
+    return One({MatmulShape(in[0].shape, in[1].shape, a.Bool("transpose_a"), a.Bool("transpose_b")),
+                in[0].dtype});
   };
   // With C = op_a(A) op_b(B): dA = dC op_b(B)^T (transposed back when A was), dB likewise; each
   // is summed over the batch dims its input was broadcast along.

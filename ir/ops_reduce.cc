@@ -1,8 +1,9 @@
 // Reduction ops: sum, mean, max, min over a set of axes, and argmax/argmin along one axis.
 // Semantics follow NumPy: an empty `axes` reduces every axis; sum of bool gives int64 and sum of
-// an integer keeps its dtype; mean needs a float; max/min of an empty reduction is an error,
-// sum of one is 0 and mean of one is NaN; argmax/argmin return the first index of the extremum
-// (a NaN counts as the extremum). Not here: variance, logsumexp, softmax (composites elsewhere).
+// an integer keeps its dtype; mean needs a float; over an empty reduction (a zero-size reduced
+// axis) sum is 0, mean is NaN and max/min/argmax/argmin are a ShapeError; argmax/argmin return
+// the first index of the extremum (a NaN counts as the extremum); max/min propagate NaN.
+// Not here: variance, logsumexp, softmax (composites elsewhere).
 #include "infer_util.h"
 
 namespace kiln::ir {

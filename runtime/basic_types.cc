@@ -1,5 +1,7 @@
 // DType, Shape and Device helpers.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "kiln/runtime/device.h"
@@ -199,6 +201,43 @@ int NormalizeAxis(int64_t axis, int rank, const char* op) {
                            << rank << "; expected an axis in [" << -rank << ", "
                            << std::max(rank, 1) - 1 << "]";
   return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// ---- slice arithmetic --------------------------------------------------------------------------
+
+std::vector<SliceAxis> NormalizeSlice(const Shape& shape, std::span<const int64_t> begin,
+                                      std::span<const int64_t> end, std::span<const int64_t> step,
+                                      const char* op) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  size_t n = std::max({begin.size(), end.size(), step.size()});
+  if (n > static_cast<size_t>(shape.rank()))
+    KILN_THROW(ShapeError) << op << ": " << n << " sliced axes given for an input of shape " << shape.str()
+                           << " (rank " << shape.rank()
+                           << "); give at most one begin/end/step entry per axis";
+  std::vector<SliceAxis> out(shape.rank());
+  for (int i = 0; i < shape.rank(); ++i) {
+    size_t u = static_cast<size_t>(i);
+    int64_t dim = shape[i];
+    int64_t st = u < step.size() ? step[u] : 1;
+    if (st == 0)
+      KILN_THROW(ValueError) << op << ": the step of axis " << i << " is 0; steps must be non-zero";
+    st = std::max(st, -kMax);  // so that -st is representable
+    int64_t b = u < begin.size() ? begin[u] : (st > 0 ? kMin : kMax);
+    int64_t e = u < end.size() ? end[u] : (st > 0 ? kMax : kMin);
+    int64_t len;
+    if (st > 0) {  // clamp to [0, dim]
+      b = b < 0 ? std::max<int64_t>(b + dim, 0) : std::min(b, dim);
+      e = e < 0 ? std::max<int64_t>(e + dim, 0) : std::min(e, dim);
+      len = e > b ? (e - b - 1) / st + 1 : 0;
+    } else {  // clamp to [-1, dim - 1]; -1 is "before the first element"
+      b = b < 0 ? std::max<int64_t>(b + dim, -1) : std::min(b, dim - 1);
+      e = e < 0 ? std::max<int64_t>(e + dim, -1) : std::min(e, dim - 1);
+      len = b > e ? (b - e - 1) / -st + 1 : 0;
+    }
+    out[i] = {len ? b : 0, st, len};
+  }
+  return out;
 }
 
 // ---- Device -----------------------------------------------------------------------------------

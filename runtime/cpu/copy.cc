@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/cpu/movement.h"
 #include "kiln/runtime/env.h"
 
 namespace kiln::host {
@@ -39,6 +40,10 @@ void CopyTyped(const TensorView& src, const TensorView& dst) {
 
 void CopyConvert(const TensorView& src, const TensorView& dst) {
   KILN_CHECK(src.shape == dst.shape) << src.shape.str() << " vs " << dst.shape.str();
+  if (src.dtype == dst.dtype && !(src.is_contiguous() && dst.is_contiguous())) {
+    CopyStrided(src, dst);  // byte copy with dimension coalescing and tiled transposes
+    return;
+  }
   KILN_DISPATCH_ALL(src.dtype, {
     using S = scalar_t;
     KILN_DISPATCH_ALL(dst.dtype, { CopyTyped<S, scalar_t>(src, dst); });

@@ -15,41 +15,6 @@
 
 namespace kiln::host {
 
-// ---- slice arithmetic --------------------------------------------------------------------------
-
-std::vector<SliceAxis> NormalizeSlice(const Shape& shape, std::span<const int64_t> begin,
-                                      std::span<const int64_t> end, std::span<const int64_t> step,
-                                      const char* op) {
-  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  size_t n = std::max({begin.size(), end.size(), step.size()});
-  if (n > static_cast<size_t>(shape.rank()))
-    KILN_THROW(ShapeError) << op << ": " << n << " sliced axes given for an input of shape " << shape.str()
-                           << " (rank " << shape.rank() << "); give at most one begin/end/step entry per axis";
-  std::vector<SliceAxis> out(shape.rank());
-  for (int i = 0; i < shape.rank(); ++i) {
-    size_t u = static_cast<size_t>(i);
-    int64_t dim = shape[i];
-    int64_t st = u < step.size() ? step[u] : 1;
-    if (st == 0) KILN_THROW(ValueError) << op << ": the step of axis " << i << " is 0; steps must be non-zero";
-    st = std::max(st, -kMax);  // so that -st is representable
-    int64_t b = u < begin.size() ? begin[u] : (st > 0 ? kMin : kMax);
-    int64_t e = u < end.size() ? end[u] : (st > 0 ? kMax : kMin);
-    int64_t len;
-    if (st > 0) {  // clamp to [0, dim]
-      b = b < 0 ? std::max<int64_t>(b + dim, 0) : std::min(b, dim);
-      e = e < 0 ? std::max<int64_t>(e + dim, 0) : std::min(e, dim);
-      len = e > b ? (e - b - 1) / st + 1 : 0;
-    } else {  // clamp to [-1, dim - 1]; -1 is "before the first element"
-      b = b < 0 ? std::max<int64_t>(b + dim, -1) : std::min(b, dim - 1);
-      e = e < 0 ? std::max<int64_t>(e + dim, -1) : std::min(e, dim - 1);
-      len = b > e ? (b - e - 1) / -st + 1 : 0;
-    }
-    out[i] = {len ? b : 0, st, len};
-  }
-  return out;
-}
-
 // ---- strided copies ----------------------------------------------------------------------------
 
 namespace {
@@ -228,8 +193,10 @@ void SegmentCopy(char* whole, std::span<char* const> parts, std::span<const int6
       for (int64_t row = b; row < e; ++row)
         for (size_t i = 0; i < k; ++i) {
           char *w = whole + row * R + static_cast<int64_t>(i) * S, *p = parts[i] + row * S;
-          if (gather) CopyBytes(w, p, S);
-          else CopyBytes(p, w, S);
+          if (gather)
+            CopyBytes(w, p, S);
+          else
+            CopyBytes(p, w, S);
         }
     });
     return;
@@ -240,8 +207,10 @@ void SegmentCopy(char* whole, std::span<char* const> parts, std::span<const int6
     for (int64_t pos = b; pos < e;) {
       int64_t off = col - P[i], n = std::min(seg[i] - off, e - pos);
       char* p = parts[i] + row * seg[i] + off;
-      if (gather) CopyBytes(whole + pos, p, n);
-      else CopyBytes(p, whole + pos, n);
+      if (gather)
+        CopyBytes(whole + pos, p, n);
+      else
+        CopyBytes(p, whole + pos, n);
       pos += n;
       col += n;
       if (col == R) {
@@ -265,9 +234,12 @@ char* Bytes(const TensorView& v) { return static_cast<char*>(v.data); }
 // Calls f(const I* indices) with the index tensor's element type.
 template <class F>
 void WithIndices(const TensorView& idx, const char* op, F&& f) {
-  if (idx.dtype == DType::kInt32) f(idx.ptr<const int32_t>());
-  else if (idx.dtype == DType::kInt64) f(idx.ptr<const int64_t>());
-  else KILN_THROW(DTypeError) << op << ": indices must be int32 or int64, found " << DTypeName(idx.dtype);
+  if (idx.dtype == DType::kInt32)
+    f(idx.ptr<const int32_t>());
+  else if (idx.dtype == DType::kInt64)
+    f(idx.ptr<const int64_t>());
+  else
+    KILN_THROW(DTypeError) << op << ": indices must be int32 or int64, found " << DTypeName(idx.dtype);
 }
 
 // Throws ValueError naming the first index outside [-dim, dim). Checked before any write (and
@@ -289,8 +261,10 @@ void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op)
   int64_t j = first_bad.load();
   if (j == n) return;
   std::ostringstream valid;
-  if (dim == 0) valid << "an axis of size 0 has no valid index";
-  else valid << "valid indices are " << -dim << " to " << dim - 1;
+  if (dim == 0)
+    valid << "an axis of size 0 has no valid index";
+  else
+    valid << "valid indices are " << -dim << " to " << dim - 1;
   KILN_THROW(ValueError) << op << ": index " << static_cast<int64_t>(ix[j]) << " (at position " << j
                          << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
                          << valid.str();
@@ -428,23 +402,21 @@ void TakeGrad(const TensorView& dy, const TensorView& indices, const TensorView&
             if (k < k0 || k >= k1) continue;
             const scalar_t* gr = g + (o * n + j) * inner;
             scalar_t* dr = d + (o * dim + k) * inner;
-            for (int64_t c = c0; c < c1; ++c) dr[c] = static_cast<scalar_t>(static_cast<C>(dr[c]) + static_cast<C>(gr[c]));
+            for (int64_t c = c0; c < c1; ++c)
+              dr[c] = static_cast<scalar_t>(static_cast<C>(dr[c]) + static_cast<C>(gr[c]));
           }
       };
       int nt = NumThreads();
       int64_t work = outer * n * inner;
       if (outer >= 2 * nt || (dim < nt && inner < 64)) {
-        ParallelFor(outer, std::max<int64_t>(1, (1 << 15) * outer / work), [&](int64_t b, int64_t e) {
-          accumulate(b, e, 0, dim, 0, inner);
-        });
+        ParallelFor(outer, std::max<int64_t>(1, (1 << 15) * outer / work),
+                    [&](int64_t b, int64_t e) { accumulate(b, e, 0, dim, 0, inner); });
       } else if (dim >= nt) {  // split dx's rows; every thread scans all the indices
-        ParallelFor(dim, work < (1 << 15) ? dim : 1, [&](int64_t b, int64_t e) {
-          accumulate(0, outer, b, e, 0, inner);
-        });
+        ParallelFor(dim, work < (1 << 15) ? dim : 1,
+                    [&](int64_t b, int64_t e) { accumulate(0, outer, b, e, 0, inner); });
       } else {  // split the columns
-        ParallelFor(inner, std::max<int64_t>(16, (1 << 15) * inner / work), [&](int64_t b, int64_t e) {
-          accumulate(0, outer, 0, dim, b, e);
-        });
+        ParallelFor(inner, std::max<int64_t>(16, (1 << 15) * inner / work),
+                    [&](int64_t b, int64_t e) { accumulate(0, outer, 0, dim, b, e); });
       }
     });
   });
@@ -457,7 +429,8 @@ void OneHot(const TensorView& indices, const TensorView& out, double on, double 
   WithIndices(indices, "one_hot", [&](const auto* ix) {
     KILN_DISPATCH_ALL(out.dtype, {
       using C = compute_t<scalar_t>;
-      scalar_t von = static_cast<scalar_t>(static_cast<C>(on)), voff = static_cast<scalar_t>(static_cast<C>(off));
+      scalar_t von = static_cast<scalar_t>(static_cast<C>(on)),
+               voff = static_cast<scalar_t>(static_cast<C>(off));
       scalar_t* y = out.ptr<scalar_t>();
       ParallelFor(n, std::max<int64_t>(1, (1 << 15) / depth), [&](int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) {

@@ -41,13 +41,19 @@ void ForBlocks(int64_t n, uint64_t seed, uint64_t offset, F&& f) {
   });
 }
 
+// `below`: values must stay below it after rounding to the output dtype (uniform's half-open
+// range); a draw that rounds up to it is replaced by `fallback`.
 template <class G>
-void Generate(const TensorView& out, uint64_t seed, uint64_t offset, G&& g) {
+void Generate(const TensorView& out, uint64_t seed, uint64_t offset, G&& g,
+              double below = INFINITY, double fallback = 0) {
   KILN_CHECK(out.is_contiguous());
   KILN_DISPATCH_ALL(out.dtype, {
     scalar_t* y = out.ptr<scalar_t>();
     ForBlocks(out.numel(), seed, offset, [&](int64_t i, const std::array<uint32_t, 4>& u, int k) {
-      y[i] = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(g(u, k)));
+      scalar_t v = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(g(u, k)));
+      if (static_cast<double>(static_cast<compute_t<scalar_t>>(v)) >= below)
+        v = static_cast<scalar_t>(static_cast<compute_t<scalar_t>>(fallback));
+      y[i] = v;
     });
   });
 }
@@ -55,9 +61,8 @@ void Generate(const TensorView& out, uint64_t seed, uint64_t offset, G&& g) {
 
 void RandomUniform(const TensorView& out, double low, double high, uint64_t seed, uint64_t offset) {
   Generate(out, seed, offset, [&](const std::array<uint32_t, 4>& u, int k) {
-    double v = low + (high - low) * ToUnit(u[k]);
-    return v < high ? v : low;  // rounding must not reach `high`
-  });
+    return low + (high - low) * ToUnit(u[k]);
+  }, high, low);
 }
 
 void RandomNormal(const TensorView& out, double mean, double std, uint64_t seed, uint64_t offset) {

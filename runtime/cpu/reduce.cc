@@ -35,6 +35,7 @@ constexpr int64_t kGrain = 1 << 15;   // elements worth handing to a thread
 constexpr int64_t kBlock = 1 << 11;   // contiguous lanes are flushed to the wide accumulator this often
 constexpr int64_t kRowBlock = 32;     // column driver: rows accumulated in lanes before a flush
 constexpr int64_t kColBlock = 4096;   // column driver: outputs per task (accumulators stay in L1/L2)
+constexpr int64_t kShortRow = 32;     // row driver: shorter contiguous rows are vectorized across rows
 
 template <class T>
 constexpr bool kIsReal = std::is_floating_point_v<compute_t<T>>;
@@ -247,13 +248,17 @@ void RowDriver(const T* x, const Plan& p, O* out) {
   if (splits == 1) {
     bool one_run = p.reduced.rank() == 1 && p.reduced.stride[0] == 1;
     // Short contiguous rows one after another: a plain loop beats the per-row setup.
-    bool short_rows = one_run && n < 16 && p.kept.rank() == 1 && p.kept.stride[0] == n;
+    bool short_rows = one_run && n < kShortRow && p.kept.rank() == 1 && p.kept.stride[0] == n;
     ParallelFor(m_total, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
-      if (short_rows) {
-        for (int64_t m = b; m < e; ++m) {
-          typename P::Wide a = P::WideInit();
-          for (int64_t i = 0; i < n; ++i) a = P::WideStep(a, static_cast<typename P::C>(x[m * n + i]));
-          out[m] = P::Finish(a, n);
+      if (short_rows) {  // vectorized across 64 rows at a time (strided loads)
+        typename P::Lane acc[64];
+        for (int64_t m0 = b; m0 < e; m0 += 64) {
+          int64_t rows = std::min<int64_t>(64, e - m0);
+          const T* q = x + m0 * n;
+          for (int64_t j = 0; j < rows; ++j) acc[j] = P::Init();
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < rows; ++j) acc[j] = P::Step(acc[j], static_cast<typename P::C>(q[j * n + i]));
+          for (int64_t j = 0; j < rows; ++j) out[m0 + j] = P::Finish(static_cast<typename P::Wide>(acc[j]), n);
         }
         return;
       }

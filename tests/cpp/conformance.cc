@@ -430,6 +430,7 @@ TEST_CASE("conformance: forward") {
     MESSAGE("conformance: GPU pass skipped: no GPU (NumGPUs() == 0)");
 
   std::set<std::string> no_gpu_kernel;
+  int64_t runs = 0;
   for (const OpCase& c : loaded.cases) {
     std::vector<std::optional<DType>> dtypes;
     if (HasFloatInput(c)) dtypes.assign(c.dtypes.begin(), c.dtypes.end());
@@ -448,10 +449,12 @@ TEST_CASE("conformance: forward") {
           Run run{c, dt, dev, strided};
           std::string err = RunForward(run);
           CHECK_MESSAGE(err.empty(), run.str() << ": " << err);
+          ++runs;
         }
       }
     }
   }
+  MESSAGE("conformance: " << loaded.cases.size() << " cases, " << runs << " runs");
   if (!no_gpu_kernel.empty()) {
     std::string names;
     for (const std::string& n : no_gpu_kernel) names += " " + n;

@@ -88,7 +88,10 @@ OpCase Case(std::string label, const char* op, std::vector<HostTensor> in, Refer
 
 std::string Shapes(const std::vector<HostTensor>& in) {
   std::string s;
-  for (const HostTensor& h : in) s += (s.empty() ? "" : " ") + h.shape.str();
+  for (const HostTensor& h : in) {
+    if (!s.empty()) s += ' ';
+    s += h.shape.str();
+  }
   return s;
 }
 

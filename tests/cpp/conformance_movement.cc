@@ -38,7 +38,8 @@ HostTensor Zeros(const Shape& s) { return {s, std::vector<double>(static_cast<si
 template <class F>
 HostTensor Gather(const HostTensor& x, const Shape& ys, F src) {
   HostTensor y = Zeros(ys);
-  for (int64_t i = 0; i < ys.numel(); ++i) y.data[static_cast<size_t>(i)] = x.data[static_cast<size_t>(Ravel(src(Unravel(i, ys)), x.shape))];
+  for (int64_t i = 0; i < ys.numel(); ++i)
+    y.data[static_cast<size_t>(i)] = x.data[static_cast<size_t>(Ravel(src(Unravel(i, ys)), x.shape))];
   return y;
 }
 
@@ -106,7 +107,8 @@ Ints64 PySliceIndices(int64_t n, const Ints64& begin, const Ints64& end, const I
 std::vector<Ints64> SliceIndices(const Shape& xs, const ir::Attrs& a) {
   std::vector<Ints64> idx;
   for (int d = 0; d < xs.rank(); ++d)
-    idx.push_back(PySliceIndices(xs[d], a.Ints("begin"), a.Ints("end"), a.Ints("step"), static_cast<size_t>(d)));
+    idx.push_back(
+        PySliceIndices(xs[d], a.Ints("begin"), a.Ints("end"), a.Ints("step"), static_cast<size_t>(d)));
   return idx;
 }
 
@@ -142,7 +144,8 @@ Outs BroadcastRef(const Outs& in, const ir::Attrs& a) {
   int lead = ys.rank() - xs.rank();
   return {Gather(in[0], ys, [&](const Ints64& o) {
     Ints64 c(static_cast<size_t>(xs.rank()));
-    for (int i = 0; i < xs.rank(); ++i) c[static_cast<size_t>(i)] = xs[i] == 1 ? 0 : o[static_cast<size_t>(i + lead)];
+    for (int i = 0; i < xs.rank(); ++i)
+      c[static_cast<size_t>(i)] = xs[i] == 1 ? 0 : o[static_cast<size_t>(i + lead)];
     return c;
   })};
 }
@@ -174,7 +177,8 @@ Outs ConcatRef(const Outs& in, const ir::Attrs& a) {
   for (int64_t i = 0; i < ys.numel(); ++i) {
     Ints64 c = Unravel(i, ys);
     size_t k = 0;
-    while (c[static_cast<size_t>(axis)] >= in[k].shape[axis]) c[static_cast<size_t>(axis)] -= in[k++].shape[axis];
+    while (c[static_cast<size_t>(axis)] >= in[k].shape[axis])
+      c[static_cast<size_t>(axis)] -= in[k++].shape[axis];
     y.data[static_cast<size_t>(i)] = in[k].data[static_cast<size_t>(Ravel(c, in[k].shape))];
   }
   return {y};
@@ -280,8 +284,8 @@ KILN_CONFORMANCE_CASES(movement) {
   add(Make("reshape", "(2,0)->(0,5) zero-size", {A({2, 0})}, {{"shape", Ints64{0, 5}}}, ReshapeRef));
   add(Make("reshape", "(3,4) int32 -> (2,1,6)", {Ints({3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, i32)},
            {{"shape", Ints64{2, 1, 6}}}, ReshapeRef));
-  add(Make("reshape", "(2,2) bool -> (4,)", {Ints({2, 2}, {1, 0, 0, 1}, DType::kBool)}, {{"shape", Ints64{4}}},
-           ReshapeRef));
+  add(Make("reshape", "(2,2) bool -> (4,)", {Ints({2, 2}, {1, 0, 0, 1}, DType::kBool)},
+           {{"shape", Ints64{4}}}, ReshapeRef));
 
   // transpose: default reverse, explicit with negative axes, rank 0/1, zero-size.
   add(Make("transpose", "(2,3)", {A({2, 3})}, {}, TransposeRef));
@@ -292,8 +296,8 @@ KILN_CONFORMANCE_CASES(movement) {
   add(Make("transpose", "(0,3)", {A({0, 3})}, {{"axes", Ints64{1, 0}}}, TransposeRef));
   add(Make("transpose", "(9,6) int64", {Ints({9, 6}, std::vector<double>(54, 3), i64)}, {}, TransposeRef));
   add(Make("transpose", "(2,2,3) uint8 axes=[2,0,1]",
-           {Ints({2, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, DType::kUInt8)}, {{"axes", Ints64{2, 0, 1}}},
-           TransposeRef));
+           {Ints({2, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, DType::kUInt8)},
+           {{"axes", Ints64{2, 0, 1}}}, TransposeRef));
 
   // slice: NumPy semantics.
   auto slice = [&](std::string label, HostTensor x, Ints64 b, Ints64 e, Ints64 s) {
@@ -308,8 +312,8 @@ KILN_CONFORMANCE_CASES(movement) {
   slice("(2,3,4) [:, 1:, ::3]", A({2, 3, 4}), {0, 1, 0}, {2, 3, 4}, {1, 1, 3});
   slice("(0,3) [0:2]", A({0, 3}), {0}, {2}, {});
   slice("() identity", A({}), {}, {}, {});
-  slice("(3,4) int32 [1:, ::-2]", Ints({3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, i32), {1, kMax}, {3, kMin},
-        {1, -2});
+  slice("(3,4) int32 [1:, ::-2]", Ints({3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, i32), {1, kMax},
+        {3, kMin}, {1, -2});
 
   // slice_grad (the gradient of slice) and its own gradient (slice).
   auto slice_grad = [&](std::string label, HostTensor dy, Ints64 shape, Ints64 b, Ints64 e, Ints64 s) {
@@ -396,8 +400,8 @@ KILN_CONFORMANCE_CASES(movement) {
 
   // take_grad: repeated indices accumulate.
   auto take_grad = [&](std::string label, HostTensor dy, HostTensor idx, int64_t axis, int64_t dim) {
-    OpCase c = Make("take_grad", std::move(label), {std::move(dy), std::move(idx)}, {{"axis", axis}, {"dim", dim}},
-                    TakeGradRef);
+    OpCase c = Make("take_grad", std::move(label), {std::move(dy), std::move(idx)},
+                    {{"axis", axis}, {"dim", dim}}, TakeGradRef);
     c.dtypes = {DType::kFloat32, DType::kFloat64};
     add(std::move(c));
   };

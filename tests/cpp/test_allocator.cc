@@ -26,8 +26,8 @@ int64_t Rounded(size_t n) { return static_cast<int64_t>(RoundAllocationSize(n));
 
 TEST_CASE("allocator: blocks are 64-byte aligned and writable") {
   kiln::Allocator& a = GetAllocator(cpu(7));
-  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{64}, size_t{65}, size_t{1000}, size_t{4097},
-                   size_t{1} << 20, (size_t{1} << 20) + 1, size_t{3} << 20}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{64}, size_t{65}, size_t{1000},
+                   size_t{4097}, size_t{1} << 20, (size_t{1} << 20) + 1, size_t{3} << 20}) {
     CAPTURE(n);
     void* p = a.Allocate(n);
     REQUIRE(p != nullptr);

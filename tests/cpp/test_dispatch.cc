@@ -90,3 +90,20 @@ TEST_CASE("dispatch: printing and item") {
 TEST_CASE("dispatch: negative sizes are rejected") {
   CHECK_THROWS_AS(nd::zeros(Shape{2, -1}), ShapeError);
 }
+
+TEST_CASE("dispatch: an error thrown inside a multithreaded kernel surfaces at the sync point") {
+  std::vector<int32_t> a(200000, 7), z(200000, 1);
+  z[123456] = 0;
+  Tensor q = nd::divide(Tensor::FromVector(a, {200000}), Tensor::FromVector(z, {200000}));
+  CHECK(Has(ErrorOf<ValueError>([&] { q.WaitToRead(); }), "division by zero"));
+  CHECK_THROWS_AS(engine::Engine::Get().WaitForAll(), ValueError);
+  CHECK(nd::sum(Tensor::FromVector(a, {200000})).Item() == 1400000);
+}
+
+TEST_CASE("dispatch: writing into a broadcast view is refused") {
+  Tensor base = nd::ones({1, 3});
+  Tensor view = nd::broadcast_to(base, {4, 3});
+  Tensor outs[1] = {view};
+  Tensor ins[2] = {nd::ones({4, 3}), nd::ones({4, 3})};
+  CHECK(Has(ErrorOf<ValueError>([&] { InvokeInto(ir::FindOp("add"), ins, {}, outs); }), "broadcast view"));
+}

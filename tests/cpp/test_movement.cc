@@ -69,7 +69,8 @@ TEST_CASE("movement: layout ops return views that share storage") {
   CHECK(q.SharesStorage(x));
   CHECK(q.shape() == Shape{2, 3, 4});
 
-  Tensor b = Op("broadcast_to", {Op("slice", {x}, {{"begin", V{0, 0}}, {"end", V{1, 1}}})}, {{"shape", V{5, 2, 1, 4}}});
+  Tensor b = Op("broadcast_to", {Op("slice", {x}, {{"begin", V{0, 0}}, {"end", V{1, 1}}})},
+                {{"shape", V{5, 2, 1, 4}}});
   CHECK(b.SharesStorage(x));
   CHECK(b.shape() == Shape{5, 2, 1, 4});
   std::vector<float> bv = b.ToVector<float>();
@@ -110,11 +111,14 @@ TEST_CASE("movement: errors are typed and say what is wrong") {
   CHECK(Contains(m, "(4, 2)"));
   m = ErrorOf<ShapeError>([&] { Op("reshape", {x}, {{"shape", V{-1, 4}}}); });
   CHECK(Contains(m, "(-1, 4)"));
-  CHECK(Contains(ErrorOf<ShapeError>([&] { Op("reshape", {x}, {{"shape", V{-1, -1}}}); }), "more than one -1"));
-  CHECK(Contains(ErrorOf<ShapeError>([&] { Op("transpose", {x}, {{"axes", V{0, 0}}}); }), "not a permutation"));
+  m = ErrorOf<ShapeError>([&] { Op("reshape", {x}, {{"shape", V{-1, -1}}}); });
+  CHECK(Contains(m, "more than one -1"));
+  m = ErrorOf<ShapeError>([&] { Op("transpose", {x}, {{"axes", V{0, 0}}}); });
+  CHECK(Contains(m, "not a permutation"));
   CHECK(Contains(ErrorOf<ValueError>([&] { Op("slice", {x}, {{"step", V{1, 0}}}); }), "step of axis 1 is 0"));
   CHECK(Contains(ErrorOf<ShapeError>([&] { Op("slice", {x}, {{"begin", V{0, 0, 0}}}); }), "3 sliced axes"));
-  CHECK(Contains(ErrorOf<ShapeError>([&] { Op("squeeze", {x}, {{"axes", V{1}}}); }), "axis 1 of (2, 3) has size 3"));
+  m = ErrorOf<ShapeError>([&] { Op("squeeze", {x}, {{"axes", V{1}}}); });
+  CHECK(Contains(m, "axis 1 of (2, 3) has size 3"));
   m = ErrorOf<ShapeError>([&] { Op("broadcast_to", {x}, {{"shape", V{4, 3}}}); });
   CHECK(Contains(m, "cannot broadcast (2, 3) to (4, 3)"));
   Tensor xi = Tensor::FromVector<int32_t>({1, 2, 3}, {1, 3});
@@ -123,10 +127,15 @@ TEST_CASE("movement: errors are typed and say what is wrong") {
   m = ErrorOf<ShapeError>([&] { Op("concat", {x, Tensor::FromVector(Iota(4), {2, 2})}); });
   CHECK(Contains(m, "input 1 has shape (2, 2)"));
   CHECK(Contains(m, "axis 0"));
-  CHECK(Contains(ErrorOf<ShapeError>([&] { Op("stack", {x, Tensor::FromVector(Iota(3), {3})}); }), "input 1"));
-  m = ErrorOf<ValueError>([&] { Invoke("split", std::vector<Tensor>{x}, {{"sections", V{2}}, {"axis", int64_t{1}}}); });
+  m = ErrorOf<ShapeError>([&] { Op("stack", {x, Tensor::FromVector(Iota(3), {3})}); });
+  CHECK(Contains(m, "input 1 has shape (3,)"));
+  m = ErrorOf<ValueError>([&] {
+    Invoke("split", std::vector<Tensor>{x}, {{"sections", V{2}}, {"axis", int64_t{1}}});
+  });
   CHECK(Contains(m, "cannot be split into 2 equal parts"));
-  m = ErrorOf<ValueError>([&] { Invoke("split", std::vector<Tensor>{x}, {{"sections", V{1, 1}}, {"axis", int64_t{1}}}); });
+  m = ErrorOf<ValueError>([&] {
+    Invoke("split", std::vector<Tensor>{x}, {{"sections", V{1, 1}}, {"axis", int64_t{1}}});
+  });
   CHECK(Contains(m, "add up to 2"));
   CHECK(Contains(ErrorOf<DTypeError>([&] { Op("take", {x, x}); }), "indices must be int32 or int64"));
 
@@ -136,12 +145,13 @@ TEST_CASE("movement: errors are typed and say what is wrong") {
   m = ErrorOf<ValueError>([&] { y.ToVector<float>(); });
   CHECK(Contains(m, "index 7"));
   CHECK(Contains(m, "-3 to 2"));
-  CHECK(Op("take", {x, Tensor::FromVector<int32_t>({-1}, {1})}).ToVector<float>() == std::vector<float>{3, 4, 5});
+  CHECK(Op("take", {x, Tensor::FromVector<int32_t>({-1}, {1})}).ToVector<float>() ==
+        std::vector<float>{3, 4, 5});
   Tensor too_negative = Op("take", {x, Tensor::FromVector<int32_t>({-3}, {1})});
   CHECK(Contains(ErrorOf<ValueError>([&] { too_negative.WaitToRead(); }), "valid indices are -2 to 1"));
 }
 
-TEST_CASE("movement: one_hot gives all-off rows for indices outside [0, depth)") {
+TEST_CASE("movement: one_hot gives all-off rows for indices outside 0..depth-1") {
   Tensor idx = Tensor::FromVector<int64_t>({1, -1, 3, 0}, {2, 2});
   Tensor y = Op("one_hot", {idx}, {{"depth", int64_t{3}}, {"on_value", 2.0}, {"off_value", -1.0}});
   CHECK(y.shape() == Shape{2, 2, 3});
@@ -152,7 +162,9 @@ TEST_CASE("movement: large transposes and reversed slices take the tiled and str
   const int64_t R = 517, C = 1031;  // not multiples of the tile size
   for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kUInt8}) {
     CAPTURE(DTypeName(dt));
-    Tensor x = Tensor::FromVector(Iota(R * C), {R, C}).AsType(dt);
+    std::vector<float> v(static_cast<size_t>(R * C));  // values every dtype holds exactly
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % (dt == DType::kUInt8 ? 251 : 2039));
+    Tensor x = Tensor::FromVector(v, {R, C}).AsType(dt);
     Tensor t = Op("reshape", {Op("transpose", {x})}, {{"shape", V{-1}}});  // a copy through the view
     Tensor out = Tensor::Empty({C, R}, dt);
     InvokeInto(ir::FindOp("transpose"), std::vector<Tensor>{x}, {}, std::vector<Tensor>{out});
@@ -166,14 +178,15 @@ TEST_CASE("movement: large transposes and reversed slices take the tiled and str
       }
     CHECK(bad == 0);
   }
-  // A reversed, strided slice copied by the transpose kernel's row path.
+  // A reversed slice with steps of -3 and -2, flattened by the strided row loop.
   Tensor x = Tensor::FromVector(Iota(300 * 400), {300, 400});
   Tensor s = Op("slice", {x}, {{"begin", V{-1, 398}}, {"end", V{-301, -401}}, {"step", V{-3, -2}}});
   CHECK(s.shape() == Shape{100, 200});
   std::vector<float> sv = Op("reshape", {s}, {{"shape", V{-1}}}).ToVector<float>();
   int bad = 0;
   for (int64_t i = 0; i < 100; ++i)
-    for (int64_t j = 0; j < 200; ++j) bad += sv[static_cast<size_t>(i * 200 + j)] != static_cast<float>((299 - 3 * i) * 400 + 398 - 2 * j);
+    for (int64_t j = 0; j < 200; ++j)
+      bad += sv[static_cast<size_t>(i * 200 + j)] != static_cast<float>((299 - 3 * i) * 400 + 398 - 2 * j);
   CHECK(bad == 0);
 }
 
@@ -194,7 +207,8 @@ TEST_CASE("movement: large concat, stack and split are exact") {
     int64_t col = 0;
     float base = 0;
     for (int64_t w : widths) {
-      for (int64_t c = 0; c < w; ++c) bad += cv[static_cast<size_t>(r * W + col + c)] != base + static_cast<float>(r * w + c);
+      for (int64_t c = 0; c < w; ++c)
+        bad += cv[static_cast<size_t>(r * W + col + c)] != base + static_cast<float>(r * w + c);
       col += w;
       base += static_cast<float>(300 * w);
     }
@@ -202,11 +216,13 @@ TEST_CASE("movement: large concat, stack and split are exact") {
   CHECK(bad == 0);
 
   // split undoes concat, also from a non-contiguous input.
-  std::vector<Tensor> back = Invoke("split", std::vector<Tensor>{cat}, {{"sections", widths}, {"axis", int64_t{-1}}});
+  std::vector<Tensor> back =
+      Invoke("split", std::vector<Tensor>{cat}, {{"sections", widths}, {"axis", int64_t{-1}}});
   REQUIRE(back.size() == widths.size());
   for (size_t i = 0; i < widths.size(); ++i) CHECK(back[i].ToVector<float>() == parts[i].ToVector<float>());
   Tensor catT = Op("transpose", {cat});
-  std::vector<Tensor> rows = Invoke("split", std::vector<Tensor>{catT}, {{"sections", widths}, {"axis", int64_t{0}}});
+  std::vector<Tensor> rows =
+      Invoke("split", std::vector<Tensor>{catT}, {{"sections", widths}, {"axis", int64_t{0}}});
   for (size_t i = 0; i < widths.size(); ++i)
     CHECK(rows[i].ToVector<float>() == Op("transpose", {parts[i]}).ToVector<float>());
 
@@ -239,8 +255,10 @@ TEST_CASE("movement: take and take_grad at scale, with repeated indices") {
   std::vector<float> got = Op("take", {table, idx}).ToVector<float>();
   int bad = 0;
   for (int64_t j = 0; j < n; ++j) {
-    int64_t row = ids[static_cast<size_t>(j)] < 0 ? ids[static_cast<size_t>(j)] + vocab : ids[static_cast<size_t>(j)];
-    for (int64_t c = 0; c < dim; ++c) bad += got[static_cast<size_t>(j * dim + c)] != static_cast<float>(row * dim + c);
+    int64_t row =
+        ids[static_cast<size_t>(j)] < 0 ? ids[static_cast<size_t>(j)] + vocab : ids[static_cast<size_t>(j)];
+    for (int64_t c = 0; c < dim; ++c)
+      bad += got[static_cast<size_t>(j * dim + c)] != static_cast<float>(row * dim + c);
   }
   CHECK(bad == 0);
 
@@ -279,7 +297,7 @@ TEST_CASE("movement: gradients flow through views, joins and gathers") {
     autograd::RecordScope record;
     Tensor s = Op("slice", {x}, {{"begin", V{0, 2}}, {"end", V{2, -4}}, {"step", V{1, -2}}});  // x[:, [2, 0]]
     Tensor t = Op("transpose", {s});
-    Tensor rows = Op("take", {x, Tensor::FromVector<int64_t>({1, -1}, {2})});  // x[1] twice
+    Tensor rows = Op("take", {x, Tensor::FromVector<int64_t>({1, -1}, {2})});              // x[1] twice
     Tensor c = Invoke("concat", std::vector<Tensor>{t, rows}, {{"axis", int64_t{1}}})[0];  // (2, 5)
     y = Op("reshape", {c}, {{"shape", V{-1}}});
     // Only the first of split's outputs is used: the other's gradient is zeros.

@@ -62,4 +62,21 @@ Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op);
 /// Normalizes a possibly negative axis against `rank`; throws ShapeError naming `op`.
 int NormalizeAxis(int64_t axis, int rank, const char* op);
 
+/// One axis of a slice after NumPy normalization: `len` elements, the first at `begin`, `step`
+/// apart (begin is 0 when len is 0).
+struct SliceAxis {
+  int64_t begin = 0;
+  int64_t step = 1;
+  int64_t len = 0;
+};
+
+/// NumPy slicing of the leading axes of `shape`: begin/end/step may each be shorter than the
+/// rank (a missing entry takes the whole axis, a missing step is 1); negative indices count from
+/// the end and out-of-range bounds clamp, so INT64_MIN / INT64_MAX stand for "from the start" /
+/// "to the end" in either direction. Returns one entry per axis of `shape`. Throws ValueError
+/// for a zero step and ShapeError for more entries than axes, both naming `op`.
+std::vector<SliceAxis> NormalizeSlice(const Shape& shape, std::span<const int64_t> begin,
+                                      std::span<const int64_t> end, std::span<const int64_t> step,
+                                      const char* op);
+
 }  // namespace kiln

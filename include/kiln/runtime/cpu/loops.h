@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <exception>
 #include <cstdint>
 
 #include "kiln/runtime/shape.h"
@@ -25,11 +27,23 @@ void ParallelFor(int64_t n, int64_t grain, F&& f) {
     return;
   }
   int64_t chunks = std::min<int64_t>(nt, (n + grain - 1) / grain);
+  // An exception must not leave an OpenMP region (that terminates the process): the first one
+  // is kept and rethrown on the calling thread, where the engine stores it on the task's outputs.
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
 #pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
+    if (failed.load(std::memory_order_relaxed)) continue;
     int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
-    f(b, e);
+    try {
+      f(b, e);
+    } catch (...) {
+#pragma omp critical(kiln_parallel_for_error)
+      if (!error) error = std::current_exception();
+      failed.store(true, std::memory_order_relaxed);
+    }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 /// Iterates an N-d `shape` for K operands. f(offsets) is called with each operand's element

@@ -1,5 +1,5 @@
 // CPU kernels of the movement ops (reshape, transpose, slice, concat, stack, split, take,
-// one_hot, ...) and the slice arithmetic that inference and view construction share.
+// one_hot, ...). The slice arithmetic they share with inference is NormalizeSlice in shape.h.
 // Copies move raw bytes (dtype-agnostic): strided copies coalesce dimensions first, then take a
 // row-memcpy path, a cache-tiled path for transposes, or a plain strided loop. Kernels write
 // into the views they are given and never allocate tensors; they do not convert dtypes (that is
@@ -13,23 +13,6 @@
 #include "kiln/runtime/tensor_view.h"
 
 namespace kiln::host {
-
-/// One axis of a slice after NumPy normalization: `len` elements, the first at `begin`, `step`
-/// apart (begin is 0 when len is 0).
-struct SliceAxis {
-  int64_t begin = 0;
-  int64_t step = 1;
-  int64_t len = 0;
-};
-
-/// NumPy slicing of the leading axes of `shape`: begin/end/step may each be shorter than the
-/// rank (a missing entry takes the whole axis, a missing step is 1); negative indices count from
-/// the end and out-of-range bounds clamp, so INT64_MIN / INT64_MAX stand for "from the start" /
-/// "to the end" in either direction. Returns one entry per axis of `shape`. Throws ValueError
-/// for a zero step and ShapeError for more entries than axes, both naming `op`.
-std::vector<SliceAxis> NormalizeSlice(const Shape& shape, std::span<const int64_t> begin,
-                                      std::span<const int64_t> end, std::span<const int64_t> step,
-                                      const char* op);
 
 /// dst = src: equal shapes and dtypes, any strides on either side (0 and negative included on
 /// src). Multithreaded for large tensors.
