@@ -406,33 +406,7 @@ class ThreadedEngine final : public EngineBase {
     t->fn = std::move(fn);
     t->opts = opts;
     Dedupe(reads, writes, t);
-    t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1);
-    CountPushed(t);
-    int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
-    {
-      std::lock_guard<std::mutex> order(push_mu_);
-      for (Var* r : t->reads) {
-        r->refs.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<SpinLock> g(r->mu);
-        if (!r->running_write && r->QueueEmpty()) {
-          ++r->running_reads;
-          ++granted;
-        } else {
-          r->queue.push_back({t, false});
-        }
-      }
-      for (Var* w : t->writes) {
-        w->refs.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<SpinLock> g(w->mu);
-        if (!w->running_write && w->running_reads == 0 && w->QueueEmpty()) {
-          w->running_write = true;
-          ++granted;
-        } else {
-          w->queue.push_back({t, true});
-        }
-      }
-    }
-    if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
+    Enter(t);
   }
 
   void WaitForVar(Var* v) override {
@@ -479,9 +453,15 @@ class ThreadedEngine final : public EngineBase {
     t->opts = o;
     t->opts.stream = static_cast<StreamKind>(255);  // marks an inline waiter
     Dedupe(reads, {}, t);
-    t->wait.store(static_cast<int>(t->reads.size()) + 1);
+    Enter(t);
+  }
+
+  // Appends `t` to the FIFO of each of its variables, in one global order, and schedules it
+  // when every variable granted access at once.
+  void Enter(Task* t) {
+    t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1);
     CountPushed(t);
-    int granted = 1;
+    int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
     {
       std::lock_guard<std::mutex> order(push_mu_);
       for (Var* r : t->reads) {
@@ -492,6 +472,16 @@ class ThreadedEngine final : public EngineBase {
           ++granted;
         } else {
           r->queue.push_back({t, false});
+        }
+      }
+      for (Var* w : t->writes) {
+        w->refs.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard<SpinLock> g(w->mu);
+        if (!w->running_write && w->running_reads == 0 && w->QueueEmpty()) {
+          w->running_write = true;
+          ++granted;
+        } else {
+          w->queue.push_back({t, true});
         }
       }
     }
