@@ -1,6 +1,7 @@
 // Shared helpers of the C++ benchmarks: a timer, medians of repeated runs, the --quick flag and
-// the one-object-per-line JSON output of DESIGN.md section 11:
-//   {"bench": "eager_dispatch", "case": "kiln_1elem", "metric": "us_per_op", "value": 0.8, "unit": "us"}
+// the one-object-per-line JSON output of DESIGN.md section 11, for example
+//   {"bench": "eager_dispatch", "case": "kiln_1elem", "metric": "us_per_op", "value": 0.8,
+//    "unit": "us"}   (on one line)
 // What it does not do: warm-up policy or statistics beyond the median (each bench decides).
 #pragma once
 

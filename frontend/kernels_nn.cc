@@ -34,12 +34,9 @@ host::Pool2dParams PoolParams(const ir::Attrs& a) {
 }
 
 void MatmulKernel(const KernelArgs& k) {
-  host::Matmul(k.in[0], k.in[1], k.out[0],
-               {k.attrs.Bool("transpose_a"), k.attrs.Bool("transpose_b")});
+  host::Matmul(k.in[0], k.in[1], k.out[0], {k.attrs.Bool("transpose_a"), k.attrs.Bool("transpose_b")});
 }
-void Conv2dKernel(const KernelArgs& k) {
-  host::Conv2d(k.in[0], k.in[1], k.out[0], ConvParams(k.attrs));
-}
+void Conv2dKernel(const KernelArgs& k) { host::Conv2d(k.in[0], k.in[1], k.out[0], ConvParams(k.attrs)); }
 void Conv2dGradDataKernel(const KernelArgs& k) {
   host::Conv2dGradData(k.in[0], k.in[1], k.out[0], ConvParams(k.attrs));
 }
@@ -51,11 +48,9 @@ void MaxPoolGradKernel(const KernelArgs& k) {
   host::MaxPool2dGrad(k.in[0], k.in[1], k.out[0], PoolParams(k.attrs));
 }
 void AvgPoolKernel(const KernelArgs& k) { host::AvgPool2d(k.in[0], k.out[0], PoolParams(k.attrs)); }
-void AvgPoolGradKernel(const KernelArgs& k) {
-  host::AvgPool2dGrad(k.in[0], k.out[0], PoolParams(k.attrs));
-}
+void AvgPoolGradKernel(const KernelArgs& k) { host::AvgPool2dGrad(k.in[0], k.out[0], PoolParams(k.attrs)); }
 
-}  // namespace
+} // namespace
 
 void BindNNKernels(KernelTable& t) {
   const bool contiguous = true;
@@ -69,4 +64,4 @@ void BindNNKernels(KernelTable& t) {
   t.Bind("avg_pool2d_grad", DeviceType::kCPU, {AvgPoolGradKernel, contiguous});
 }
 
-}  // namespace kiln
+} // namespace kiln

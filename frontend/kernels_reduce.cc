@@ -8,8 +8,7 @@ namespace kiln {
 
 namespace {
 
-template <host::ReduceKind K>
-void ReduceKernel(const KernelArgs& a) {
+template <host::ReduceKind K> void ReduceKernel(const KernelArgs& a) {
   const TensorView& x = a.in[0];
   std::vector<int> axes;
   for (int64_t ax : a.attrs.Ints("axes")) axes.push_back(NormalizeAxis(ax, x.rank(), a.op.name.c_str()));
@@ -18,13 +17,12 @@ void ReduceKernel(const KernelArgs& a) {
   host::Reduce(K, x, axes, a.out[0]);
 }
 
-template <bool kMax>
-void ArgReduceKernel(const KernelArgs& a) {
+template <bool kMax> void ArgReduceKernel(const KernelArgs& a) {
   const TensorView& x = a.in[0];
   host::ArgReduce(kMax, x, NormalizeAxis(a.attrs.Int("axis"), x.rank(), a.op.name.c_str()), a.out[0]);
 }
 
-}  // namespace
+} // namespace
 
 void BindReduceKernels(KernelTable& t) {
   using K = host::ReduceKind;
@@ -36,4 +34,4 @@ void BindReduceKernels(KernelTable& t) {
   t.Bind("argmin", DeviceType::kCPU, {ArgReduceKernel<false>});
 }
 
-}  // namespace kiln
+} // namespace kiln

@@ -23,8 +23,8 @@ std::array<int64_t, 2> Pair(const OpDef& op, const Attrs& a, const char* name, i
   std::array<int64_t, 2> r{v[0], v.size() == 2 ? v[1] : v[0]};
   for (int64_t x : r)
     if (x < min)
-      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be >= " << min
-                             << ", found " << AttrValueStr(v);
+      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be >= " << min << ", found "
+                             << AttrValueStr(v);
   return r;
 }
 
@@ -40,13 +40,12 @@ void RequireFloatPair(const OpDef& op, std::span<const TensorType> in) {
 }
 
 /// One spatial output size in floor mode; ShapeError when the (dilated) window does not fit.
-int64_t OutSize(const OpDef& op, const char* axis, int64_t in, int64_t k, int64_t s, int64_t p,
-                int64_t d) {
+int64_t OutSize(const OpDef& op, const char* axis, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
   int64_t extent = (k - 1) * d + 1;
   if (in + 2 * p < extent)
     KILN_THROW(ShapeError) << op.name << ": the " << axis << " window (" << extent
-                           << " with dilation) is larger than the padded input (" << in << " + 2*"
-                           << p << "); use a smaller kernel or more padding";
+                           << " with dilation) is larger than the padded input (" << in << " + 2*" << p
+                           << "); use a smaller kernel or more padding";
   return (in + 2 * p - extent) / s + 1;
 }
 
@@ -54,8 +53,8 @@ int64_t OutSize(const OpDef& op, const char* axis, int64_t in, int64_t k, int64_
 
 Shape MatmulShape(const Shape& a, const Shape& b, bool ta, bool tb) {
   if (a.rank() < 2 || b.rank() < 2)
-    KILN_THROW(ShapeError) << "matmul: expected inputs of rank >= 2, found a " << a.str()
-                           << " and b " << b.str() << "; reshape a vector to (1, K) or (K, 1)";
+    KILN_THROW(ShapeError) << "matmul: expected inputs of rank >= 2, found a " << a.str() << " and b "
+                           << b.str() << "; reshape a vector to (1, K) or (K, 1)";
   int ra = a.rank(), rb = b.rank();
   int64_t m = ta ? a[ra - 1] : a[ra - 2], ka = ta ? a[ra - 2] : a[ra - 1];
   int64_t kb = tb ? b[rb - 1] : b[rb - 2], n = tb ? b[rb - 2] : b[rb - 1];
@@ -88,8 +87,8 @@ void DeclareMatmul(OpTable& t) {
   d.doc = "op(a) @ op(b) over the last two dims, batch dims broadcast; op transposes when asked";
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     RequireFloatPair(op, in);
-    return One({MatmulShape(in[0].shape, in[1].shape, a.Bool("transpose_a"), a.Bool("transpose_b")),
-                in[0].dtype});
+    return One(
+        {MatmulShape(in[0].shape, in[1].shape, a.Bool("transpose_a"), a.Bool("transpose_b")), in[0].dtype});
   };
   // With C = op_a(A) op_b(B): dA = dC op_b(B)^T (transposed back when A was), dB likewise; each
   // is summed over the batch dims its input was broadcast along.
@@ -136,15 +135,14 @@ Shape ConvShape(const OpDef& op, const Shape& x, const Shape& w, const Attrs& a)
   int64_t groups = a.Int("groups");
   if (groups < 1) KILN_THROW(ValueError) << op.name << ": groups must be >= 1, found " << groups;
   if (x[1] % groups != 0 || w[0] % groups != 0)
-    KILN_THROW(ShapeError) << op.name << ": groups=" << groups
-                           << " must divide both the input channels (" << x[1] << ", x " << x.str()
-                           << ") and the output channels (" << w[0] << ", w " << w.str() << ")";
+    KILN_THROW(ShapeError) << op.name << ": groups=" << groups << " must divide both the input channels ("
+                           << x[1] << ", x " << x.str() << ") and the output channels (" << w[0] << ", w "
+                           << w.str() << ")";
   if (w[1] * groups != x[1])
     KILN_THROW(ShapeError) << op.name << ": weight " << w.str() << " expects " << w[1]
                            << " input channels per "
-                           << "group (" << w[1] * groups << " in all with groups=" << groups
-                           << ") but x " << x.str() << " has " << x[1]
-                           << "; weights are (out, in/groups, KH, KW)";
+                           << "group (" << w[1] * groups << " in all with groups=" << groups << ") but x "
+                           << x.str() << " has " << x[1] << "; weights are (out, in/groups, KH, KW)";
   return Shape{x[0], w[0], OutSize(op, "height", x[2], w[2], s[0], p[0], dl[0]),
                OutSize(op, "width", x[3], w[3], s[1], p[1], dl[1])};
 }
@@ -162,8 +160,7 @@ Shape ShapeAttr(const OpDef& op, const Attrs& a, const char* name) {
 
 void RequireGradShape(const OpDef& op, const Shape& dy, const Shape& expected) {
   if (!(dy == expected))
-    KILN_THROW(ShapeError) << op.name << ": output gradient has shape " << dy.str()
-                           << " but the forward "
+    KILN_THROW(ShapeError) << op.name << ": output gradient has shape " << dy.str() << " but the forward "
                            << "op produces " << expected.str();
 }
 
@@ -206,7 +203,7 @@ void DeclareConv(OpTable& t) {
       RequireGradShape(op, in[0].shape, ConvShape(op, x, in[1].shape, a));
       return One({x, in[0].dtype});
     };
-    d.differentiable = false;  // second-order gradients of conv are not supported
+    d.differentiable = false; // second-order gradients of conv are not supported
     t.Add(std::move(d));
   }
   {
@@ -222,7 +219,7 @@ void DeclareConv(OpTable& t) {
       RequireGradShape(op, in[0].shape, ConvShape(op, in[1].shape, w, a));
       return One({w, in[0].dtype});
     };
-    d.differentiable = false;  // second-order gradients of conv are not supported
+    d.differentiable = false; // second-order gradients of conv are not supported
     t.Add(std::move(d));
   }
 }
@@ -245,8 +242,7 @@ Shape PoolShape(const OpDef& op, const Shape& x, const Attrs& a) {
   auto s = a.Ints("stride").empty() ? k : Pair(op, a, "stride", 1);
   for (int i = 0; i < 2; ++i)
     if (2 * p[i] > k[i])
-      KILN_THROW(ValueError) << op.name << ": padding (" << p[0] << ", " << p[1]
-                             << ") must be at most half "
+      KILN_THROW(ValueError) << op.name << ": padding (" << p[0] << ", " << p[1] << ") must be at most half "
                              << "the kernel (" << k[0] << ", " << k[1] << ")";
   return Shape{x[0], x[1], OutSize(op, "height", x[2], k[0], s[0], p[0], 1),
                OutSize(op, "width", x[3], k[1], s[1], p[1], 1)};
@@ -298,11 +294,11 @@ void DeclarePool(OpTable& t, bool avg) {
       return One(in[1]);
     };
   }
-  d.differentiable = false;  // second-order gradients of pooling are not supported
+  d.differentiable = false; // second-order gradients of pooling are not supported
   t.Add(std::move(d));
 }
 
-}  // namespace
+} // namespace
 
 void RegisterNNOps(OpTable& t) {
   DeclareMatmul(t);
@@ -311,4 +307,4 @@ void RegisterNNOps(OpTable& t) {
   DeclarePool(t, /*avg=*/true);
 }
 
-}  // namespace kiln::ir
+} // namespace kiln::ir

@@ -16,8 +16,8 @@ enum class Kind { kSum, kMean, kMax, kMin };
 void RequireNonEmptyAxes(const OpDef& op, const Shape& in, const std::vector<int>& axes) {
   for (int a : axes)
     if (a < in.rank() && in[a] == 0)
-      KILN_THROW(ShapeError) << op.name << ": cannot reduce over a zero-size axis (axis " << a
-                             << " of shape " << in.str() << "); the result has no identity. "
+      KILN_THROW(ShapeError) << op.name << ": cannot reduce over a zero-size axis (axis " << a << " of shape "
+                             << in.str() << "); the result has no identity. "
                              << "Reduce over non-empty axes, or use sum";
 }
 
@@ -107,7 +107,7 @@ void DeclareArgReduce(OpTable& t, const char* name, const char* doc) {
   t.Add(std::move(d));
 }
 
-}  // namespace
+} // namespace
 
 void RegisterReduceOps(OpTable& t) {
   DeclareReduce(t, "sum", Kind::kSum, "sum over axes (bool sums to int64; ints keep their dtype)");
@@ -118,4 +118,4 @@ void RegisterReduceOps(OpTable& t) {
   DeclareArgReduce(t, "argmin", "int64 index of the first minimum along axis (NaN counts as minimum)");
 }
 
-}  // namespace kiln::ir
+} // namespace kiln::ir

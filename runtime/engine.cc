@@ -100,7 +100,12 @@ class Var {
   bool QueueEmpty() const { return head == queue.size(); }
   Pending Pop() {
     Pending p = queue[head++];
-    if (head == queue.size()) queue.clear(), head = 0;
+    if (head == queue.size()) {
+      queue.clear(), head = 0;
+    } else if (head >= 64 && head * 2 >= queue.size()) {  // a busy variable never drains fully
+      queue.erase(queue.begin(), queue.begin() + static_cast<ptrdiff_t>(head));
+      head = 0;
+    }
     return p;
   }
 };
@@ -245,27 +250,30 @@ class EngineBase : public Engine {
   }
 
   // Wakes sleepers only when it matters: WaitForAll at zero pending, a blocked producer once the
-  // queue has drained to half its limits (hysteresis: no wake-up per completed task).
+  // queue has drained to half its limits (hysteresis: no wake-up per completed task). The first
+  // completion that sees a sleeper takes the count (exchange) and wakes everyone once; the others
+  // make no system call. All of it is seq_cst, pairing with SleepUntil: either the sleeper sees
+  // the new counts, or this sees the sleeper, and completed_ has moved past its wait value.
   void CountCompleted(size_t bytes) {
-    int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_acq_rel) -
-                static_cast<int64_t>(bytes);
-    int64_t p = pending_.fetch_sub(1, std::memory_order_acq_rel) - 1;
-    completed_.fetch_add(1, std::memory_order_acq_rel);
-    if (sleepers_.load(std::memory_order_acquire) > 0 &&
-        (p == 0 || (p <= max_pending_.load(std::memory_order_relaxed) / 2 &&
-                    b <= max_pending_bytes_.load(std::memory_order_relaxed) / 2)))
+    int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes)) - static_cast<int64_t>(bytes);
+    int64_t p = pending_.fetch_sub(1) - 1;
+    completed_.fetch_add(1);
+    if ((p == 0 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) &&
+        sleepers_.load() > 0 && sleepers_.exchange(0) > 0)
       completed_.notify_all();
   }
 
-  // Blocks until `done()` holds, sleeping on completed_ between checks.
+  // Blocks until `done()` holds, sleeping on completed_ between checks. A woken sleeper does not
+  // decrement sleepers_ (the waker reset it); one that did not sleep leaves at most one spurious
+  // wake-up behind.
   template <class Pred>
   void SleepUntil(Pred done) {
     for (;;) {
-      int64_t c = completed_.load(std::memory_order_acquire);
+      int64_t c = completed_.load();
       if (done()) return;
-      sleepers_.fetch_add(1, std::memory_order_acq_rel);
-      if (!done()) completed_.wait(c, std::memory_order_acquire);
-      sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+      sleepers_.fetch_add(1);
+      if (done()) return;
+      completed_.wait(c);
     }
   }
 
@@ -337,9 +345,9 @@ class WorkerPool {
       q_.push_back(t);
     }
     size_.fetch_add(1);
-    if (sleepers_.load() > 0) {
+    if (sleepers_.load() > 0 && sleepers_.exchange(0) > 0) {  // one wake-up per sleep, not per task
       epoch_.fetch_add(1);
-      epoch_.notify_one();
+      epoch_.notify_all();
     }
   }
 
@@ -358,7 +366,7 @@ class WorkerPool {
     for (;;) {
       Task* t = TryPop();
       // Spin briefly before sleeping: a producer pushing tiny ops then never pays a wake-up.
-      for (int i = 0; !t && i < 4000; ++i) {
+      for (int i = 0; !t && i < 1000; ++i) {
         KILN_PAUSE();
         t = TryPop();
       }
@@ -368,9 +376,8 @@ class WorkerPool {
       }
       if (stop_.load()) return;
       uint32_t e = epoch_.load();
-      sleepers_.fetch_add(1);
+      sleepers_.fetch_add(1);  // reset by the waker (see Enqueue)
       if (size_.load() == 0 && !stop_.load()) epoch_.wait(e);
-      sleepers_.fetch_sub(1);
     }
   }
 
@@ -400,7 +407,7 @@ class ThreadedEngine final : public EngineBase {
             const TaskOptions& opts) override {
     if (!tls_on_worker) {
       if (graveyard_.load(std::memory_order_relaxed)) Reap();
-      Backpressure();
+      Backpressure(static_cast<int64_t>(opts.bytes));
     }
     Task* t = new Task();
     t->fn = std::move(fn);
@@ -423,13 +430,14 @@ class ThreadedEngine final : public EngineBase {
     if (tls_on_worker)
       KILN_THROW(StateError) << "wait_to_read called inside an engine task: that would deadlock; "
                                 "sync only from the thread that queues work";
-    std::atomic<int> done{0};
+    // The flag is shared with the task: the waker may still be inside notify when we return.
+    auto done = std::make_shared<std::atomic<int>>(0);
     Var* vs[1] = {v};
     TaskOptions o;
     o.name = "wait_to_read";
     o.device = cpu(0);
-    PushWaiter([&done] { done.store(1), done.notify_all(); }, vs, o);
-    done.wait(0);
+    PushWaiter([done] { done->store(1), done->notify_all(); }, vs, o);
+    done->wait(0);
     Reap();
     if (auto e = VarError(v)) std::rethrow_exception(e);
   }
@@ -488,14 +496,16 @@ class ThreadedEngine final : public EngineBase {
     if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
   }
 
-  // Over either limit, the producer sleeps until the queue has drained to half of both.
-  void Backpressure() {
-    auto under = [&](int64_t div) {
-      return pending_.load(std::memory_order_acquire) < std::max<int64_t>(1, max_pending_.load() / div) &&
-             pending_bytes_.load(std::memory_order_acquire) <= max_pending_bytes_.load() / div;
+  // A task is admitted while both limits hold with it counted (or when nothing is pending, so a
+  // task larger than the byte limit still runs). Otherwise the producer sleeps until the queue
+  // has drained to half of both limits.
+  void Backpressure(int64_t bytes) {
+    auto fits = [&](int64_t div) {
+      return pending_.load() < std::max<int64_t>(1, max_pending_.load() / div) &&
+             pending_bytes_.load() + bytes <= max_pending_bytes_.load() / div;
     };
-    if (under(1)) return;
-    SleepUntil([&] { return under(2) || pending_.load(std::memory_order_acquire) == 0; });
+    if (fits(1) || pending_.load() == 0) return;
+    SleepUntil([&] { return fits(2) || pending_.load() == 0; });
     Reap();
   }
 

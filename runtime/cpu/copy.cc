@@ -4,17 +4,8 @@
 
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/cpu/movement.h"
-#include "kiln/runtime/env.h"
 
 namespace kiln::host {
-
-int NumThreads() {
-  static int n = [] {
-    int64_t v = env::GetInt("KILN_NUM_THREADS");
-    return v > 0 ? static_cast<int>(v) : omp_get_num_procs();
-  }();
-  return n;
-}
 
 namespace {
 template <class S, class D>

@@ -10,6 +10,7 @@
 #include "kiln/runtime/cpu/onednn.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <cstdlib>
 #include <functional>
@@ -37,7 +38,7 @@ using alg = dnnl::algorithm;
 // ---- 1. engine, streams, buffers ----------------------------------------------------------------
 
 dnnl::engine& Engine() {
-  static auto* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // leaked: workers outlive statics
+  static auto* e = new dnnl::engine(dnnl::engine::kind::cpu, 0); // leaked: workers outlive statics
   return *e;
 }
 
@@ -74,8 +75,8 @@ void* Buffer(Slot slot, size_t bytes) {
 struct Prim {
   dnnl::primitive prim;
   std::vector<std::pair<int, memory::desc>> args;
-  memory::desc scratchpad, workspace;  // zero-sized when unused
-  std::shared_ptr<Prim> forward;       // max-pool gradient: the pass that fills the workspace
+  memory::desc scratchpad, workspace; // zero-sized when unused
+  std::shared_ptr<Prim> forward;      // max-pool gradient: the pass that fills the workspace
 };
 
 template <class P, class PD>
@@ -111,14 +112,14 @@ void Execute(const Prim& p, std::initializer_list<void*> ptrs) {
 using Key = std::vector<int64_t>;
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    uint64_t h = 1469598103934665603ull; // FNV-1a over the words
     for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
     return static_cast<size_t>(h);
   }
 };
 
 class PrimitiveCache {
- public:
+public:
   /// The cached primitive for `key`, made by `make` on a miss (outside the lock). A null result
   /// (oneDNN has no kernel) is cached too, so the fallback decision is made once.
   std::shared_ptr<Prim> Get(const Key& key, const std::function<std::shared_ptr<Prim>()>& make) {
@@ -133,8 +134,7 @@ class PrimitiveCache {
     std::shared_ptr<Prim> p = make();
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.misses;
-    if (auto it = map_.find(key); it != map_.end())
-      return it->second->second;  // made twice; keep one
+    if (auto it = map_.find(key); it != map_.end()) return it->second->second; // made twice; keep one
     lru_.emplace_front(key, p);
     map_.emplace(key, lru_.begin());
     if (lru_.size() > kCapacity) {
@@ -149,7 +149,7 @@ class PrimitiveCache {
     return stats_;
   }
 
- private:
+private:
   static constexpr size_t kCapacity = 256;
   std::mutex mu_;
   std::list<std::pair<Key, std::shared_ptr<Prim>>> lru_;
@@ -158,13 +158,12 @@ class PrimitiveCache {
 };
 
 PrimitiveCache& Cache() {
-  static auto* c = new PrimitiveCache();  // leaked like the engine
+  static auto* c = new PrimitiveCache(); // leaked like the engine
   return *c;
 }
 
 /// Runs `make`, turning "no implementation for this case" into nullptr (the caller falls back).
-template <class F>
-std::shared_ptr<Prim> TryMake(F&& make) {
+template <class F> std::shared_ptr<Prim> TryMake(F&& make) {
   try {
     return make();
   } catch (const dnnl::error& e) {
@@ -195,14 +194,9 @@ void Append(Key& k, const Shape& s) {
 /// The oneDNN type of a dtype kiln runs on oneDNN; false for the others.
 bool OneDnnType(DType t, dt* out) {
   switch (t) {
-    case DType::kFloat32:
-      *out = dt::f32;
-      return true;
-    case DType::kBFloat16:
-      *out = dt::bf16;
-      return true;
-    default:
-      return false;
+  case DType::kFloat32: *out = dt::f32; return true;
+  case DType::kBFloat16: *out = dt::bf16; return true;
+  default: return false;
   }
 }
 
@@ -238,36 +232,30 @@ memory::desc ConvWeights(const Shape& w, int64_t groups, dt t) {
 struct ConvGeometry {
   memory::dims strides, dilates, pad_l, pad_r;
   explicit ConvGeometry(const Conv2dParams& p)
-      : strides{p.stride[0], p.stride[1]},
-        dilates{p.dilation[0] - 1, p.dilation[1] - 1},  // oneDNN counts the gaps
-        pad_l{p.padding[0], p.padding[1]},
-        pad_r{p.padding[0], p.padding[1]} {}
+      : strides{p.stride[0], p.stride[1]}, dilates{p.dilation[0] - 1,
+                                                   p.dilation[1] - 1}, // oneDNN counts the gaps
+        pad_l{p.padding[0], p.padding[1]}, pad_r{p.padding[0], p.padding[1]} {}
 };
 
-dnnl::convolution_forward::primitive_desc ConvForwardPD(const Shape& x, const Shape& w,
-                                                        const Shape& y, const Conv2dParams& p, dt t,
-                                                        prop kind) {
+dnnl::convolution_forward::primitive_desc ConvForwardPD(const Shape& x, const Shape& w, const Shape& y,
+                                                        const Conv2dParams& p, dt t, prop kind) {
   ConvGeometry g(p);
-  dnnl::convolution_forward::desc d(kind, alg::convolution_direct, Plain(x, t),
-                                    ConvWeights(w, p.groups, t), Plain(y, t), g.strides, g.dilates,
-                                    g.pad_l, g.pad_r);
+  dnnl::convolution_forward::desc d(kind, alg::convolution_direct, Plain(x, t), ConvWeights(w, p.groups, t),
+                                    Plain(y, t), g.strides, g.dilates, g.pad_l, g.pad_r);
   return {d, UserScratchpad(), Engine()};
 }
 
 struct PoolGeometry {
   memory::dims strides, kernel, pad_l, pad_r;
   explicit PoolGeometry(const Pool2dParams& p)
-      : strides{p.stride[0], p.stride[1]},
-        kernel{p.kernel[0], p.kernel[1]},
-        pad_l{p.padding[0], p.padding[1]},
-        pad_r{p.padding[0], p.padding[1]} {}
+      : strides{p.stride[0], p.stride[1]}, kernel{p.kernel[0], p.kernel[1]},
+        pad_l{p.padding[0], p.padding[1]}, pad_r{p.padding[0], p.padding[1]} {}
 };
 
-dnnl::pooling_forward::primitive_desc PoolForwardPD(const Shape& x, const Shape& y,
-                                                    const Pool2dParams& p, alg a, dt t, prop kind) {
+dnnl::pooling_forward::primitive_desc PoolForwardPD(const Shape& x, const Shape& y, const Pool2dParams& p,
+                                                    alg a, dt t, prop kind) {
   PoolGeometry g(p);
-  dnnl::pooling_forward::desc d(kind, a, Plain(x, t), Plain(y, t), g.strides, g.kernel, g.pad_l,
-                                g.pad_r);
+  dnnl::pooling_forward::desc d(kind, a, Plain(x, t), Plain(y, t), g.strides, g.kernel, g.pad_l, g.pad_r);
   return {d, UserScratchpad(), Engine()};
 }
 
@@ -275,8 +263,7 @@ alg AvgAlgorithm(const Pool2dParams& p) {
   return p.count_include_pad ? alg::pooling_avg_include_padding : alg::pooling_avg_exclude_padding;
 }
 
-Key ConvKey(Kind kind, dt t, const Shape& a, const Shape& b, const Shape& c,
-            const Conv2dParams& p) {
+Key ConvKey(Kind kind, dt t, const Shape& a, const Shape& b, const Shape& c, const Conv2dParams& p) {
   Key k{static_cast<int64_t>(kind),
         static_cast<int64_t>(t),
         p.stride[0],
@@ -313,8 +300,7 @@ Key PoolKey(Kind kind, dt t, const Shape& x, const Shape& y, const Pool2dParams&
 /// over nothing) when there is nothing to compute.
 bool Trivial(const TensorView& out, std::initializer_list<const TensorView*> ins) {
   KILN_CHECK(out.is_contiguous()) << "NN kernels write contiguous outputs";
-  for (const TensorView* v : ins)
-    KILN_CHECK(v->is_contiguous()) << "NN kernels take contiguous inputs";
+  for (const TensorView* v : ins) KILN_CHECK(v->is_contiguous()) << "NN kernels take contiguous inputs";
   if (out.numel() == 0) return true;
   for (const TensorView* v : ins)
     if (v->numel() == 0) {
@@ -324,18 +310,16 @@ bool Trivial(const TensorView& out, std::initializer_list<const TensorView*> ins
   return false;
 }
 
-}  // namespace
+} // namespace
 
 OneDnnCacheStats GetOneDnnCacheStats() { return Cache().stats(); }
 
-void Matmul(const TensorView& a, const TensorView& b, const TensorView& out,
-            const MatmulParams& p) {
+void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
   if (Trivial(out, {&a, &b})) return;
   dt t;
   std::shared_ptr<Prim> prim;
   if (OneDnnType(out.dtype, &t)) {
-    Key k{static_cast<int64_t>(Kind::kMatmul), static_cast<int64_t>(t), p.transpose_a,
-          p.transpose_b};
+    Key k{static_cast<int64_t>(Kind::kMatmul), static_cast<int64_t>(t), p.transpose_a, p.transpose_b};
     Append(k, a.shape);
     Append(k, b.shape);
     prim = Cache().Get(k, [&] {
@@ -345,8 +329,7 @@ void Matmul(const TensorView& a, const TensorView& b, const TensorView& out,
         memory::desc bm = MatmulOperand(b.shape, r, p.transpose_b, t);
         memory::desc cm = MatmulOperand(out.shape, r, false, t);
         dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), UserScratchpad(), Engine());
-        return MakePrim<dnnl::matmul>(
-            pd, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        return MakePrim<dnnl::matmul>(pd, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
       });
     });
   }
@@ -371,8 +354,7 @@ void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const
   Execute(*prim, {x.data, w.data, y.data});
 }
 
-void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                    const Conv2dParams& p) {
+void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx, const Conv2dParams& p) {
   if (Trivial(dx, {&dy, &w})) return;
   dt t;
   std::shared_ptr<Prim> prim;
@@ -381,14 +363,13 @@ void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView&
       return TryMake([&] {
         auto hint = ConvForwardPD(dx.shape, w.shape, dy.shape, p, t, prop::forward_training);
         ConvGeometry g(p);
-        dnnl::convolution_backward_data::desc d(
-            alg::convolution_direct, Plain(dx.shape, t), ConvWeights(w.shape, p.groups, t),
-            Plain(dy.shape, t), g.strides, g.dilates, g.pad_l, g.pad_r);
+        dnnl::convolution_backward_data::desc d(alg::convolution_direct, Plain(dx.shape, t),
+                                                ConvWeights(w.shape, p.groups, t), Plain(dy.shape, t),
+                                                g.strides, g.dilates, g.pad_l, g.pad_r);
         dnnl::convolution_backward_data::primitive_desc pd(d, UserScratchpad(), Engine(), hint);
-        return MakePrim<dnnl::convolution_backward_data>(pd,
-                                                         {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
-                                                          {DNNL_ARG_WEIGHTS, pd.weights_desc()},
-                                                          {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
+        return MakePrim<dnnl::convolution_backward_data>(pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
+                                                              {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                                                              {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
       });
     });
   if (!prim) return reference::Conv2dGradData(dy, w, dx, p);
@@ -405,9 +386,9 @@ void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorVie
       return TryMake([&] {
         auto hint = ConvForwardPD(x.shape, dw.shape, dy.shape, p, t, prop::forward_training);
         ConvGeometry g(p);
-        dnnl::convolution_backward_weights::desc d(
-            alg::convolution_direct, Plain(x.shape, t), ConvWeights(dw.shape, p.groups, t),
-            Plain(dy.shape, t), g.strides, g.dilates, g.pad_l, g.pad_r);
+        dnnl::convolution_backward_weights::desc d(alg::convolution_direct, Plain(x.shape, t),
+                                                   ConvWeights(dw.shape, p.groups, t), Plain(dy.shape, t),
+                                                   g.strides, g.dilates, g.pad_l, g.pad_r);
         dnnl::convolution_backward_weights::primitive_desc pd(d, UserScratchpad(), Engine(), hint);
         return MakePrim<dnnl::convolution_backward_weights>(
             pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
@@ -435,8 +416,7 @@ void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) 
   Execute(*prim, {x.data, y.data});
 }
 
-void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx,
-                   const Pool2dParams& p) {
+void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p) {
   if (Trivial(dx, {&dy, &x})) return;
   dt t;
   std::shared_ptr<Prim> prim;
@@ -447,8 +427,8 @@ void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& 
         // the gradient reruns the forward pass in training mode into a temporary first.
         auto fwd = PoolForwardPD(x.shape, dy.shape, p, alg::pooling_max, t, prop::forward_training);
         PoolGeometry g(p);
-        dnnl::pooling_backward::desc d(alg::pooling_max, Plain(x.shape, t), Plain(dy.shape, t),
-                                       g.strides, g.kernel, g.pad_l, g.pad_r);
+        dnnl::pooling_backward::desc d(alg::pooling_max, Plain(x.shape, t), Plain(dy.shape, t), g.strides,
+                                       g.kernel, g.pad_l, g.pad_r);
         dnnl::pooling_backward::primitive_desc pd(d, UserScratchpad(), Engine(), fwd);
         auto bwd = MakePrim<dnnl::pooling_backward>(
             pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()}, {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
@@ -487,8 +467,8 @@ void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParam
       return TryMake([&] {
         auto fwd = PoolForwardPD(dx.shape, dy.shape, p, AvgAlgorithm(p), t, prop::forward_training);
         PoolGeometry g(p);
-        dnnl::pooling_backward::desc d(AvgAlgorithm(p), Plain(dx.shape, t), Plain(dy.shape, t),
-                                       g.strides, g.kernel, g.pad_l, g.pad_r);
+        dnnl::pooling_backward::desc d(AvgAlgorithm(p), Plain(dx.shape, t), Plain(dy.shape, t), g.strides,
+                                       g.kernel, g.pad_l, g.pad_r);
         dnnl::pooling_backward::primitive_desc pd(d, UserScratchpad(), Engine(), fwd);
         return MakePrim<dnnl::pooling_backward>(
             pd, {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()}, {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}});
@@ -498,4 +478,4 @@ void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParam
   Execute(*prim, {dy.data, dx.data});
 }
 
-}  // namespace kiln::host
+} // namespace kiln::host

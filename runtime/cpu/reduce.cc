@@ -31,23 +31,19 @@ namespace kiln::host {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 15;   // elements worth handing to a thread
-constexpr int64_t kBlock = 1 << 11;   // contiguous lanes are flushed to the wide accumulator this often
-constexpr int64_t kRowBlock = 32;     // column driver: rows accumulated in lanes before a flush
-constexpr int64_t kColBlock = 4096;   // column driver: outputs per task (accumulators stay in L1/L2)
-constexpr int64_t kShortRow = 32;     // row driver: shorter contiguous rows are vectorized across rows
+constexpr int64_t kGrain = 1 << 15; // elements worth handing to a thread
+constexpr int64_t kBlock = 1 << 11; // contiguous lanes are flushed to the wide accumulator this often
+constexpr int64_t kRowBlock = 32;   // column driver: rows accumulated in lanes before a flush
+constexpr int64_t kColBlock = 4096; // column driver: outputs per task (accumulators stay in L1/L2)
+constexpr int64_t kShortRow = 32;   // row driver: shorter contiguous rows are vectorized across rows
 
-template <class T>
-constexpr bool kIsReal = std::is_floating_point_v<compute_t<T>>;
-template <class T>
-constexpr bool kIs16 = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+template <class T> constexpr bool kIsReal = std::is_floating_point_v<compute_t<T>>;
+template <class T> constexpr bool kIs16 = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 /// What kernels read: 16-bit floats are converted to float in blocks first.
-template <class T>
-using Read = std::conditional_t<kIs16<T>, float, T>;
+template <class T> using Read = std::conditional_t<kIs16<T>, float, T>;
 
 /// Returns p[0, n) as Read<T>: p itself, or `buf` filled with the converted values.
-template <class T>
-const Read<T>* Converted(const T* p, int64_t n, float* buf) {
+template <class T> const Read<T>* Converted(const T* p, int64_t n, float* buf) {
   if constexpr (!kIs16<T>) {
     return p;
   } else {
@@ -66,8 +62,7 @@ const Read<T>* Converted(const T* p, int64_t n, float* buf) {
 // Step folds one value (of the compute type C) into an accumulator. Lane: accumulator of the
 // vectorized loops. Wide: accumulator of everything else (across blocks, strided runs, threads).
 
-template <class T, class O, bool kMean>
-struct SumPolicy {
+template <class T, class O, bool kMean> struct SumPolicy {
   using C = compute_t<T>;
   using Lane = std::conditional_t<kIsReal<T>, C, int64_t>;
   using Wide = std::conditional_t<kIsReal<T>, double, int64_t>;
@@ -78,26 +73,30 @@ struct SumPolicy {
   static Lane Merge(Lane a, Lane b) { return a + b; }
   static Wide WideMerge(Wide a, Wide b) { return a + b; }
   static O Finish(Wide a, int64_t n) {
-    if constexpr (kMean) return static_cast<O>(static_cast<compute_t<O>>(a / static_cast<double>(n)));
-    else return static_cast<O>(static_cast<compute_t<O>>(a));
+    if constexpr (kMean)
+      return static_cast<O>(static_cast<compute_t<O>>(a / static_cast<double>(n)));
+    else
+      return static_cast<O>(static_cast<compute_t<O>>(a));
   }
 };
 
-template <class T, bool kMax>
-struct ExtremumPolicy {
+template <class T, bool kMax> struct ExtremumPolicy {
   using C = compute_t<T>;
   using Lane = C;
   using Wide = C;
   static C Init() {
     if constexpr (std::is_floating_point_v<C>)
       return kMax ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::infinity();
-    else return kMax ? std::numeric_limits<C>::lowest() : std::numeric_limits<C>::max();
+    else
+      return kMax ? std::numeric_limits<C>::lowest() : std::numeric_limits<C>::max();
   }
   static C WideInit() { return Init(); }
   // b wins when it is more extreme or NaN; a NaN already held is never replaced.
   static C Merge(C a, C b) {
-    if constexpr (kMax) return (b > a || b != b) ? b : a;
-    else return (b < a || b != b) ? b : a;
+    if constexpr (kMax)
+      return (b > a || b != b) ? b : a;
+    else
+      return (b < a || b != b) ? b : a;
   }
   static C Step(C a, C x) { return Merge(a, x); }
   static C WideStep(C a, C x) { return Merge(a, x); }
@@ -112,7 +111,7 @@ struct Group {
   Strides stride;
   void Add(int64_t n, int64_t s) {
     int r = size.rank();
-    if (r > 0 && stride[r - 1] == s * n) {  // the previous dim is this one's outer neighbour
+    if (r > 0 && stride[r - 1] == s * n) { // the previous dim is this one's outer neighbour
       size[r - 1] *= n;
       stride[r - 1] = s;
     } else {
@@ -126,8 +125,8 @@ struct Group {
 };
 
 struct Plan {
-  Group kept;     ///< output order
-  Group reduced;  ///< by decreasing stride; never empty (a (1, 0) dim stands for "nothing")
+  Group kept;    ///< output order
+  Group reduced; ///< by decreasing stride; never empty (a (1, 0) dim stands for "nothing")
 };
 
 Plan MakePlan(const TensorView& in, std::span<const int> axes) {
@@ -135,11 +134,13 @@ Plan MakePlan(const TensorView& in, std::span<const int> axes) {
   for (int a : axes)
     if (a < in.rank()) is_reduced[a] = true;
   Plan p;
-  std::vector<std::pair<int64_t, int64_t>> red;  // (stride, size)
+  std::vector<std::pair<int64_t, int64_t>> red; // (stride, size)
   for (int i = 0; i < in.rank(); ++i) {
     if (in.shape[i] == 1) continue;
-    if (is_reduced[i]) red.emplace_back(in.strides[i], in.shape[i]);
-    else p.kept.Add(in.shape[i], in.strides[i]);
+    if (is_reduced[i])
+      red.emplace_back(in.strides[i], in.shape[i]);
+    else
+      p.kept.Add(in.shape[i], in.strides[i]);
   }
   std::stable_sort(red.begin(), red.end(), [](auto& a, auto& b) { return a.first > b.first; });
   for (auto [s, n] : red) p.reduced.Add(n, s);
@@ -169,15 +170,14 @@ struct Odometer {
     }
   }
 
- private:
+private:
   int n_;
 };
 
 // ---- row driver -------------------------------------------------------------------------------
 
 /// Reduces x[0, n) in kL independent lanes (vectorized); returns the lanes merged.
-template <int kL, class P, class S>
-typename P::Lane ReduceLanes(const S* x, int64_t n) {
+template <int kL, class P, class S> typename P::Lane ReduceLanes(const S* x, int64_t n) {
   typename P::Lane acc[kL];
   for (int l = 0; l < kL; ++l) acc[l] = P::Init();
   int64_t i = 0;
@@ -190,10 +190,9 @@ typename P::Lane ReduceLanes(const S* x, int64_t n) {
 }
 
 template <class P>
-constexpr int kLanes = static_cast<int>(256 / sizeof(typename P::Lane));  // four 512-bit registers
+constexpr int kLanes = static_cast<int>(256 / sizeof(typename P::Lane)); // four 512-bit registers
 
-template <class T, class P>
-typename P::Wide ReduceContiguous(const T* x, int64_t n) {
+template <class T, class P> typename P::Wide ReduceContiguous(const T* x, int64_t n) {
   using W = typename P::Wide;
   static_assert(kBlock % kLanes<P> == 0);
   W total = P::WideInit();
@@ -201,15 +200,15 @@ typename P::Wide ReduceContiguous(const T* x, int64_t n) {
   for (int64_t b = 0; b < n; b += kBlock) {
     int64_t len = std::min(kBlock, n - b);
     const Read<T>* q = Converted(x + b, len, buf);
-    auto part = len < 16 ? ReduceLanes<4, P>(q, len)
-                : len < kLanes<P> ? ReduceLanes<16, P>(q, len) : ReduceLanes<kLanes<P>, P>(q, len);
+    auto part = len < 16          ? ReduceLanes<4, P>(q, len)
+                : len < kLanes<P> ? ReduceLanes<16, P>(q, len)
+                                  : ReduceLanes<kLanes<P>, P>(q, len);
     total = P::WideMerge(total, static_cast<W>(part));
   }
   return total;
 }
 
-template <class T, class P>
-typename P::Wide ReduceStrided(const T* x, int64_t n, int64_t s) {
+template <class T, class P> typename P::Wide ReduceStrided(const T* x, int64_t n, int64_t s) {
   using W = typename P::Wide;
   using C = typename P::C;
   W a0 = P::WideInit(), a1 = a0, a2 = a0, a3 = a0;
@@ -225,8 +224,7 @@ typename P::Wide ReduceStrided(const T* x, int64_t n, int64_t s) {
 }
 
 /// Reduces the flattened reduced elements [b, e) of the output whose data starts at `x`.
-template <class T, class P>
-typename P::Wide ReduceRange(const T* x, const Group& r, int64_t b, int64_t e) {
+template <class T, class P> typename P::Wide ReduceRange(const T* x, const Group& r, int64_t b, int64_t e) {
   int64_t len = r.inner_size(), s = r.inner_stride();
   Odometer rows(r, b / len, 1);
   int64_t c = b % len;
@@ -240,40 +238,43 @@ typename P::Wide ReduceRange(const T* x, const Group& r, int64_t b, int64_t e) {
   return total;
 }
 
-template <class T, class O, class P>
-void RowDriver(const T* x, const Plan& p, O* out) {
+template <class T, class O, class P> void RowDriver(const T* x, const Plan& p, O* out) {
   int64_t m_total = p.kept.size.numel(), n = p.reduced.size.numel();
   int nt = NumThreads();
   int64_t splits = m_total >= nt ? 1 : std::clamp<int64_t>(n / kGrain, 1, nt);
   if (splits == 1) {
     bool one_run = p.reduced.rank() == 1 && p.reduced.stride[0] == 1;
-    // Short contiguous rows one after another: a plain loop beats the per-row setup.
+    // Short contiguous rows one after another: too short for lanes within a row.
     bool short_rows = one_run && n < kShortRow && p.kept.rank() == 1 && p.kept.stride[0] == n;
     ParallelFor(m_total, std::max<int64_t>(1, kGrain / n), [&](int64_t b, int64_t e) {
-      if (short_rows) {  // vectorized across 64 rows at a time (strided loads)
+      if (short_rows) { // vectorized across 64 rows at a time (strided loads)
         typename P::Lane acc[64];
         for (int64_t m0 = b; m0 < e; m0 += 64) {
           int64_t rows = std::min<int64_t>(64, e - m0);
           const T* q = x + m0 * n;
           for (int64_t j = 0; j < rows; ++j) acc[j] = P::Init();
           for (int64_t i = 0; i < n; ++i)
-            for (int64_t j = 0; j < rows; ++j) acc[j] = P::Step(acc[j], static_cast<typename P::C>(q[j * n + i]));
-          for (int64_t j = 0; j < rows; ++j) out[m0 + j] = P::Finish(static_cast<typename P::Wide>(acc[j]), n);
+            for (int64_t j = 0; j < rows; ++j)
+              acc[j] = P::Step(acc[j], static_cast<typename P::C>(q[j * n + i]));
+          for (int64_t j = 0; j < rows; ++j)
+            out[m0 + j] = P::Finish(static_cast<typename P::Wide>(acc[j]), n);
         }
         return;
       }
       Odometer k(p.kept, b);
       for (int64_t m = b; m < e; ++m, k.Next())
         out[m] = P::Finish(one_run ? ReduceContiguous<T, P>(x + k.off, n)
-                                   : ReduceRange<T, P>(x + k.off, p.reduced, 0, n), n);
+                                   : ReduceRange<T, P>(x + k.off, p.reduced, 0, n),
+                           n);
     });
     return;
   }
-  auto part = std::make_unique<typename P::Wide[]>(m_total * splits);  // not vector: may be bool
+  auto part = std::make_unique<typename P::Wide[]>(m_total * splits); // not vector: may be bool
   ParallelFor(m_total * splits, 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       int64_t m = t / splits, s = t % splits;
-      part[t] = ReduceRange<T, P>(x + Odometer(p.kept, m).off, p.reduced, n * s / splits, n * (s + 1) / splits);
+      part[t] =
+          ReduceRange<T, P>(x + Odometer(p.kept, m).off, p.reduced, n * s / splits, n * (s + 1) / splits);
     }
   });
   for (int64_t m = 0; m < m_total; ++m) {
@@ -292,8 +293,7 @@ struct ColumnBlocks {
       : count((cols + kColBlock - 1) / kColBlock), width((cols + count - 1) / count) {}
 };
 
-template <class T, class O, class P>
-void ColumnDriver(const T* x, const Plan& p, O* out) {
+template <class T, class O, class P> void ColumnDriver(const T* x, const Plan& p, O* out) {
   using W = typename P::Wide;
   using L = typename P::Lane;
   using C = typename P::C;
@@ -305,45 +305,44 @@ void ColumnDriver(const T* x, const Plan& p, O* out) {
   int64_t work = n * blk.width;
   // Few blocks of outputs: the reduced rows are split across threads too, into partial results.
   int64_t splits = tasks >= nt ? 1 : std::clamp<int64_t>(work / kGrain, 1, (nt + tasks - 1) / tasks);
-  auto part = std::make_unique<W[]>(splits > 1 ? m_total * splits : 0);  // not vector: W may be bool
+  auto part = std::make_unique<W[]>(splits > 1 ? m_total * splits : 0); // not vector: W may be bool
   ParallelFor(tasks * splits, std::max<int64_t>(1, kGrain / std::max<int64_t>(work / splits, 1)),
               [&](int64_t b, int64_t e) {
-    // Not vectors: W and L may be bool.
-    auto wide = std::make_unique<W[]>(blk.width);
-    auto lane = std::make_unique<L[]>(blk.width);
-    auto buf = std::make_unique<float[]>(kIs16<T> ? blk.width : 1);
-    for (int64_t t = b; t < e; ++t) {
-      int64_t task = t / splits, s = t % splits;
-      int64_t outer = task / blk.count, j0 = task % blk.count * blk.width;
-      int64_t w = std::min(blk.width, cols - j0), first = outer * cols + j0;
-      int64_t rb = n * s / splits, re = n * (s + 1) / splits;
-      const T* base = x + Odometer(p.kept, outer * cols).off + j0;
-      W* a = wide.get();
-      L* l = lane.get();
-      std::fill(a, a + w, P::WideInit());
-      Odometer r(p.reduced, rb);
-      if constexpr (std::is_same_v<L, W>) {  // nothing to gain from a narrower accumulator
-        for (int64_t i = rb; i < re; ++i, r.Next()) {
-          const Read<T>* row = Converted(base + r.off, w, buf.get());
-          for (int64_t j = 0; j < w; ++j) a[j] = P::Step(a[j], static_cast<C>(row[j]));
-        }
-      }
-      for (int64_t i0 = rb; !std::is_same_v<L, W> && i0 < re; i0 += kRowBlock) {
-        int64_t i1 = std::min(re, i0 + kRowBlock);
-        std::fill(l, l + w, P::Init());
-        for (int64_t i = i0; i < i1; ++i, r.Next()) {
-          const Read<T>* row = Converted(base + r.off, w, buf.get());
-          for (int64_t j = 0; j < w; ++j) l[j] = P::Step(l[j], static_cast<C>(row[j]));
-        }
-        for (int64_t j = 0; j < w; ++j) a[j] = P::WideMerge(a[j], static_cast<W>(l[j]));
-      }
-      if (splits == 1) {
-        for (int64_t j = 0; j < w; ++j) out[first + j] = P::Finish(a[j], n);
-      } else {
-        std::copy(a, a + w, part.get() + s * m_total + first);
-      }
-    }
-  });
+                auto wide = std::make_unique<W[]>(blk.width);
+                auto lane = std::make_unique<L[]>(blk.width);
+                auto buf = std::make_unique<float[]>(kIs16<T> ? blk.width : 1);
+                for (int64_t t = b; t < e; ++t) {
+                  int64_t task = t / splits, s = t % splits;
+                  int64_t outer = task / blk.count, j0 = task % blk.count * blk.width;
+                  int64_t w = std::min(blk.width, cols - j0), first = outer * cols + j0;
+                  int64_t rb = n * s / splits, re = n * (s + 1) / splits;
+                  const T* base = x + Odometer(p.kept, outer * cols).off + j0;
+                  W* a = wide.get();
+                  L* l = lane.get();
+                  std::fill(a, a + w, P::WideInit());
+                  Odometer r(p.reduced, rb);
+                  if constexpr (std::is_same_v<L, W>) { // nothing to gain from a narrower accumulator
+                    for (int64_t i = rb; i < re; ++i, r.Next()) {
+                      const Read<T>* row = Converted(base + r.off, w, buf.get());
+                      for (int64_t j = 0; j < w; ++j) a[j] = P::Step(a[j], static_cast<C>(row[j]));
+                    }
+                  }
+                  for (int64_t i0 = rb; !std::is_same_v<L, W> && i0 < re; i0 += kRowBlock) {
+                    int64_t i1 = std::min(re, i0 + kRowBlock);
+                    std::fill(l, l + w, P::Init());
+                    for (int64_t i = i0; i < i1; ++i, r.Next()) {
+                      const Read<T>* row = Converted(base + r.off, w, buf.get());
+                      for (int64_t j = 0; j < w; ++j) l[j] = P::Step(l[j], static_cast<C>(row[j]));
+                    }
+                    for (int64_t j = 0; j < w; ++j) a[j] = P::WideMerge(a[j], static_cast<W>(l[j]));
+                  }
+                  if (splits == 1) {
+                    for (int64_t j = 0; j < w; ++j) out[first + j] = P::Finish(a[j], n);
+                  } else {
+                    std::copy(a, a + w, part.get() + s * m_total + first);
+                  }
+                }
+              });
   for (int64_t m = 0; splits > 1 && m < m_total; ++m) {
     W a = part[m];
     for (int64_t s = 1; s < splits; ++s) a = P::WideMerge(a, part[s * m_total + m]);
@@ -356,35 +355,40 @@ void Drive(const TensorView& in, std::span<const int> axes, const TensorView& ou
   KILN_CHECK(out.dtype == DTypeOf<O>::value) << "reduce: output dtype " << DTypeName(out.dtype);
   Plan p = MakePlan(in, axes);
   bool column = p.kept.rank() > 0 && p.kept.inner_stride() == 1 && p.reduced.inner_stride() != 1;
-  if (column) ColumnDriver<T, O, P>(in.ptr<T>(), p, out.ptr<O>());
-  else RowDriver<T, O, P>(in.ptr<T>(), p, out.ptr<O>());
+  if (column)
+    ColumnDriver<T, O, P>(in.ptr<T>(), p, out.ptr<O>());
+  else
+    RowDriver<T, O, P>(in.ptr<T>(), p, out.ptr<O>());
 }
 
 template <class T>
 void ReduceTyped(ReduceKind kind, const TensorView& in, std::span<const int> axes, const TensorView& out) {
   switch (kind) {
-    case ReduceKind::kSum:
-      if constexpr (std::is_same_v<T, bool>) return Drive<T, int64_t, SumPolicy<T, int64_t, false>>(in, axes, out);
-      else return Drive<T, T, SumPolicy<T, T, false>>(in, axes, out);
-    case ReduceKind::kMean:
-      if constexpr (kIsReal<T>) return Drive<T, T, SumPolicy<T, T, true>>(in, axes, out);
-      KILN_THROW(DTypeError) << "mean: expected a floating dtype, found " << DTypeName(in.dtype);
-      return;
-    case ReduceKind::kMax: return Drive<T, T, ExtremumPolicy<T, true>>(in, axes, out);
-    case ReduceKind::kMin: return Drive<T, T, ExtremumPolicy<T, false>>(in, axes, out);
+  case ReduceKind::kSum:
+    if constexpr (std::is_same_v<T, bool>)
+      return Drive<T, int64_t, SumPolicy<T, int64_t, false>>(in, axes, out);
+    else
+      return Drive<T, T, SumPolicy<T, T, false>>(in, axes, out);
+  case ReduceKind::kMean:
+    if constexpr (kIsReal<T>) return Drive<T, T, SumPolicy<T, T, true>>(in, axes, out);
+    KILN_THROW(DTypeError) << "mean: expected a floating dtype, found " << DTypeName(in.dtype);
+    return;
+  case ReduceKind::kMax: return Drive<T, T, ExtremumPolicy<T, true>>(in, axes, out);
+  case ReduceKind::kMin: return Drive<T, T, ExtremumPolicy<T, false>>(in, axes, out);
   }
 }
 
 // ---- argmax / argmin --------------------------------------------------------------------------
 
-template <class T, bool kMax>
-void ArgTyped(const TensorView& in, int axis, int64_t* out) {
+template <class T, bool kMax> void ArgTyped(const TensorView& in, int axis, int64_t* out) {
   using C = compute_t<T>;
   using Extremum = ExtremumPolicy<T, kMax>;
   // b replaces the best a when strictly better, or when it is the first NaN.
   auto better = [](C b, C a) {
-    if constexpr (kMax) return b > a || (b != b && a == a);
-    else return b < a || (b != b && a == a);
+    if constexpr (kMax)
+      return b > a || (b != b && a == a);
+    else
+      return b < a || (b != b && a == a);
   };
   const T* x = in.ptr<T>();
   int64_t len = 1, sa = 0;
@@ -398,13 +402,13 @@ void ArgTyped(const TensorView& in, int axis, int64_t* out) {
     }
   }
   int64_t m_total = kept.size.numel();
-  if (kept.rank() > 0 && kept.inner_stride() == 1 && sa != 1 && len > 1) {  // column: scan rows
+  if (kept.rank() > 0 && kept.inner_stride() == 1 && sa != 1 && len > 1) { // column: scan rows
     int64_t cols = kept.inner_size();
     ColumnBlocks blk(cols);
     int64_t tasks = m_total / cols * blk.count;
     ParallelFor(tasks, std::max<int64_t>(1, kGrain / (len * blk.width)), [&](int64_t b, int64_t e) {
-      auto best = std::make_unique<C[]>(blk.width);  // not vector: C may be bool
-      std::vector<int32_t> arg(static_cast<size_t>(blk.width));  // int32 halves the index traffic
+      auto best = std::make_unique<C[]>(blk.width);             // not vector: C may be bool
+      std::vector<int32_t> arg(static_cast<size_t>(blk.width)); // int32 halves the index traffic
       std::vector<float> buf(kIs16<T> ? blk.width : 1);
       for (int64_t t = b; t < e; ++t) {
         int64_t outer = t / blk.count, j0 = t % blk.count * blk.width, w = std::min(blk.width, cols - j0);
@@ -417,7 +421,7 @@ void ArgTyped(const TensorView& in, int axis, int64_t* out) {
         if (len <= std::numeric_limits<int32_t>::max()) {
           for (int32_t l = 1; l < len; ++l) {
             const Read<T>* row = Converted(base + l * sa, w, buf.data());
-            for (int64_t j = 0; j < w; ++j) {  // branch-free so that it vectorizes
+            for (int64_t j = 0; j < w; ++j) { // branch-free so that it vectorizes
               C v = static_cast<C>(row[j]);
               bool take = better(v, best[j]);
               best[j] = take ? v : best[j];
@@ -475,7 +479,7 @@ void ArgTyped(const TensorView& in, int axis, int64_t* out) {
   });
 }
 
-}  // namespace
+} // namespace
 
 void Reduce(ReduceKind kind, const TensorView& in, std::span<const int> axes, const TensorView& out) {
   KILN_CHECK(out.is_contiguous()) << "reduce: the output must be contiguous";
@@ -492,7 +496,8 @@ void Reduce(ReduceKind kind, const TensorView& in, std::span<const int> axes, co
 }
 
 void ArgReduce(bool max, const TensorView& in, int axis, const TensorView& out) {
-  KILN_CHECK(out.is_contiguous() && out.dtype == DType::kInt64) << "argreduce: output must be contiguous int64";
+  KILN_CHECK(out.is_contiguous() && out.dtype == DType::kInt64)
+      << "argreduce: output must be contiguous int64";
   if (out.numel() == 0) return;
   KILN_CHECK(in.rank() == 0 || in.shape[axis] > 0) << "argreduce over a zero-size axis";
   int64_t* o = out.ptr<int64_t>();
@@ -503,4 +508,4 @@ void ArgReduce(bool max, const TensorView& in, int axis, const TensorView& out) 
   }
 }
 
-}  // namespace kiln::host
+} // namespace kiln::host

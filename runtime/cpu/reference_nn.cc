@@ -15,13 +15,9 @@ namespace kiln::host::reference {
 
 namespace {
 
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <class T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <class T>
-acc_t<T> Load(const T* p, int64_t i) {
-  return static_cast<acc_t<T>>(p[i]);
-}
+template <class T> acc_t<T> Load(const T* p, int64_t i) { return static_cast<acc_t<T>>(p[i]); }
 
 /// Element strides of an operand's batch dims against the output batch shape (0 where broadcast).
 Strides BatchStrides(const Shape& s, const Shape& batch) {
@@ -44,8 +40,7 @@ int64_t BatchOffset(int64_t index, const Shape& batch, const Strides& strides) {
 }
 
 template <class T>
-void MatmulT(const TensorView& a, const TensorView& b, const TensorView& out,
-             const MatmulParams& p) {
+void MatmulT(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
   using A = acc_t<T>;
   int r = out.rank();
   int64_t M = out.shape[r - 2], N = out.shape[r - 1];
@@ -80,17 +75,8 @@ void MatmulT(const TensorView& a, const TensorView& b, const TensorView& out,
 struct ConvDims {
   int64_t N, C, H, W, O, Ig, Og, KH, KW, OH, OW;
   ConvDims(const Shape& x, const Shape& w, const Shape& y, const Conv2dParams& p)
-      : N(x[0]),
-        C(x[1]),
-        H(x[2]),
-        W(x[3]),
-        O(w[0]),
-        Ig(w[1]),
-        Og(w[0] / p.groups),
-        KH(w[2]),
-        KW(w[3]),
-        OH(y[2]),
-        OW(y[3]) {}
+      : N(x[0]), C(x[1]), H(x[2]), W(x[3]), O(w[0]), Ig(w[1]), Og(w[0] / p.groups), KH(w[2]), KW(w[3]),
+        OH(y[2]), OW(y[3]) {}
 };
 
 /// Calls f(input index in the H*W plane, weight index in the KH*KW plane) for every tap of output
@@ -122,8 +108,7 @@ void Conv2dT(const TensorView& x, const TensorView& w, const TensorView& y, cons
           for (int64_t ic = 0; ic < d.Ig; ++ic) {
             const T* xp = px + (n * d.C + g * d.Ig + ic) * d.H * d.W;
             const T* wp = pw + (o * d.Ig + ic) * d.KH * d.KW;
-            ForTaps(d, p, oh, ow,
-                    [&](int64_t xi, int64_t wi) { acc += Load(xp, xi) * Load(wp, wi); });
+            ForTaps(d, p, oh, ow, [&](int64_t xi, int64_t wi) { acc += Load(xp, xi) * Load(wp, wi); });
           }
           py[(no * d.OH + oh) * d.OW + ow] = static_cast<T>(acc);
         }
@@ -132,8 +117,7 @@ void Conv2dT(const TensorView& x, const TensorView& w, const TensorView& y, cons
 }
 
 template <class T>
-void Conv2dGradDataT(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                     const Conv2dParams& p) {
+void Conv2dGradDataT(const TensorView& dy, const TensorView& w, const TensorView& dx, const Conv2dParams& p) {
   ConvDims d(dx.shape, w.shape, dy.shape, p);
   const T *pdy = dy.ptr<T>(), *pw = w.ptr<T>();
   T* pdx = dx.ptr<T>();
@@ -204,8 +188,7 @@ inline Window PoolWindow(const Pool2dParams& p, int64_t H, int64_t W, int64_t oh
 }
 
 /// Index (in the H*W plane) of the first maximum of a window; -1 when the window is empty.
-template <class T>
-inline int64_t ArgMax(const T* plane, int64_t W, const Window& win) {
+template <class T> inline int64_t ArgMax(const T* plane, int64_t W, const Window& win) {
   int64_t best = -1;
   acc_t<T> bv = 0;
   for (int64_t h = win.h0; h < win.h1; ++h)
@@ -217,15 +200,13 @@ inline int64_t ArgMax(const T* plane, int64_t W, const Window& win) {
 }
 
 /// Runs f(plane index) over the N*C planes of a pooling op in parallel.
-template <class F>
-void ForPlanes(const Shape& x, F&& f) {
+template <class F> void ForPlanes(const Shape& x, F&& f) {
   ParallelFor(x[0] * x[1], 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) f(i);
   });
 }
 
-template <class T>
-void MaxPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
+template <class T> void MaxPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
   int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
   ForPlanes(x.shape, [&](int64_t c) {
     const T* xp = x.ptr<T>() + c * H * W;
@@ -239,8 +220,7 @@ void MaxPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p)
 }
 
 template <class T>
-void MaxPool2dGradT(const TensorView& dy, const TensorView& x, const TensorView& dx,
-                    const Pool2dParams& p) {
+void MaxPool2dGradT(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p) {
   int64_t H = x.shape[2], W = x.shape[3], OH = dy.shape[2], OW = dy.shape[3];
   ForPlanes(x.shape, [&](int64_t c) {
     const T* xp = x.ptr<T>() + c * H * W;
@@ -256,8 +236,7 @@ void MaxPool2dGradT(const TensorView& dy, const TensorView& x, const TensorView&
   });
 }
 
-template <class T>
-void AvgPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
+template <class T> void AvgPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
   int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
   ForPlanes(x.shape, [&](int64_t c) {
     const T* xp = x.ptr<T>() + c * H * W;
@@ -268,14 +247,12 @@ void AvgPool2dT(const TensorView& x, const TensorView& y, const Pool2dParams& p)
         acc_t<T> s = 0;
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) s += Load(xp, h * W + w);
-        yp[oh * OW + ow] =
-            static_cast<T>(win.divisor > 0 ? s / static_cast<acc_t<T>>(win.divisor) : s);
+        yp[oh * OW + ow] = static_cast<T>(win.divisor > 0 ? s / static_cast<acc_t<T>>(win.divisor) : s);
       }
   });
 }
 
-template <class T>
-void AvgPool2dGradT(const TensorView& dy, const TensorView& dx, const Pool2dParams& p) {
+template <class T> void AvgPool2dGradT(const TensorView& dy, const TensorView& dx, const Pool2dParams& p) {
   int64_t H = dx.shape[2], W = dx.shape[3], OH = dy.shape[2], OW = dy.shape[3];
   ForPlanes(dx.shape, [&](int64_t c) {
     const T* gp = dy.ptr<T>() + c * OH * OW;
@@ -293,19 +270,17 @@ void AvgPool2dGradT(const TensorView& dy, const TensorView& dx, const Pool2dPara
   });
 }
 
-}  // namespace
+} // namespace
 
 // Each entry point dispatches on the output's dtype (inputs share it; inference checked that).
 
-void Matmul(const TensorView& a, const TensorView& b, const TensorView& out,
-            const MatmulParams& p) {
+void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
   KILN_DISPATCH_FLOAT(out.dtype, "matmul", MatmulT<scalar_t>(a, b, out, p));
 }
 void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p) {
   KILN_DISPATCH_FLOAT(y.dtype, "conv2d", Conv2dT<scalar_t>(x, w, y, p));
 }
-void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                    const Conv2dParams& p) {
+void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx, const Conv2dParams& p) {
   KILN_DISPATCH_FLOAT(dx.dtype, "conv2d_grad_data", Conv2dGradDataT<scalar_t>(dy, w, dx, p));
 }
 void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
@@ -315,8 +290,7 @@ void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorVie
 void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
   KILN_DISPATCH_FLOAT(y.dtype, "max_pool2d", MaxPool2dT<scalar_t>(x, y, p));
 }
-void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx,
-                   const Pool2dParams& p) {
+void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p) {
   KILN_DISPATCH_FLOAT(dx.dtype, "max_pool2d_grad", MaxPool2dGradT<scalar_t>(dy, x, dx, p));
 }
 void AvgPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
@@ -326,4 +300,4 @@ void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParam
   KILN_DISPATCH_FLOAT(dx.dtype, "avg_pool2d_grad", AvgPool2dGradT<scalar_t>(dy, dx, p));
 }
 
-}  // namespace kiln::host::reference
+} // namespace kiln::host::reference

@@ -15,9 +15,7 @@ using V = std::vector<int64_t>;
 
 // ---- attribute readers (cases pass attributes unresolved, so defaults are filled here) --------
 
-V IntsOr(const ir::Attrs& a, const char* name, V fallback) {
-  return a.Has(name) ? a.Ints(name) : fallback;
-}
+V IntsOr(const ir::Attrs& a, const char* name, V fallback) { return a.Has(name) ? a.Ints(name) : fallback; }
 bool BoolOr(const ir::Attrs& a, const char* name, bool fallback) {
   return a.Has(name) ? a.Bool(name) : fallback;
 }
@@ -85,10 +83,8 @@ struct ConvAttrs {
   V stride, padding, dilation;
   int64_t groups;
   explicit ConvAttrs(const ir::Attrs& a)
-      : stride(Pair(IntsOr(a, "stride", {1, 1}))),
-        padding(Pair(IntsOr(a, "padding", {0, 0}))),
-        dilation(Pair(IntsOr(a, "dilation", {1, 1}))),
-        groups(a.Has("groups") ? a.Int("groups") : 1) {}
+      : stride(Pair(IntsOr(a, "stride", {1, 1}))), padding(Pair(IntsOr(a, "padding", {0, 0}))),
+        dilation(Pair(IntsOr(a, "dilation", {1, 1}))), groups(a.Has("groups") ? a.Int("groups") : 1) {}
 };
 
 Shape ConvOut(const Shape& x, const Shape& w, const ConvAttrs& c) {
@@ -136,8 +132,7 @@ std::vector<HostTensor> ConvGradDataRef(const std::vector<HostTensor>& in, const
   return {dx};
 }
 
-std::vector<HostTensor> ConvGradWeightRef(const std::vector<HostTensor>& in,
-                                          const ir::Attrs& attrs) {
+std::vector<HostTensor> ConvGradWeightRef(const std::vector<HostTensor>& in, const ir::Attrs& attrs) {
   ConvAttrs c(attrs);
   const HostTensor &dy = in[0], &x = in[1];
   HostTensor dw = Zeros(Shape(attrs.Ints("weight_shape")));
@@ -151,8 +146,7 @@ ir::Attrs ConvAttrList(V stride, V padding, V dilation, int64_t groups) {
 }
 
 /// conv2d plus one case each of its two gradient ops at the same geometry.
-void AddConv(std::vector<OpCase>& cs, std::string label, Shape x, Shape w, ir::Attrs attrs,
-             uint64_t seed) {
+void AddConv(std::vector<OpCase>& cs, std::string label, Shape x, Shape w, ir::Attrs attrs, uint64_t seed) {
   OpCase c;
   c.label = "conv2d " + label;
   c.op = "conv2d";
@@ -191,8 +185,7 @@ struct PoolAttrs {
   explicit PoolAttrs(const ir::Attrs& a)
       : kernel(Pair(a.Ints("kernel"))),
         stride(Pair(IntsOr(a, "stride", {}).empty() ? kernel : IntsOr(a, "stride", {}))),
-        padding(Pair(IntsOr(a, "padding", {0, 0}))),
-        include_pad(BoolOr(a, "count_include_pad", true)) {}
+        padding(Pair(IntsOr(a, "padding", {0, 0}))), include_pad(BoolOr(a, "count_include_pad", true)) {}
 };
 
 Shape PoolOut(const Shape& x, const PoolAttrs& p) {
@@ -210,13 +203,10 @@ void ForEachWindow(const Shape& x, const PoolAttrs& p,
         std::vector<int64_t> idx;
         for (int64_t kh = 0; kh < p.kernel[0]; ++kh)
           for (int64_t kw = 0; kw < p.kernel[1]; ++kw) {
-            int64_t ih = oh * p.stride[0] - p.padding[0] + kh,
-                    iw = ow * p.stride[1] - p.padding[1] + kw;
-            if (ih >= 0 && ih < x[2] && iw >= 0 && iw < x[3])
-              idx.push_back((nc * x[2] + ih) * x[3] + iw);
+            int64_t ih = oh * p.stride[0] - p.padding[0] + kh, iw = ow * p.stride[1] - p.padding[1] + kw;
+            if (ih >= 0 && ih < x[2] && iw >= 0 && iw < x[3]) idx.push_back((nc * x[2] + ih) * x[3] + iw);
           }
-        double divisor =
-            p.include_pad ? static_cast<double>(p.kernel[0] * p.kernel[1]) : idx.size();
+        double divisor = p.include_pad ? static_cast<double>(p.kernel[0] * p.kernel[1]) : idx.size();
         f((nc * y[2] + oh) * y[3] + ow, idx, divisor);
       }
 }
@@ -266,8 +256,7 @@ std::vector<HostTensor> AvgPoolGradRef(const std::vector<HostTensor>& in, const 
 }
 
 /// A pooling op plus one case of its gradient op at the same geometry.
-void AddPool(std::vector<OpCase>& cs, bool avg, std::string label, Shape x, ir::Attrs attrs,
-             uint64_t seed) {
+void AddPool(std::vector<OpCase>& cs, bool avg, std::string label, Shape x, ir::Attrs attrs, uint64_t seed) {
   std::string op = avg ? "avg_pool2d" : "max_pool2d";
   OpCase c;
   c.label = op + " " + label;
@@ -294,8 +283,8 @@ void AddPool(std::vector<OpCase>& cs, bool avg, std::string label, Shape x, ir::
   cs.push_back(g);
 }
 
-}  // namespace
-}  // namespace kiln::testing
+} // namespace
+} // namespace kiln::testing
 
 KILN_CONFORMANCE_CASES(nn) {
   using namespace kiln;
@@ -309,17 +298,14 @@ KILN_CONFORMANCE_CASES(nn) {
   cs.push_back(Matmul("transpose_a (4,3)^T@(4,5)", {4, 3}, {4, 5}, true, false, 11));
   cs.push_back(Matmul("transpose_b (3,4)@(5,4)^T", {3, 4}, {5, 4}, false, true, 13));
   cs.push_back(Matmul("both transposed (4,3)^T@(5,4)^T", {4, 3}, {5, 4}, true, true, 15));
-  cs.push_back(Matmul("batched broadcast both transposed (2,4,3)^T@(1,5,4)^T", {2, 4, 3}, {1, 5, 4},
-                      true, true, 17));
   cs.push_back(
-      Matmul("broadcast transpose_a (1,4,3)^T@(2,4,2)", {1, 4, 3}, {2, 4, 2}, true, false, 19));
+      Matmul("batched broadcast both transposed (2,4,3)^T@(1,5,4)^T", {2, 4, 3}, {1, 5, 4}, true, true, 17));
+  cs.push_back(Matmul("broadcast transpose_a (1,4,3)^T@(2,4,2)", {1, 4, 3}, {2, 4, 2}, true, false, 19));
 
-  AddConv(cs, "(2,3,5,5)*(4,3,3,3)", {2, 3, 5, 5}, {4, 3, 3, 3},
-          ConvAttrList({1, 1}, {0, 0}, {1, 1}, 1), 21);
-  AddConv(cs, "stride 2 padding 1", {1, 2, 6, 5}, {3, 2, 3, 3},
-          ConvAttrList({2, 2}, {1, 1}, {1, 1}, 1), 24);
-  AddConv(cs, "dilation 2 padding (1,2)", {1, 2, 7, 7}, {2, 2, 3, 3},
-          ConvAttrList({1, 1}, {1, 2}, {2, 2}, 1), 27);
+  AddConv(cs, "(2,3,5,5)*(4,3,3,3)", {2, 3, 5, 5}, {4, 3, 3, 3}, ConvAttrList({1, 1}, {0, 0}, {1, 1}, 1), 21);
+  AddConv(cs, "stride 2 padding 1", {1, 2, 6, 5}, {3, 2, 3, 3}, ConvAttrList({2, 2}, {1, 1}, {1, 1}, 1), 24);
+  AddConv(cs, "dilation 2 padding (1,2)", {1, 2, 7, 7}, {2, 2, 3, 3}, ConvAttrList({1, 1}, {1, 2}, {2, 2}, 1),
+          27);
   AddConv(cs, "groups 2 stride (2,1) padding (1,0)", {1, 4, 5, 5}, {6, 2, 3, 3},
           ConvAttrList({2, 1}, {1, 0}, {1, 1}, 2), 30);
   AddConv(cs, "depthwise groups 3 kernel 2x2", {2, 3, 4, 4}, {3, 1, 2, 2},
@@ -332,15 +318,9 @@ KILN_CONFORMANCE_CASES(nn) {
   AddPool(cs, false, "kernel (2,3) stride 1 (overlapping)", {1, 2, 4, 5},
           {{"kernel", V{2, 3}}, {"stride", V{1, 1}}}, 45);
   AddPool(cs, true, "kernel 2 floor mode", {2, 2, 4, 5}, {{"kernel", V{2, 2}}}, 47);
-  AddPool(
-      cs, true, "kernel 3 stride 2 padding 1 count_include_pad", {1, 2, 5, 6},
-      {{"kernel", V{3, 3}}, {"stride", V{2, 2}}, {"padding", V{1, 1}}, {"count_include_pad", true}},
-      49);
+  AddPool(cs, true, "kernel 3 stride 2 padding 1 count_include_pad", {1, 2, 5, 6},
+          {{"kernel", V{3, 3}}, {"stride", V{2, 2}}, {"padding", V{1, 1}}, {"count_include_pad", true}}, 49);
   AddPool(cs, true, "kernel 3 stride 2 padding 1 exclude pad", {1, 2, 5, 6},
-          {{"kernel", V{3, 3}},
-           {"stride", V{2, 2}},
-           {"padding", V{1, 1}},
-           {"count_include_pad", false}},
-          51);
+          {{"kernel", V{3, 3}}, {"stride", V{2, 2}}, {"padding", V{1, 1}}, {"count_include_pad", false}}, 51);
   return cs;
 }

@@ -22,8 +22,10 @@ std::vector<bool> ReducedMask(int rank, const std::vector<int64_t>& axes) {
 Shape OutShape(const Shape& in, const std::vector<bool>& reduced, bool keepdims) {
   Shape out;
   for (int d = 0; d < in.rank(); ++d) {
-    if (!reduced[static_cast<size_t>(d)]) out.push_back(in[d]);
-    else if (keepdims) out.push_back(1);
+    if (!reduced[static_cast<size_t>(d)])
+      out.push_back(in[d]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return out;
 }
@@ -60,10 +62,14 @@ Reference ReduceRef(R kind) {
       double& acc = y.data[static_cast<size_t>(oi[i])];
       double v = x.data[i];
       count[static_cast<size_t>(oi[i])] += 1;
-      if (kind == R::kSum || kind == R::kMean) acc += v;
-      else if (std::isnan(v) || std::isnan(acc)) acc = nan;
-      else if (kind == R::kMax) acc = std::max(acc, v);
-      else acc = std::min(acc, v);
+      if (kind == R::kSum || kind == R::kMean)
+        acc += v;
+      else if (std::isnan(v) || std::isnan(acc))
+        acc = nan;
+      else if (kind == R::kMax)
+        acc = std::max(acc, v);
+      else
+        acc = std::min(acc, v);
     }
     if (kind == R::kMean)
       for (size_t o = 0; o < y.data.size(); ++o) y.data[o] = count[o] ? y.data[o] / count[o] : nan;
@@ -85,7 +91,7 @@ Reference ArgRef(bool is_max) {
     int64_t inner = 1;
     for (int d = static_cast<int>(a) + 1; d < rank; ++d) inner *= x.shape[d];
     int64_t len = rank == 0 ? 1 : x.shape[static_cast<int>(a)];
-    for (size_t i = 0; i < x.data.size(); ++i) {  // elements in order: the axis index grows
+    for (size_t i = 0; i < x.data.size(); ++i) { // elements in order: the axis index grows
       size_t o = static_cast<size_t>(oi[i]);
       double v = x.data[i], b = best[o];
       int64_t pos = static_cast<int64_t>(i) / inner % len;
@@ -101,10 +107,10 @@ Reference ArgRef(bool is_max) {
 
 const char* Name(R k) {
   switch (k) {
-    case R::kSum: return "sum";
-    case R::kMean: return "mean";
-    case R::kMax: return "max";
-    case R::kMin: return "min";
+  case R::kSum: return "sum";
+  case R::kMean: return "mean";
+  case R::kMax: return "max";
+  case R::kMin: return "min";
   }
   return "?";
 }
@@ -129,7 +135,8 @@ OpCase Case(R kind, HostTensor x, std::vector<int64_t> axes, bool keepdims) {
 OpCase ArgCase(bool is_max, HostTensor x, int64_t axis, bool keepdims, std::string note = "") {
   OpCase c;
   c.op = is_max ? "argmax" : "argmin";
-  c.label = c.op + " " + x.shape.str() + " axis=" + std::to_string(axis) + (keepdims ? " keepdims" : "") + note;
+  c.label =
+      c.op + " " + x.shape.str() + " axis=" + std::to_string(axis) + (keepdims ? " keepdims" : "") + note;
   c.inputs = {std::move(x)};
   c.attrs = {{"axis", axis}, {"keepdims", keepdims}};
   c.reference = ArgRef(is_max);
@@ -137,7 +144,7 @@ OpCase ArgCase(bool is_max, HostTensor x, int64_t axis, bool keepdims, std::stri
   return c;
 }
 
-}  // namespace
+} // namespace
 
 KILN_CONFORMANCE_CASES(reduce) {
   std::vector<OpCase> cs;
@@ -157,7 +164,7 @@ KILN_CONFORMANCE_CASES(reduce) {
     cs.push_back(Case(k, u({5}), {0}, false));
     cs.push_back(Case(k, u({1, 5, 1}), {0, 2}, false));
     cs.push_back(Case(k, u({4, 1}), {1}, true));
-    cs.push_back(Case(k, u({2, 0, 3}), {2}, false));  // zero-size dim that is not reduced
+    cs.push_back(Case(k, u({2, 0, 3}), {2}, false)); // zero-size dim that is not reduced
     // Larger than the kernels' vector width and blocks (no gradient check: too many elements).
     // Positive values: a float32 sum of hundreds of values that cancel is only accurate
     // relative to sum |x|, not to its small result (test_reduce.cc checks that).
@@ -196,7 +203,7 @@ KILN_CONFORMANCE_CASES(reduce) {
     cs.push_back(ArgCase(mx, Uniform({2, 3, 4}, -2, 2, 34), 0, false));
     cs.push_back(ArgCase(mx, Uniform({5}, -2, 2, 35), 0, true));
     cs.push_back(ArgCase(mx, Uniform({}, -2, 2, 36), 0, false));
-    cs.push_back(ArgCase(mx, Uniform({2, 0}, -2, 2, 37), 0, false));  // empty output
+    cs.push_back(ArgCase(mx, Uniform({2, 0}, -2, 2, 37), 0, false)); // empty output
     cs.push_back(ArgCase(mx, Uniform({1, 4, 1}, -2, 2, 38), 1, true));
     cs.push_back(ArgCase(mx, Uniform({600, 3}, -2, 2, 39), 0, false));
     cs.push_back(ArgCase(mx, Ints({2, 4}, {3, 1, 3, 1, 2, 2, 2, 2}, DType::kFloat32), 1, false, " ties"));
@@ -209,4 +216,4 @@ KILN_CONFORMANCE_CASES(reduce) {
   return cs;
 }
 
-}  // namespace kiln::testing
+} // namespace kiln::testing

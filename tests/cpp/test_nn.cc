@@ -25,8 +25,7 @@ std::vector<float> Random(int64_t n, uint64_t seed) {
 }
 
 /// Largest |a - b| / (atol + rtol * |b|); at most 1 means within tolerance.
-double MaxError(const std::vector<float>& a, const std::vector<double>& b, double rtol,
-                double atol) {
+double MaxError(const std::vector<float>& a, const std::vector<double>& b, double rtol, double atol) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
@@ -34,8 +33,7 @@ double MaxError(const std::vector<float>& a, const std::vector<double>& b, doubl
   return worst;
 }
 
-template <class E>
-std::string ErrorOf(const std::function<void()>& f) {
+template <class E> std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();
   } catch (const E& e) {
@@ -44,7 +42,7 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no " + std::string(typeid(E).name()) + " thrown)";
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("nn: matmul 256x512 @ 512x128 float32 matches a double loop") {
   const int64_t M = 256, K = 512, N = 128;
@@ -61,8 +59,7 @@ TEST_CASE("nn: matmul 256x512 @ 512x128 float32 matches a double loop") {
 TEST_CASE("nn: conv2d LeNet shape (8,1,28,28) * (20,1,3,3) matches naive loops") {
   const int64_t N = 8, O = 20, H = 28, W = 28, OH = 26, OW = 26;
   std::vector<float> x = Random(N * H * W, 3), w = Random(O * 9, 4);
-  Tensor y =
-      Invoke1("conv2d", {Tensor::FromVector(x, {N, 1, H, W}), Tensor::FromVector(w, {O, 1, 3, 3})});
+  Tensor y = Invoke1("conv2d", {Tensor::FromVector(x, {N, 1, H, W}), Tensor::FromVector(w, {O, 1, 3, 3})});
   CHECK(y.shape() == Shape{N, O, OH, OW});
   std::vector<double> ref(N * O * OH * OW, 0.0);
   for (int64_t n = 0; n < N; ++n)
@@ -82,8 +79,7 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
   auto view = [](std::vector<float>& v, Shape s) {
     return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
   };
-  auto compare = [&](const char* what, Shape out,
-                     const std::function<void(const TensorView&, bool)>& run) {
+  auto compare = [&](const char* what, Shape out, const std::function<void(const TensorView&, bool)>& run) {
     std::vector<float> fast(out.numel(), 7.f), slow(out.numel(), -7.f);
     run(view(fast, out), true);
     run(view(slow, out), false);
@@ -96,10 +92,10 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
     Shape a, b, c;
     bool ta, tb;
   };
-  for (const MM& m : {MM{{37, 19}, {19, 23}, {37, 23}, false, false},
-                      MM{{19, 37}, {23, 19}, {37, 23}, true, true},
-                      MM{{3, 1, 8, 5}, {4, 8, 6}, {3, 4, 5, 6}, true, false},
-                      MM{{2, 5, 8}, {6, 8}, {2, 5, 6}, false, true}}) {
+  for (const MM& m :
+       {MM{{37, 19}, {19, 23}, {37, 23}, false, false}, MM{{19, 37}, {23, 19}, {37, 23}, true, true},
+        MM{{3, 1, 8, 5}, {4, 8, 6}, {3, 4, 5, 6}, true, false},
+        MM{{2, 5, 8}, {6, 8}, {2, 5, 6}, false, true}}) {
     std::vector<float> a = Random(m.a.numel(), 5), b = Random(m.b.numel(), 6);
     compare("matmul", m.c, [&](const TensorView& out, bool fast) {
       host::MatmulParams p{m.ta, m.tb};
@@ -114,18 +110,15 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
   cp.dilation[1] = 2;
   cp.groups = 2;
   Shape xs{3, 4, 11, 9}, ws{6, 2, 3, 3}, ys{3, 6, 6, 9};
-  std::vector<float> x = Random(xs.numel(), 7), w = Random(ws.numel(), 8),
-                     dy = Random(ys.numel(), 9);
+  std::vector<float> x = Random(xs.numel(), 7), w = Random(ws.numel(), 8), dy = Random(ys.numel(), 9);
   compare("conv2d", ys, [&](const TensorView& out, bool fast) {
     (fast ? host::Conv2d : host::reference::Conv2d)(view(x, xs), view(w, ws), out, cp);
   });
   compare("conv2d_grad_data", xs, [&](const TensorView& out, bool fast) {
-    (fast ? host::Conv2dGradData : host::reference::Conv2dGradData)(view(dy, ys), view(w, ws), out,
-                                                                    cp);
+    (fast ? host::Conv2dGradData : host::reference::Conv2dGradData)(view(dy, ys), view(w, ws), out, cp);
   });
   compare("conv2d_grad_weight", ws, [&](const TensorView& out, bool fast) {
-    (fast ? host::Conv2dGradWeight : host::reference::Conv2dGradWeight)(view(dy, ys), view(x, xs),
-                                                                        out, cp);
+    (fast ? host::Conv2dGradWeight : host::reference::Conv2dGradWeight)(view(dy, ys), view(x, xs), out, cp);
   });
 
   host::Pool2dParams pp;
@@ -147,14 +140,12 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
     (fast ? host::MaxPool2d : host::reference::MaxPool2d)(view(x, ps), out, pp);
   });
   compare("max_pool2d_grad", ps, [&](const TensorView& out, bool fast) {
-    (fast ? host::MaxPool2dGrad : host::reference::MaxPool2dGrad)(view(pdy, po), view(x, ps), out,
-                                                                  pp);
+    (fast ? host::MaxPool2dGrad : host::reference::MaxPool2dGrad)(view(pdy, po), view(x, ps), out, pp);
   });
 }
 
 TEST_CASE("nn: repeated calls reuse the cached oneDNN primitive") {
-  Tensor a = Tensor::FromVector(Random(6 * 7, 11), {6, 7}),
-         b = Tensor::FromVector(Random(7 * 9, 12), {7, 9});
+  Tensor a = Tensor::FromVector(Random(6 * 7, 11), {6, 7}), b = Tensor::FromVector(Random(7 * 9, 12), {7, 9});
   Invoke1("matmul", {a, b}).WaitToRead();
   host::OneDnnCacheStats before = host::GetOneDnnCacheStats();
   for (int i = 0; i < 3; ++i) Invoke1("matmul", {a, b}).WaitToRead();
@@ -176,12 +167,9 @@ TEST_CASE("nn: float64, float16 and bfloat16 matmul and conv2d agree with float3
     double tol = t == DType::kFloat64 ? 1e-5 : 3e-2;
     Tensor m = Invoke1("matmul", {a.AsType(t), b.AsType(t)});
     CHECK(m.dtype() == t);
-    CHECK(MaxError(m.ToVector<float>(), std::vector<double>(mm.begin(), mm.end()), tol, tol) <=
-          1.0);
-    Tensor c =
-        Invoke1("conv2d", {x.AsType(t), w.AsType(t)}, {{"padding", std::vector<int64_t>{1, 1}}});
-    CHECK(MaxError(c.ToVector<float>(), std::vector<double>(cv.begin(), cv.end()), tol, tol) <=
-          1.0);
+    CHECK(MaxError(m.ToVector<float>(), std::vector<double>(mm.begin(), mm.end()), tol, tol) <= 1.0);
+    Tensor c = Invoke1("conv2d", {x.AsType(t), w.AsType(t)}, {{"padding", std::vector<int64_t>{1, 1}}});
+    CHECK(MaxError(c.ToVector<float>(), std::vector<double>(cv.begin(), cv.end()), tol, tol) <= 1.0);
   }
 }
 
@@ -211,14 +199,12 @@ TEST_CASE("nn: errors are typed and name what to fix") {
   CHECK_THROWS_AS(Invoke1("conv2d", {x, Tensor::FromVector(Random(6 * 2 * 3 * 3, 7), {6, 2, 3, 3})},
                           {{"groups", int64_t{3}}}),
                   ShapeError);
-  CHECK_THROWS_AS(
-      Invoke1("conv2d", {x, Tensor::FromVector(Random(2 * 4 * 7 * 7, 8), {2, 4, 7, 7})}),
-      ShapeError);
+  CHECK_THROWS_AS(Invoke1("conv2d", {x, Tensor::FromVector(Random(2 * 4 * 7 * 7, 8), {2, 4, 7, 7})}),
+                  ShapeError);
   CHECK_THROWS_AS(Invoke1("conv2d", {x, w}, {{"stride", std::vector<int64_t>{0, 1}}}), ValueError);
-  CHECK_THROWS_AS(
-      Invoke1("max_pool2d", {x},
-              {{"kernel", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{2, 2}}}),
-      ValueError);
+  CHECK_THROWS_AS(Invoke1("max_pool2d", {x},
+                          {{"kernel", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{2, 2}}}),
+                  ValueError);
   CHECK_THROWS_AS(Invoke1("avg_pool2d", {Tensor::FromVector(Random(5 * 5, 9), {5, 5})},
                           {{"kernel", std::vector<int64_t>{2, 2}}}),
                   ShapeError);
@@ -226,8 +212,7 @@ TEST_CASE("nn: errors are typed and name what to fix") {
 
 TEST_CASE("nn: pooling and conv shapes follow floor mode") {
   Tensor x = Tensor::FromVector(Random(1 * 1 * 7 * 6, 1), {1, 1, 7, 6});
-  CHECK(Invoke1("max_pool2d", {x}, {{"kernel", std::vector<int64_t>{2, 2}}}).shape() ==
-        Shape{1, 1, 3, 3});
+  CHECK(Invoke1("max_pool2d", {x}, {{"kernel", std::vector<int64_t>{2, 2}}}).shape() == Shape{1, 1, 3, 3});
   CHECK(Invoke1("avg_pool2d", {x},
                 {{"kernel", std::vector<int64_t>{3, 3}},
                  {"stride", std::vector<int64_t>{2, 2}},
@@ -240,8 +225,8 @@ TEST_CASE("nn: pooling and conv shapes follow floor mode") {
 }
 
 TEST_CASE("nn: empty operands give empty or zero outputs") {
-  Tensor e = Invoke1("matmul", {Tensor::Empty({0, 3}, DType::kFloat32),
-                                Tensor::FromVector(Random(12, 1), {3, 4})});
+  Tensor e =
+      Invoke1("matmul", {Tensor::Empty({0, 3}, DType::kFloat32), Tensor::FromVector(Random(12, 1), {3, 4})});
   CHECK(e.shape() == Shape{0, 4});
   e.WaitToRead();
   for (DType t : {DType::kFloat32, DType::kFloat64}) {

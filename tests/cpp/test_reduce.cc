@@ -3,7 +3,9 @@
 // and gradients through autograd (ties of max share the gradient).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -37,7 +39,7 @@ Tensor View(const Tensor& base, const Shape& shape, const Strides& strides, int6
 
 struct Ref {
   std::vector<double> value;
-  std::vector<double> scale;  ///< what rounding errors are relative to: sum |x| for sums
+  std::vector<double> scale; ///< what rounding errors are relative to: sum |x| for sums
 };
 
 /// Plain double reference: sum (or max) of the (rows, cols) matrix `x` along `axis`.
@@ -70,8 +72,7 @@ void CheckClose(const std::vector<float>& got, const Ref& want, double rtol) {
   CHECK(bad == 0);
 }
 
-template <class E>
-std::string ErrorOf(const std::function<void()>& f) {
+template <class E> std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();
   } catch (const E& e) {
@@ -80,7 +81,7 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("reduce: 1e7 float32 values sum accurately") {
   const int64_t n = 10'000'000;
@@ -88,9 +89,11 @@ TEST_CASE("reduce: 1e7 float32 values sum accurately") {
   CHECK(Invoke1("sum", {ones}).Item() == doctest::Approx(1e7).epsilon(1e-7));
   CHECK(Invoke1("mean", {ones}).Item() == doctest::Approx(1.0).epsilon(1e-7));
   // Rows of the same data: two rows (fewer outputs than threads) and a column reduction.
-  Tensor two = Invoke1("sum", {Invoke1("full", {}, {{"shape", V{2, n / 2}}, {"value", 1.0}})}, {{"axes", V{1}}});
+  Tensor two =
+      Invoke1("sum", {Invoke1("full", {}, {{"shape", V{2, n / 2}}, {"value", 1.0}})}, {{"axes", V{1}}});
   CHECK(two.ToVector<double>() == std::vector<double>{5e6, 5e6});
-  Tensor col = Invoke1("sum", {Invoke1("full", {}, {{"shape", V{n / 4, 4}}, {"value", 1.0}})}, {{"axes", V{0}}});
+  Tensor col =
+      Invoke1("sum", {Invoke1("full", {}, {{"shape", V{n / 4, 4}}, {"value", 1.0}})}, {{"axes", V{0}}});
   CHECK(col.ToVector<double>() == std::vector<double>{2.5e6, 2.5e6, 2.5e6, 2.5e6});
 
   std::vector<float> v = Random(n, 1, 0, 1);
@@ -148,14 +151,14 @@ TEST_CASE("reduce: integer, bool and 16-bit float sums") {
   Tensor h = Invoke1("full", {}, {{"shape", V{3, 4096}}, {"value", 0.5}, {"dtype", DType::kFloat16}});
   Tensor hs = Invoke1("sum", {h}, {{"axes", V{1}}});
   CHECK(hs.dtype() == DType::kFloat16);
-  CHECK(hs.ToVector<double>() == std::vector<double>(3, 2048.0));  // exact: accumulated in float
+  CHECK(hs.ToVector<double>() == std::vector<double>(3, 2048.0)); // exact: accumulated in float
 }
 
 TEST_CASE("reduce: strided inputs (a transposed view and a stepped slice)") {
   const int64_t m = 300, n = 500;
   std::vector<float> v = Random(m * n, 5);
   Tensor base = Tensor::FromVector(v, {m, n});
-  Tensor t = View(base, {n, m}, {1, n});  // t[j][i] = v[i][j]
+  Tensor t = View(base, {n, m}, {1, n}); // t[j][i] = v[i][j]
   CheckClose(Invoke1("sum", {t}, {{"axes", V{1}}}).ToVector<float>(), Ref2D(v, m, n, 0, false), 1e-6);
   CheckClose(Invoke1("sum", {t}, {{"axes", V{0}}}).ToVector<float>(), Ref2D(v, m, n, 1, false), 1e-6);
   CheckClose(Invoke1("max", {t}, {{"axes", V{0}}, {"keepdims", true}}).ToVector<float>(),
@@ -174,7 +177,8 @@ TEST_CASE("reduce: strided inputs (a transposed view and a stepped slice)") {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n / 2; ++j) sv.push_back(v[i * n + 2 * j + 1]);
   for (int axis : {0, 1})
-    CheckClose(Invoke1("sum", {s}, {{"axes", V{axis}}}).ToVector<float>(), Ref2D(sv, m, n / 2, axis, false), 1e-6);
+    CheckClose(Invoke1("sum", {s}, {{"axes", V{axis}}}).ToVector<float>(), Ref2D(sv, m, n / 2, axis, false),
+               1e-6);
   CheckClose(Invoke1("min", {s}).ToVector<float>(), Exact({*std::min_element(sv.begin(), sv.end())}), 0);
 }
 
@@ -215,7 +219,8 @@ TEST_CASE("reduce: argmax/argmin take the first of ties and the first NaN") {
   Tensor n = Tensor::FromVector<float>({1, nan, 9, nan, -1}, {5});
   CHECK(Invoke1("argmax", {n}, {{"axis", 0}}).Item() == 1);
   CHECK(Invoke1("argmin", {n}, {{"axis", 0}}).Item() == 1);
-  Tensor k = Invoke1("argmax", {Tensor::FromVector<float>({3, 1, 2, 7}, {2, 2})}, {{"axis", -1}, {"keepdims", true}});
+  Tensor k = Invoke1("argmax", {Tensor::FromVector<float>({3, 1, 2, 7}, {2, 2})},
+                     {{"axis", -1}, {"keepdims", true}});
   CHECK(k.dtype() == DType::kInt64);
   CHECK(k.shape() == Shape{2, 1});
   CHECK(k.ToVector<int64_t>() == std::vector<int64_t>{0, 1});
@@ -225,11 +230,13 @@ TEST_CASE("reduce: argmax/argmin take the first of ties and the first NaN") {
   v[3 * 600 + 5] = 4.0f;
   v[1 * 600 + 7] = 2.0f;
   v[3 * 600 + 7] = 2.0f;
-  std::vector<int64_t> am = Invoke1("argmax", {Tensor::FromVector(v, {4, 600})}, {{"axis", 0}}).ToVector<int64_t>();
+  std::vector<int64_t> am =
+      Invoke1("argmax", {Tensor::FromVector(v, {4, 600})}, {{"axis", 0}}).ToVector<int64_t>();
   CHECK(am[0] == 0);
   CHECK(am[5] == 2);
   CHECK(am[7] == 1);
-  std::vector<int64_t> an = Invoke1("argmin", {Tensor::FromVector(v, {4, 600})}, {{"axis", 0}}).ToVector<int64_t>();
+  std::vector<int64_t> an =
+      Invoke1("argmin", {Tensor::FromVector(v, {4, 600})}, {{"axis", 0}}).ToVector<int64_t>();
   CHECK(an[5] == 2);
   CHECK(an[7] == 0);
 }

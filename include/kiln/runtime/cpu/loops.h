@@ -1,13 +1,10 @@
-// Loop helpers for CPU kernels: a parallel-for over OpenMP, and strided iteration over N-d
+// Loop helpers for CPU kernels: a parallel-for over kiln's fork-join pool, and strided iteration over N-d
 // shapes with several operands (each with its own strides; 0 strides broadcast).
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <exception>
+#include <functional>
 #include <cstdint>
 
 #include "kiln/runtime/shape.h"
@@ -16,6 +13,10 @@ namespace kiln::host {
 
 /// Threads a kernel may use (KILN_NUM_THREADS, or one per core).
 int NumThreads();
+
+/// Runs body(c) for every chunk c in [0, chunks) on kiln's fork-join pool (runtime/cpu/parallel.cc);
+/// the first exception is rethrown on the calling thread after every chunk has finished.
+void RunChunks(int64_t chunks, const std::function<void(int64_t)>& body);
 
 /// Calls f(begin, end) over [0, n) split across threads when n is at least `grain`.
 template <class F>
@@ -27,23 +28,7 @@ void ParallelFor(int64_t n, int64_t grain, F&& f) {
     return;
   }
   int64_t chunks = std::min<int64_t>(nt, (n + grain - 1) / grain);
-  // An exception must not leave an OpenMP region (that terminates the process): the first one
-  // is kept and rethrown on the calling thread, where the engine stores it on the task's outputs.
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-#pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (failed.load(std::memory_order_relaxed)) continue;
-    int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
-    try {
-      f(b, e);
-    } catch (...) {
-#pragma omp critical(kiln_parallel_for_error)
-      if (!error) error = std::current_exception();
-      failed.store(true, std::memory_order_relaxed);
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  RunChunks(chunks, [&](int64_t c) { f(n * c / chunks, n * (c + 1) / chunks); });
 }
 
 /// Iterates an N-d `shape` for K operands. f(offsets) is called with each operand's element

@@ -13,22 +13,22 @@
 namespace kiln::host {
 
 struct MatmulParams {
-  bool transpose_a = false;  ///< a is stored (..., K, M)
-  bool transpose_b = false;  ///< b is stored (..., N, K)
+  bool transpose_a = false; ///< a is stored (..., K, M)
+  bool transpose_b = false; ///< b is stored (..., N, K)
 };
 
 struct Conv2dParams {
   int64_t stride[2] = {1, 1};
-  int64_t padding[2] = {0, 0};   ///< on both sides
-  int64_t dilation[2] = {1, 1};  ///< 1: dense kernel
+  int64_t padding[2] = {0, 0};  ///< on both sides
+  int64_t dilation[2] = {1, 1}; ///< 1: dense kernel
   int64_t groups = 1;
 };
 
 struct Pool2dParams {
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};
-  int64_t padding[2] = {0, 0};    ///< on both sides; padded cells never win a max
-  bool count_include_pad = true;  ///< average pooling: divide by the whole window
+  int64_t padding[2] = {0, 0};   ///< on both sides; padded cells never win a max
+  bool count_include_pad = true; ///< average pooling: divide by the whole window
 };
 
 /// out (..., M, N) = op(a) @ op(b); batch dims broadcast NumPy-style (out's rank is the larger).
@@ -36,22 +36,19 @@ void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, con
 /// y (N, O, OH, OW) = x (N, C, H, W) cross-correlated with w (O, C/groups, KH, KW).
 void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p);
 /// dx (N, C, H, W) from dy and w.
-void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                    const Conv2dParams& p);
+void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx, const Conv2dParams& p);
 /// dw (O, C/groups, KH, KW) from dy and x.
-void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
-                      const Conv2dParams& p);
+void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw, const Conv2dParams& p);
 void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
 /// dx from dy and x: each dy goes to the first maximum of its window (recomputed from x).
-void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx,
-                   const Pool2dParams& p);
+void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p);
 void AvgPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
 void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParams& p);
 
 /// Counters of the oneDNN primitive cache (process-wide).
 struct OneDnnCacheStats {
   int64_t hits = 0;
-  int64_t misses = 0;  ///< primitive descriptors created
+  int64_t misses = 0; ///< primitive descriptors created
   int64_t size = 0;
 };
 OneDnnCacheStats GetOneDnnCacheStats();
@@ -60,15 +57,12 @@ OneDnnCacheStats GetOneDnnCacheStats();
 namespace reference {
 void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p);
 void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p);
-void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                    const Conv2dParams& p);
-void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
-                      const Conv2dParams& p);
+void Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView& dx, const Conv2dParams& p);
+void Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw, const Conv2dParams& p);
 void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
-void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx,
-                   const Pool2dParams& p);
+void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p);
 void AvgPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
 void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParams& p);
-}  // namespace reference
+} // namespace reference
 
-}  // namespace kiln::host
+} // namespace kiln::host

@@ -23,4 +23,4 @@ void Reduce(ReduceKind kind, const TensorView& in, std::span<const int> axes, co
 /// counts as the extremum. `axis` is in [0, rank) or 0 for a 0-d input.
 void ArgReduce(bool max, const TensorView& in, int axis, const TensorView& out);
 
-}  // namespace kiln::host
+} // namespace kiln::host
