@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kiln/runtime/env.h"
+#include "kiln/runtime/wait_point.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/cuda.h"
 
@@ -250,31 +251,17 @@ class EngineBase : public Engine {
   }
 
   // Wakes sleepers only when it matters: WaitForAll at zero pending, a blocked producer once the
-  // queue has drained to half its limits (hysteresis: no wake-up per completed task). The first
-  // completion that sees a sleeper takes the count (exchange) and wakes everyone once; the others
-  // make no system call. All of it is seq_cst, pairing with SleepUntil: either the sleeper sees
-  // the new counts, or this sees the sleeper, and completed_ has moved past its wait value.
+  // queue has drained to half its limits (hysteresis: no wake-up per completed task).
   void CountCompleted(size_t bytes) {
     int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes)) - static_cast<int64_t>(bytes);
     int64_t p = pending_.fetch_sub(1) - 1;
     completed_.fetch_add(1);
-    if ((p == 0 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) &&
-        sleepers_.load() > 0 && sleepers_.exchange(0) > 0)
-      completed_.notify_all();
+    if (p == 0 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) drained_.Notify();
   }
 
-  // Blocks until `done()` holds, sleeping on completed_ between checks. A woken sleeper does not
-  // decrement sleepers_ (the waker reset it); one that did not sleep leaves at most one spurious
-  // wake-up behind.
   template <class Pred>
   void SleepUntil(Pred done) {
-    for (;;) {
-      int64_t c = completed_.load();
-      if (done()) return;
-      sleepers_.fetch_add(1);
-      if (done()) return;
-      completed_.wait(c);
-    }
+    drained_.Wait(done);
   }
 
   void RethrowFirstError() {
@@ -289,7 +276,7 @@ class EngineBase : public Engine {
   std::atomic<int64_t> pushed_{0}, completed_{0}, pending_{0}, peak_pending_{0};
   std::atomic<int64_t> pending_bytes_{0}, peak_pending_bytes_{0};
   std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{512 << 20};
-  std::atomic<int> sleepers_{0};
+  WaitPoint drained_;
   std::mutex error_mu_;
   std::exception_ptr first_error_;
 };
@@ -319,8 +306,7 @@ class NaiveEngine final : public EngineBase {
 // ---- threaded ----------------------------------------------------------------------------------
 
 // A FIFO of ready tasks served by a few threads. Workers spin briefly on an empty queue, then
-// sleep on an atomic epoch; Enqueue wakes one only when somebody sleeps (seq_cst on size_ and
-// sleepers_ makes the check-then-sleep race free).
+// sleep on a WaitPoint; Enqueue makes no system call unless a worker sleeps.
 class WorkerPool {
  public:
   WorkerPool(int threads, Device device, StreamKind stream, std::function<void(Task*)> run)
@@ -334,8 +320,7 @@ class WorkerPool {
   }
   ~WorkerPool() {
     stop_.store(true);
-    epoch_.fetch_add(1);
-    epoch_.notify_all();
+    ready_.Notify();
     for (auto& t : threads_) t.join();
   }
 
@@ -345,10 +330,7 @@ class WorkerPool {
       q_.push_back(t);
     }
     size_.fetch_add(1);
-    if (sleepers_.load() > 0 && sleepers_.exchange(0) > 0) {  // one wake-up per sleep, not per task
-      epoch_.fetch_add(1);
-      epoch_.notify_all();
-    }
+    ready_.Notify();
   }
 
  private:
@@ -366,7 +348,7 @@ class WorkerPool {
     for (;;) {
       Task* t = TryPop();
       // Spin briefly before sleeping: a producer pushing tiny ops then never pays a wake-up.
-      for (int i = 0; !t && i < 1000; ++i) {
+      for (int i = 0; !t && i < 4000; ++i) {
         KILN_PAUSE();
         t = TryPop();
       }
@@ -375,9 +357,7 @@ class WorkerPool {
         continue;
       }
       if (stop_.load()) return;
-      uint32_t e = epoch_.load();
-      sleepers_.fetch_add(1);  // reset by the waker (see Enqueue)
-      if (size_.load() == 0 && !stop_.load()) epoch_.wait(e);
+      ready_.Wait([&] { return size_.load() > 0 || stop_.load(); });
     }
   }
 
@@ -385,8 +365,7 @@ class WorkerPool {
   SpinLock mu_;
   std::deque<Task*> q_;
   std::atomic<int64_t> size_{0};
-  std::atomic<int> sleepers_{0};
-  std::atomic<uint32_t> epoch_{0};
+  WaitPoint ready_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };

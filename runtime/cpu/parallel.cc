@@ -11,6 +11,7 @@
 
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/env.h"
+#include "kiln/runtime/wait_point.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -52,7 +53,7 @@ class ForkJoinPool {
     remaining_.store(chunks);
     next_.store(0, std::memory_order_release);
     generation_.fetch_add(1);
-    if (sleepers_.load() > 0 && sleepers_.exchange(0) > 0) generation_.notify_all();
+    new_region_.Notify();
     Work();
     for (int spins = 0; remaining_.load(std::memory_order_acquire) > 0; ++spins) {
       if (spins < 20000) KILN_PAUSE();
@@ -83,13 +84,8 @@ class ForkJoinPool {
     for (;;) {
       // Spin a little (a kernel's loops often come in bursts), then sleep until a new region.
       for (int i = 0; i < 2000 && generation_.load(std::memory_order_acquire) == seen; ++i) KILN_PAUSE();
-      uint64_t g = generation_.load(std::memory_order_acquire);
-      if (g == seen) {
-        sleepers_.fetch_add(1);
-        generation_.wait(seen);
-        continue;
-      }
-      seen = g;
+      new_region_.Wait([&] { return generation_.load() != seen; });
+      seen = generation_.load();
       Work();
     }
   }
@@ -100,7 +96,7 @@ class ForkJoinPool {
   std::atomic<int64_t> chunks_{0};
   std::atomic<int64_t> next_{kClosed}, remaining_{0};
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> sleepers_{0};
+  WaitPoint new_region_;
   std::exception_ptr error_;
   std::vector<std::thread> threads_;
 };
