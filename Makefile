@@ -21,6 +21,9 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 test-cpp: build
+	@# CTest splits test names at ';' and cannot register names with '[': refuse them loudly.
+	@if $(BUILD)/tests/cpp/kiln_tests --list-test-cases --no-version | grep -E '[][;]'; then \
+	  echo "test names above contain ';', '[' or ']', which CTest cannot register; rename them"; exit 1; fi
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 test: test-cpp

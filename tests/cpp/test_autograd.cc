@@ -39,7 +39,7 @@ TEST_CASE("autograd: head gradient, broadcasting and grad_req add") {
   CHECK(D(b.grad()) == std::vector<double>{2 * (1 + 8), 2 * (2 + 10), 2 * (3 + 12)});  // add: both rounds
 }
 
-TEST_CASE("autograd: pause stops recording; training flags follow the scopes") {
+TEST_CASE("autograd: pause stops recording, and training flags follow the scopes") {
   Tensor x = Tensor::FromVector<float>({2}, {1});
   x.AttachGrad();
   CHECK_FALSE(autograd::IsRecording());
@@ -59,7 +59,7 @@ TEST_CASE("autograd: pause stops recording; training flags follow the scopes") {
   CHECK(x.grad().Item() == doctest::Approx(4.0));  // d(x^2)/dx only
 }
 
-TEST_CASE("autograd: retain_graph allows a second backward; without it a clear StateError") {
+TEST_CASE("autograd: retain_graph allows a second backward, and without it a clear StateError") {
   Tensor x = Tensor::FromVector<float>({3}, {1});
   x.AttachGrad();
   autograd::RecordScope rec;

@@ -46,7 +46,7 @@ TEST_CASE("dispatch: tensors on different CPU devices are a DeviceError") {
   CHECK(nd::add(a, b.To(cpu(0))).ToVector<float>() == std::vector<float>{2, 2});
 }
 
-TEST_CASE("dispatch: binary ops promote dtypes like NumPy; scalars take the tensor's dtype") {
+TEST_CASE("dispatch: binary ops promote dtypes like NumPy, and scalars take the tensor's dtype") {
   Tensor i = Tensor::FromVector<int32_t>({1, 2}, {2});
   Tensor f = Tensor::FromVector<float>({0.5, 0.5}, {2});
   CHECK((i + f).dtype() == DType::kFloat32);

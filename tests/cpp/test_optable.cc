@@ -128,3 +128,4 @@ TEST_CASE("op table: unknown op name") {
   CHECK(Contains(msg, "'addd'"));
   CHECK(Contains(msg, "add"));  // similar names are suggested
 }
+
