@@ -256,7 +256,7 @@ class EngineBase : public Engine {
     int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes)) - static_cast<int64_t>(bytes);
     int64_t p = pending_.fetch_sub(1) - 1;
     completed_.fetch_add(1);
-    if (p == 0 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) drained_.Notify();
+    if (p <= 1 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) drained_.Notify();
   }
 
   template <class Pred>
@@ -275,7 +275,7 @@ class EngineBase : public Engine {
 
   std::atomic<int64_t> pushed_{0}, completed_{0}, pending_{0}, peak_pending_{0};
   std::atomic<int64_t> pending_bytes_{0}, peak_pending_bytes_{0};
-  std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{512 << 20};
+  std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
   WaitPoint drained_;
   std::mutex error_mu_;
   std::exception_ptr first_error_;
@@ -475,16 +475,17 @@ class ThreadedEngine final : public EngineBase {
     if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
   }
 
-  // A task is admitted while both limits hold with it counted (or when nothing is pending, so a
-  // task larger than the byte limit still runs). Otherwise the producer sleeps until the queue
+  // A task is admitted while both limits hold with it counted. Otherwise the producer sleeps until the queue
   // has drained to half of both limits.
   void Backpressure(int64_t bytes) {
     auto fits = [&](int64_t div) {
       return pending_.load() < std::max<int64_t>(1, max_pending_.load() / div) &&
              pending_bytes_.load() + bytes <= max_pending_bytes_.load() / div;
     };
-    if (fits(1) || pending_.load() == 0) return;
-    SleepUntil([&] { return fits(2) || pending_.load() == 0; });
+    // One task may always wait behind the running one, so even ops larger than the byte limit
+    // keep the producer and the worker overlapped.
+    if (fits(1) || pending_.load() <= 1) return;
+    SleepUntil([&] { return fits(2) || pending_.load() <= 1; });
     Reap();
   }
 

@@ -10,8 +10,9 @@
 // running.
 //
 // Backpressure: at most `max_pending` tasks (KILN_ENGINE_MAX_PENDING) and `max_pending_bytes`
-// bytes of task outputs (KILN_ENGINE_MAX_PENDING_MB) wait at once; Push from a non-worker thread
-// blocks until there is room, which bounds the memory a fast producer can claim.
+// bytes of task outputs (KILN_ENGINE_MAX_PENDING_MB) wait at once, except that one task may always
+// wait behind the running one; Push from a non-worker thread blocks until there is room, which
+// bounds the memory a fast producer can claim (and, on CPUs, keeps queued outputs in cache).
 //
 // KILN_ENGINE=naive runs every task on the calling thread at Push (same error semantics).
 // What it does not do: priorities, or fairness between devices beyond FIFO per worker.
