@@ -104,28 +104,30 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   opts.name = def.name.c_str();
   opts.call_site = tls_call_site;
   opts.bytes = bytes;
-  KernelFn fn = kb.fn;
-  const ir::OpDef* op = &def;
+  // Everything the kernel needs travels in one block built here, on the pushing thread: the
+  // views (so the worker does not chase TensorImpls this thread just wrote) and references to
+  // the storages (so tensors themselves die where they were made). The closure is a single
+  // pointer and fits std::function's inline buffer.
+  struct Closure {
+    KernelFn fn;
+    const ir::OpDef* op;
+    ir::Attrs attrs;
+    Device device;
+    uint64_t seed, offset;
+    size_t n_in;
+    std::vector<TensorView> views;
+    std::vector<StoragePtr> keep;
+  };
+  auto c = std::make_shared<Closure>(Closure{kb.fn, &def, attrs, device, seed, offset, inputs.size(), {}, {}});
+  c->views.reserve(inputs.size() + outputs.size());
+  c->keep.reserve(inputs.size() + outputs.size());
+  for (const Tensor& t : inputs) c->views.push_back(t.View()), c->keep.push_back(t.storage());
+  for (const Tensor& t : outputs) c->views.push_back(t.View()), c->keep.push_back(t.storage());
   engine::Engine::Get().Push(
-      [fn, op, attrs, device, seed, offset, in = std::move(inputs), out = std::move(outputs)] {
-        TensorView iv[16], ov[16];
-        std::vector<TensorView> big_in, big_out;
-        std::span<const TensorView> ins, outs;
-        if (in.size() <= 16) {
-          for (size_t i = 0; i < in.size(); ++i) iv[i] = in[i].View();
-          ins = {iv, in.size()};
-        } else {
-          for (const Tensor& t : in) big_in.push_back(t.View());
-          ins = big_in;
-        }
-        if (out.size() <= 16) {
-          for (size_t i = 0; i < out.size(); ++i) ov[i] = out[i].View();
-          outs = {ov, out.size()};
-        } else {
-          for (const Tensor& t : out) big_out.push_back(t.View());
-          outs = big_out;
-        }
-        fn(KernelArgs{*op, ins, outs, attrs, device, seed, offset});
+      [c] {
+        std::span<const TensorView> all(c->views);
+        c->fn(KernelArgs{*c->op, all.first(c->n_in), all.subspan(c->n_in), c->attrs, c->device, c->seed,
+                         c->offset});
       },
       reads, writes, opts);
 }
