@@ -95,7 +95,8 @@ class Var {
   size_t head = 0;
   int running_reads = 0;
   bool running_write = false;
-  std::exception_ptr error;
+  std::exception_ptr error;           // guarded by mu
+  std::atomic<bool> has_error{false};  // mirrors `error != nullptr` for lock-free checks
   std::atomic<int> refs{1};
 
   bool QueueEmpty() const { return head == queue.size(); }
@@ -212,8 +213,11 @@ class EngineBase : public Engine {
 
   // Runs the task body with the error rules of engine.h; returns nothing, stores errors.
   void Execute(Task* t) {
+    // Errors are rare: has_error is checked without the lock. It is current here because the
+    // grant that scheduled this task went through the variable's lock after its last writer.
     std::exception_ptr err;
     for (Var* r : t->reads) {
+      if (!r->has_error.load(std::memory_order_acquire)) continue;
       std::lock_guard<SpinLock> g(r->mu);
       if (r->error) {
         err = r->error;
@@ -223,6 +227,7 @@ class EngineBase : public Engine {
     for (size_t i = 0; !err && i < t->writes.size() && i < 64; ++i) {
       if (!(t->writes_read >> i & 1)) continue;
       Var* w = t->writes[i];
+      if (!w->has_error.load(std::memory_order_acquire)) continue;
       std::lock_guard<SpinLock> g(w->mu);
       err = w->error;  // an in-place update of a failed value fails too
     }
@@ -236,8 +241,10 @@ class EngineBase : public Engine {
       }
     }
     for (Var* w : t->writes) {
+      if (!err && !w->has_error.load(std::memory_order_acquire)) continue;  // nothing to clear
       std::lock_guard<SpinLock> g(w->mu);
       w->error = err;
+      w->has_error.store(err != nullptr, std::memory_order_release);
     }
   }
 
