@@ -127,6 +127,13 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
   ir::Graph& g = tape->graph;
   ir::Graph::Mark mark = g.GetMark();
   size_t mark_nodes = mark.nodes;
+  // Gradient nodes are not part of the forward record: drop them on every exit, errors included,
+  // so a failed backward leaves the tape as it was.
+  struct RollbackGuard {
+    ir::Graph& g;
+    ir::Graph::Mark m;
+    ~RollbackGuard() { g.Rollback(m); }
+  } rollback{g, mark};
   std::vector<ir::Value*> ys, dys;
   std::vector<std::pair<ir::Value*, Tensor>> seeds;
   for (size_t i = 0; i < heads.size(); ++i) {
@@ -167,11 +174,11 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
   }
   std::vector<Tensor> result;
   for (ir::Value* gv : grads) result.push_back(gv ? lookup(gv) : Tensor());
-  // Gradient nodes are not part of the forward record: drop them so the tape does not grow.
-  g.Rollback(mark);
   if (!retain_graph) {
     tape->freed = true;
     tape->data.clear();
+    // Recording goes on in a fresh tape if this one belongs to a still-open record scope.
+    if (tls_tape == tape) tls_tape = std::make_shared<Tape>();
   }
   return result;
 }

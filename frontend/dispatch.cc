@@ -210,6 +210,11 @@ Tensor Invoke1(std::string_view op, std::initializer_list<Tensor> inputs, const 
 void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& given,
                 std::span<const Tensor> outputs) {
   const ir::OpDef& def = ir::GetOp(op);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined()) KILN_THROW(ValueError) << def.name << ": input " << i << " is an undefined tensor";
+  if (outputs.empty()) KILN_THROW(ValueError) << def.name << ": InvokeInto needs the output tensors to write";
+  for (size_t i = 0; i < outputs.size(); ++i)
+    if (!outputs[i].defined()) KILN_THROW(ValueError) << def.name << ": output " << i << " is an undefined tensor";
   ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
   Device dev = CommonDevice(def, inputs, inputs.empty() ? std::optional<Device>(outputs[0].device())
                                                         : std::nullopt);

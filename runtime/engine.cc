@@ -144,8 +144,10 @@ std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
     return std::make_exception_ptr(ValueError(prefix + x.what()));
   } catch (const StateError& x) {
     return std::make_exception_ptr(StateError(prefix + x.what()));
+  } catch (const MemoryError& x) {
+    return std::make_exception_ptr(MemoryError(prefix + x.what()));
   } catch (const std::bad_alloc&) {
-    return std::make_exception_ptr(Error(prefix + "out of memory"));
+    return std::make_exception_ptr(MemoryError(prefix + "out of memory"));
   } catch (const std::exception& x) {
     return std::make_exception_ptr(Error(prefix + x.what()));
   } catch (...) {
@@ -234,6 +236,12 @@ class EngineBase : public Engine {
     if (!err) {
       try {
         t->fn();
+        // GPU work is asynchronous: its errors surface at the stream sync, which must be inside
+        // the try so they are stored on the outputs like any other.
+        if (t->opts.device.is_gpu() && static_cast<uint8_t>(t->opts.stream) != 255) {
+          if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
+          else cuda::SynchronizeWorkerStream();
+        }
       } catch (...) {
         err = NameError(std::current_exception(), t->opts);
         std::lock_guard<std::mutex> g(error_mu_);
@@ -300,7 +308,6 @@ class NaiveEngine final : public EngineBase {
     Dedupe(reads, writes, &t);
     CountPushed(&t);
     Execute(&t);
-    if (opts.device.is_gpu()) cuda::SynchronizeDevice(opts.device);
     CountCompleted(opts.bytes);
   }
   void WaitForVar(Var* v) override {
@@ -417,15 +424,26 @@ class ThreadedEngine final : public EngineBase {
       KILN_THROW(StateError) << "wait_to_read called inside an engine task: that would deadlock; "
                                 "sync only from the thread that queues work";
     // The flag is shared with the task: the waker may still be inside notify when we return.
-    auto done = std::make_shared<std::atomic<int>>(0);
+    // The error is captured by the waiter itself: a writer queued behind it may clear it later.
+    struct Result {
+      std::atomic<int> done{0};
+      std::exception_ptr error;
+    };
+    auto r = std::make_shared<Result>();
     Var* vs[1] = {v};
     TaskOptions o;
     o.name = "wait_to_read";
     o.device = cpu(0);
-    PushWaiter([done] { done->store(1), done->notify_all(); }, vs, o);
-    done->wait(0);
+    PushWaiter([r, v] {
+      {
+        std::lock_guard<SpinLock> g(v->mu);
+        r->error = v->error;
+      }
+      r->done.store(1), r->done.notify_all();
+    }, vs, o);
+    r->done.wait(0);
     Reap();
-    if (auto e = VarError(v)) std::rethrow_exception(e);
+    if (r->error) std::rethrow_exception(r->error);
   }
 
   void WaitForAll() override {
@@ -524,7 +542,6 @@ class ThreadedEngine final : public EngineBase {
   void Finish(Task* t, bool execute) {
     if (execute) {
       Execute(t);
-      if (t->opts.device.is_gpu()) cuda::SynchronizeWorkerStream();
     } else {
       t->fn();
     }

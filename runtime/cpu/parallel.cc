@@ -59,6 +59,10 @@ class ForkJoinPool {
       if (spins < 20000) KILN_PAUSE();
       else std::this_thread::yield();
     }
+    // Close the region and wait until no helper is between its fetch_add and its chunk check:
+    // a straggler must never see the next region's chunk count with this region's index.
+    next_.store(kClosed);
+    while (active_.load() > 0) KILN_PAUSE();
     body_ = nullptr;
     if (error_) std::rethrow_exception(error_);
     return true;
@@ -66,6 +70,11 @@ class ForkJoinPool {
 
  private:
   void Work() {
+    active_.fetch_add(1);
+    struct Leave {
+      std::atomic<int>& a;
+      ~Leave() { a.fetch_sub(1); }
+    } leave{active_};
     for (;;) {
       int64_t c = next_.fetch_add(1, std::memory_order_acq_rel);
       if (c >= chunks_.load(std::memory_order_acquire)) return;
@@ -95,6 +104,7 @@ class ForkJoinPool {
   static constexpr int64_t kClosed = int64_t{1} << 62;
   std::atomic<int64_t> chunks_{0};
   std::atomic<int64_t> next_{kClosed}, remaining_{0};
+  std::atomic<int> active_{0};  // threads inside Work()
   std::atomic<uint64_t> generation_{0};
   WaitPoint new_region_;
   std::exception_ptr error_;

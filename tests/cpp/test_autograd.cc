@@ -158,3 +158,23 @@ TEST_CASE("autograd: dropout is the identity outside training and scales inside"
   CHECK(zeros < 600);
   CHECK_THROWS_AS(nd::dropout(x, 1.0, true), ValueError);
 }
+
+TEST_CASE("autograd: two forward and backward passes inside one open record scope") {
+  Tensor x = Tensor::FromVector<double>({2}, {1});
+  x.AttachGrad();
+  autograd::RecordScope rec;
+  (x * x).Backward();
+  CHECK(x.grad().Item() == doctest::Approx(4.0));
+  (x * x * x).Backward();  // the first backward freed its tape; recording continued in a new one
+  CHECK(x.grad().Item() == doctest::Approx(12.0));
+}
+
+TEST_CASE("autograd: a failed backward leaves the tape usable") {
+  Tensor x = Tensor::FromVector<double>({1, 2}, {2});
+  x.AttachGrad();
+  autograd::RecordScope rec;
+  Tensor y = x * 3.0;
+  CHECK_THROWS_AS(y.Backward(nd::ones({3}, DType::kFloat64)), ShapeError);  // wrong head shape
+  y.Backward();
+  CHECK(x.grad().ToVector<double>() == std::vector<double>{3, 3});
+}
