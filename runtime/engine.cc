@@ -288,9 +288,12 @@ class EngineBase : public Engine {
     if (e) std::rethrow_exception(e);
   }
 
-  std::atomic<int64_t> pushed_{0}, completed_{0}, pending_{0}, peak_pending_{0};
-  std::atomic<int64_t> pending_bytes_{0}, peak_pending_bytes_{0};
-  std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
+  // Counters on separate cache lines by writer: the pushing thread, the workers, and both.
+  alignas(64) std::atomic<int64_t> pushed_{0};
+  std::atomic<int64_t> peak_pending_{0}, peak_pending_bytes_{0};
+  alignas(64) std::atomic<int64_t> completed_{0};
+  alignas(64) std::atomic<int64_t> pending_{0}, pending_bytes_{0};
+  alignas(64) std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
   WaitPoint drained_;
   std::mutex error_mu_;
   std::exception_ptr first_error_;
