@@ -45,6 +45,18 @@ inline double MedianOf(int repeats, const std::function<double()>& run) {
   return Median(std::move(v));
 }
 
+/// Milliseconds of each of `repeats` calls of `f`, after `warmup` untimed calls.
+inline std::vector<double> TimeEachMs(int warmup, int repeats, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    Timer t;
+    f();
+    ms.push_back(t.Ms());
+  }
+  return ms;
+}
+
 /// True when `flag` (for example "--quick") is among the arguments.
 inline bool HasFlag(int argc, char** argv, std::string_view flag) {
   for (int i = 1; i < argc; ++i)

@@ -13,34 +13,22 @@
 #include <random>
 #include <vector>
 
+#include "bench_util.h"
 #include "kiln/frontend/dispatch.h"
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kiln::bench::Median;
 
-/// Milliseconds of each of `repeats` calls of `f`, after `warmup` untimed calls.
 std::vector<double> TimeMs(int warmup, int repeats, const std::function<void()>& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return ms;
+  return kiln::bench::TimeEachMs(warmup, repeats, f);
 }
 
 void Emit(const char* c, const char* metric, double value, const char* unit) {
-  std::printf("{\"bench\": \"conv2d\", \"case\": \"%s\", \"metric\": \"%s\", \"value\": %.4g, \"unit\": "
-              "\"%s\"}\n",
-              c, metric, value, unit);
+  kiln::bench::Emit("conv2d", c, metric, value, unit);
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
