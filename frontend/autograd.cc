@@ -205,9 +205,10 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
   std::shared_ptr<Tape> tape = HeadsTape(heads);
   std::vector<ir::Value*> xs;
   std::vector<std::shared_ptr<TensorImpl>> leaves;
+  // Every leaf this tape used, even if a later record scope has since used it too (its meta then
+  // points at that tape, but this tape's value for it is still `v`).
   for (auto& [v, w] : tape->leaves)
-    if (auto impl = w.lock(); impl && impl->autograd && impl->autograd->req != GradReq::kNull &&
-                              impl->autograd->value == v) {
+    if (auto impl = w.lock(); impl && impl->autograd && impl->autograd->req != GradReq::kNull) {
       xs.push_back(const_cast<ir::Value*>(v));
       leaves.push_back(impl);
     }

@@ -178,3 +178,21 @@ TEST_CASE("autograd: a failed backward leaves the tape usable") {
   y.Backward();
   CHECK(x.grad().ToVector<double>() == std::vector<double>{3, 3});
 }
+
+TEST_CASE("autograd: a leaf used in two record scopes gets the gradient of the one backpropagated") {
+  Tensor w = Tensor::FromVector<double>({3}, {1});
+  w.AttachGrad();
+  Tensor l1, l2;
+  {
+    autograd::RecordScope rec;
+    l1 = w * w;
+  }
+  {
+    autograd::RecordScope rec;
+    l2 = w * 10.0;
+  }
+  l1.Backward();
+  CHECK(w.grad().Item() == doctest::Approx(6.0));
+  l2.Backward();
+  CHECK(w.grad().Item() == doctest::Approx(10.0));
+}
