@@ -609,6 +609,16 @@ class ThreadedEngine final : public EngineBase {
 
 bool OnWorkerThread() { return tls_on_worker; }
 
+void DrainBeforeExit() {
+  // Errors nobody waited for are dropped at exit.
+  std::atexit([] {
+    try {
+      Engine::Get().WaitForAll();
+    } catch (...) {
+    }
+  });
+}
+
 std::unique_ptr<Engine> CreateEngine(const std::string& kind) {
   if (kind == "naive") return std::make_unique<NaiveEngine>();
   if (kind == "threaded")
@@ -621,13 +631,7 @@ Engine& Engine::Get() {
     env::CheckEnvironment();
     // Leaked on purpose: worker threads must outlive every static that may push at exit.
     Engine* e = CreateEngine(env::Get("KILN_ENGINE")).release();
-    // Finish queued work before static destructors run; errors nobody waited for are dropped.
-    std::atexit([] {
-      try {
-        Engine::Get().WaitForAll();
-      } catch (...) {
-      }
-    });
+    DrainBeforeExit();  // statics made before the engine outlive this drain
     return e;
   }();
   return *engine;

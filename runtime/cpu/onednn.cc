@@ -23,6 +23,7 @@
 
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::host {
@@ -134,6 +135,12 @@ public:
     std::shared_ptr<Prim> p = make();
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.misses;
+    // oneDNN builds static state lazily with its first primitive of a kind; queued work must
+    // finish before that state is destroyed at exit.
+    if (uint64_t bit = uint64_t{1} << (key[0] & 63); !(kinds_seen_ & bit)) {
+      kinds_seen_ |= bit;
+      engine::DrainBeforeExit();
+    }
     if (auto it = map_.find(key); it != map_.end()) return it->second->second; // made twice; keep one
     lru_.emplace_front(key, p);
     map_.emplace(key, lru_.begin());
@@ -155,6 +162,7 @@ private:
   std::list<std::pair<Key, std::shared_ptr<Prim>>> lru_;
   std::unordered_map<Key, std::list<std::pair<Key, std::shared_ptr<Prim>>>::iterator, KeyHash> map_;
   OneDnnCacheStats stats_;
+  uint64_t kinds_seen_ = 0;  // primitive kinds created so far (bit per Kind)
 };
 
 PrimitiveCache& Cache() {

@@ -87,6 +87,12 @@ class Engine {
 /// Creates an engine of the given kind ("threaded" or "naive"); for tests and benchmarks.
 std::unique_ptr<Engine> CreateEngine(const std::string& kind);
 
+/// Registers one more exit handler that finishes queued work. Exit handlers and the destructors
+/// of statics run in reverse order of registration, so a library that builds static state lazily
+/// (oneDNN on its first primitive of a kind, possibly on a worker) calls this right after: queued
+/// tasks then finish before that state is destroyed.
+void DrainBeforeExit();
+
 /// True on a thread that belongs to an engine's worker pool.
 bool OnWorkerThread();
 
