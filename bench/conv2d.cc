@@ -20,10 +20,6 @@ namespace {
 
 using kiln::bench::Median;
 
-std::vector<double> TimeMs(int warmup, int repeats, const std::function<void()>& f) {
-  return kiln::bench::TimeEachMs(warmup, repeats, f);
-}
-
 void Emit(const char* c, const char* metric, double value, const char* unit) {
   kiln::bench::Emit("conv2d", c, metric, value, unit);
 }
@@ -31,7 +27,7 @@ void Emit(const char* c, const char* metric, double value, const char* unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = kiln::bench::HasFlag(argc, argv, "--quick");
   // Many short alternating blocks: 20 timed runs of each (4 with --quick).
   const int rounds = quick ? 2 : 5, per_round = quick ? 2 : 4, warmup = 2;
   const int64_t N = 256, C = 1, H = 28, W = 28, O = 20, KH = 3, KW = 3, OH = H - KH + 1, OW = W - KW + 1;
@@ -73,8 +69,8 @@ int main(int argc, char** argv) {
   // Alternate short blocks so both see the same machine load.
   std::vector<double> kiln_ms, onednn_ms;
   for (int r = 0; r < rounds; ++r) {
-    for (double t : TimeMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
-    for (double t : TimeMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
+    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
+    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
   }
   double k = Median(kiln_ms), o = Median(onednn_ms), gflop = 2.0 * N * O * OH * OW * C * KH * KW * 1e-9;
   Emit("kiln", "ms", k, "ms");

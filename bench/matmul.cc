@@ -20,10 +20,6 @@ namespace {
 
 using kiln::bench::Median;
 
-std::vector<double> TimeMs(int warmup, int repeats, const std::function<void()>& f) {
-  return kiln::bench::TimeEachMs(warmup, repeats, f);
-}
-
 void Emit(const char* c, const char* metric, double value, const char* unit) {
   kiln::bench::Emit("matmul", c, metric, value, unit);
 }
@@ -31,7 +27,7 @@ void Emit(const char* c, const char* metric, double value, const char* unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = kiln::bench::HasFlag(argc, argv, "--quick");
   // Many short alternating blocks: 15 timed runs of each (4 with --quick).
   const int rounds = quick ? 2 : 5, per_round = quick ? 2 : 3, warmup = 1;
   const int64_t M = 1024, K = 1024, N = 1024;
@@ -69,8 +65,8 @@ int main(int argc, char** argv) {
   // Alternate short blocks so both see the same machine load.
   std::vector<double> kiln_ms, onednn_ms;
   for (int r = 0; r < rounds; ++r) {
-    for (double t : TimeMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
-    for (double t : TimeMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
+    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
+    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
   }
   double k = Median(kiln_ms), o = Median(onednn_ms), gflop = 2.0 * M * N * K * 1e-9;
   Emit("kiln", "ms", k, "ms");

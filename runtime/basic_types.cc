@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "kiln/runtime/cuda.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/dtype.h"
 #include "kiln/runtime/shape.h"
@@ -247,6 +248,9 @@ std::string Device::str() const { return std::string(is_cpu() ? "cpu(" : "gpu(")
 void CheckDeviceExists(const Device& d) {
   if (d.index < 0)
     KILN_THROW(DeviceError) << "device index must be non-negative, found " << d.str();
+  if (d.is_gpu() && !cuda::CompiledWithCuda())
+    KILN_THROW(DeviceError) << d.str() << " is not available: kiln was built without CUDA "
+                            << "(KILN_CUDA=OFF); use kiln.cpu(), or rebuild with the CUDA toolkit installed";
   if (d.is_gpu() && d.index >= NumGPUs())
     KILN_THROW(DeviceError) << d.str() << " does not exist: this process sees " << NumGPUs()
                             << " GPU(s); use kiln.cpu() or a GPU index below " << NumGPUs();
