@@ -76,8 +76,22 @@ Device CommonDevice(const ir::OpDef& def, std::span<const Tensor> inputs, std::o
   return d;
 }
 
+// The inputs as the kernel needs them: `in` itself, unless the kernel wants contiguous inputs and
+// one is strided (then contiguous copies are queued into `scratch`).
+std::span<const Tensor> KernelInputs(const KernelBinding& kb, std::span<const Tensor> in,
+                                     std::vector<Tensor>& scratch) {
+  if (!kb.contiguous_inputs) return in;
+  bool all = true;
+  for (const Tensor& t : in) all &= t.is_contiguous();
+  if (all) return in;
+  scratch.assign(in.begin(), in.end());
+  for (Tensor& t : scratch)
+    if (!t.is_contiguous()) t = t.Contiguous();
+  return scratch;
+}
+
 void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir::Attrs& attrs,
-          std::vector<Tensor> inputs, std::vector<Tensor> outputs) {
+          std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
   engine::Var* small[16];
   std::vector<engine::Var*> big;
   engine::Var** vars = small;
@@ -184,12 +198,10 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   }
   KILN_CHECK(kb.fn) << def.name << " has a view but no copying kernel";
 
-  std::vector<Tensor> args(inputs.begin(), inputs.end());
-  if (kb.contiguous_inputs)
-    for (Tensor& t : args)
-      if (!t.is_contiguous()) t = t.Contiguous();
+  std::vector<Tensor> scratch;
+  std::span<const Tensor> args = KernelInputs(kb, inputs, scratch);
   for (const ir::TensorType& t : out_types) outputs.push_back(Tensor::Empty(t.shape, t.dtype, dev));
-  Push(def, kb, dev, attrs, std::move(args), outputs);
+  Push(def, kb, dev, attrs, args, outputs);
   if (autograd::NeedsRecord(inputs)) autograd::Record(op, attrs, inputs, outputs);
   return outputs;
 }
@@ -240,10 +252,8 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
   }
   const KernelBinding& kb = FindKernel(def, dev);
   KILN_CHECK(kb.fn) << def.name;
-  std::vector<Tensor> args(inputs.begin(), inputs.end());
-  if (kb.contiguous_inputs)
-    for (Tensor& t : args)
-      if (!t.is_contiguous()) t = t.Contiguous();
+  std::vector<Tensor> scratch;
+  std::span<const Tensor> args = KernelInputs(kb, inputs, scratch);
   // Kernels write contiguous outputs; a strided destination gets a contiguous temporary.
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
   std::vector<std::pair<Tensor, Tensor>> copy_back;
@@ -253,7 +263,7 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
       copy_back.emplace_back(tmp, o);
       o = tmp;
     }
-  Push(def, kb, dev, attrs, std::move(args), outs);
+  Push(def, kb, dev, attrs, args, outs);
   for (auto& [tmp, dst] : copy_back) tmp.CopyTo(dst);
 }
 
