@@ -84,20 +84,39 @@ class InlineVec {
 };
 }  // namespace
 
+// A variable's state lives on four cache lines, by who writes it: the pushing thread alone
+// (reference count, lock-free reads issued), the slow path under `mu`, flags that change rarely,
+// and the count of finished lock-free reads that the workers bump. Reading a value no one is
+// writing, the common case of every eager op's inputs, then moves no cache line between the
+// pushing thread and the workers. (Padding rather than alignas: an over-aligned `new` takes
+// malloc's slow memalign path.)
 class Var {
  public:
   struct Pending {
     Task* task;
     bool write;
   };
+  // Changed by Push, ReleaseVar and the reaping of finished tasks, all on pushing threads.
+  std::atomic<int> refs{1};
+  // Reads granted without the lock while the variable was idle (see ThreadedEngine::Enter).
+  // Written only under the engine's push order; read under mu.
+  std::atomic<int64_t> fast_issued{0};
+
+  char pad0_[64];
   SpinLock mu;
   std::vector<Pending> queue;  // waiting tasks, FIFO from `head`
   size_t head = 0;
-  int running_reads = 0;
+  int running_reads = 0;       // reads granted under mu
   bool running_write = false;
-  std::exception_ptr error;           // guarded by mu
+  std::exception_ptr error;    // guarded by mu
+
+  char pad1_[64];
+  // running_write || a task is queued. Written under mu; producers test it without the lock.
+  std::atomic<bool> busy{false};
   std::atomic<bool> has_error{false};  // mirrors `error != nullptr` for lock-free checks
-  std::atomic<int> refs{1};
+
+  char pad2_[64];
+  std::atomic<int64_t> fast_done{0};
 
   bool QueueEmpty() const { return head == queue.size(); }
   Pending Pop() {
@@ -110,15 +129,22 @@ class Var {
     }
     return p;
   }
+  bool FastReadsDone() const { return fast_done.load() == fast_issued.load(std::memory_order_relaxed); }
 };
 
 namespace {
 
-struct Task {
+// A link in a worker pool's ready queue.
+struct QueueNode {
+  std::atomic<QueueNode*> next{nullptr};
+};
+
+struct Task : QueueNode {
   std::function<void()> fn;
   TaskOptions opts;
   InlineVec<Var*, 4> reads, writes;
   uint64_t writes_read = 0;  // bit i: writes[i] was also listed as a read (an in-place update)
+  uint64_t fast_reads = 0;   // bit i: reads[i] was granted without the variable's lock
   std::atomic<int> wait{0};
   Task* next_dead = nullptr;  // link in the graveyard (see ThreadedEngine::Bury)
 };
@@ -191,17 +217,17 @@ class EngineBase : public Engine {
 
   EngineStats Stats() const override {
     EngineStats s;
-    s.pushed = pushed_.load();
     s.completed = completed_.load();
-    s.pending = pending_.load();
+    s.pushed = pushed_.load();
+    s.pending = std::max<int64_t>(0, s.pushed - s.completed);
     s.peak_pending = peak_pending_.load();
-    s.pending_bytes = pending_bytes_.load();
+    s.pending_bytes = std::max<int64_t>(0, pushed_bytes_.load() - completed_bytes_.load());
     s.peak_pending_bytes = peak_pending_bytes_.load();
     return s;
   }
   void ResetPeak() override {
-    peak_pending_ = pending_.load();
-    peak_pending_bytes_ = pending_bytes_.load();
+    peak_pending_ = Pending();
+    peak_pending_bytes_ = PendingBytes();
   }
   void SetLimits(int64_t max_pending, int64_t max_pending_bytes) override {
     if (max_pending > 0) max_pending_ = max_pending;
@@ -256,21 +282,37 @@ class EngineBase : public Engine {
     }
   }
 
+  // Pending work is pushed minus completed: the pushing thread writes only the pushed counters,
+  // the workers only the completed ones, so neither side's fast path writes a cache line the
+  // other side owns. Both counters only grow; loading `completed` before `pushed` never counts
+  // a task as done too early.
+  int64_t Pending() const {
+    int64_t c = completed_.load();
+    return std::max<int64_t>(0, pushed_.load() - c);
+  }
+  int64_t PendingBytes() const {
+    int64_t c = completed_bytes_.load();
+    return std::max<int64_t>(0, pushed_bytes_.load() - c);
+  }
+
   void CountPushed(const Task* t) {
-    pushed_.fetch_add(1, std::memory_order_relaxed);
-    int64_t p = pending_.fetch_add(1, std::memory_order_acq_rel) + 1;
-    int64_t b = pending_bytes_.fetch_add(static_cast<int64_t>(t->opts.bytes)) +
-                static_cast<int64_t>(t->opts.bytes);
-    if (p > peak_pending_.load(std::memory_order_relaxed)) peak_pending_.store(p);
-    if (b > peak_pending_bytes_.load(std::memory_order_relaxed)) peak_pending_bytes_.store(b);
+    auto bytes = static_cast<int64_t>(t->opts.bytes);
+    int64_t b = pushed_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes -
+                completed_bytes_.load(std::memory_order_relaxed);
+    int64_t p = pushed_.fetch_add(1, std::memory_order_seq_cst) + 1 - completed_.load(std::memory_order_relaxed);
+    if (p > peak_pending_.load(std::memory_order_relaxed)) peak_pending_.store(p, std::memory_order_relaxed);
+    if (b > peak_pending_bytes_.load(std::memory_order_relaxed))
+      peak_pending_bytes_.store(b, std::memory_order_relaxed);
   }
 
   // Wakes sleepers only when it matters: WaitForAll at zero pending, a blocked producer once the
-  // queue has drained to half its limits (hysteresis: no wake-up per completed task).
+  // queue has drained to half its limits (hysteresis: no wake-up per completed task). Reads the
+  // pushing side's counters only when someone sleeps.
   void CountCompleted(size_t bytes) {
-    int64_t b = pending_bytes_.fetch_sub(static_cast<int64_t>(bytes)) - static_cast<int64_t>(bytes);
-    int64_t p = pending_.fetch_sub(1) - 1;
-    completed_.fetch_add(1);
+    completed_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    completed_.fetch_add(1, std::memory_order_seq_cst);
+    if (!drained_.HasSleepers()) return;
+    int64_t p = Pending(), b = PendingBytes();
     if (p <= 1 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) drained_.Notify();
   }
 
@@ -288,11 +330,10 @@ class EngineBase : public Engine {
     if (e) std::rethrow_exception(e);
   }
 
-  // Counters on separate cache lines by writer: the pushing thread, the workers, and both.
-  alignas(64) std::atomic<int64_t> pushed_{0};
+  // Counters on separate cache lines by writer: the pushing thread and the workers.
+  alignas(64) std::atomic<int64_t> pushed_{0}, pushed_bytes_{0};
   std::atomic<int64_t> peak_pending_{0}, peak_pending_bytes_{0};
-  alignas(64) std::atomic<int64_t> completed_{0};
-  alignas(64) std::atomic<int64_t> pending_{0}, pending_bytes_{0};
+  alignas(64) std::atomic<int64_t> completed_{0}, completed_bytes_{0};
   alignas(64) std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
   WaitPoint drained_;
   std::mutex error_mu_;
@@ -324,6 +365,11 @@ class NaiveEngine final : public EngineBase {
 
 // A FIFO of ready tasks served by a few threads. Workers spin briefly on an empty queue, then
 // sleep on a WaitPoint; Enqueue makes no system call unless a worker sleeps.
+//
+// The queue is an intrusive multi-producer list (Vyukov's): a push is one exchange on `tail_`
+// and one store to the previous task's link, so handing a task to a spinning worker moves about
+// one cache line. Workers pop under `pop_mu_`, which producers never touch. A task is popped only
+// once its link is set, so no producer writes to a task a worker may already have finished.
 class WorkerPool {
  public:
   WorkerPool(int threads, Device device, StreamKind stream, std::function<void(Task*)> run)
@@ -342,23 +388,40 @@ class WorkerPool {
   }
 
   void Enqueue(Task* t) {
-    {
-      std::lock_guard<SpinLock> g(mu_);
-      q_.push_back(t);
-    }
-    size_.fetch_add(1);
+    Link(t);
     ready_.Notify();
   }
 
  private:
+  void Link(QueueNode* n) {
+    n->next.store(nullptr, std::memory_order_relaxed);
+    QueueNode* prev = tail_.exchange(n, std::memory_order_acq_rel);
+    prev->next.store(n, std::memory_order_release);
+  }
+
   Task* TryPop() {
-    if (size_.load(std::memory_order_acquire) == 0) return nullptr;
-    std::lock_guard<SpinLock> g(mu_);
-    if (q_.empty()) return nullptr;
-    Task* t = q_.front();
-    q_.pop_front();
-    size_.fetch_sub(1);
-    return t;
+    std::lock_guard<SpinLock> g(pop_mu_);
+    QueueNode* h = head_;
+    QueueNode* next = h->next.load(std::memory_order_acquire);
+    if (h == &stub_) {
+      if (!next) return nullptr;
+      head_ = h = next;
+      next = h->next.load(std::memory_order_acquire);
+    }
+    if (!next) {
+      // h is the last task, or a push behind it is half done (tail moved, link not yet set).
+      if (tail_.load(std::memory_order_acquire) != h) return nullptr;
+      Link(&stub_);  // queue the stub behind h so that h can be handed out
+      next = h->next.load(std::memory_order_acquire);
+      if (!next) return nullptr;
+    }
+    head_ = next;
+    return static_cast<Task*>(h);
+  }
+
+  bool HasWork() {
+    std::lock_guard<SpinLock> g(pop_mu_);
+    return head_ != &stub_ || head_->next.load(std::memory_order_acquire) != nullptr;
   }
 
   void Loop() {
@@ -374,14 +437,15 @@ class WorkerPool {
         continue;
       }
       if (stop_.load()) return;
-      ready_.Wait([&] { return size_.load() > 0 || stop_.load(); });
+      ready_.Wait([&] { return HasWork() || stop_.load(); });
     }
   }
 
   std::function<void(Task*)> run_;
-  SpinLock mu_;
-  std::deque<Task*> q_;
-  std::atomic<int64_t> size_{0};
+  QueueNode stub_;
+  alignas(64) std::atomic<QueueNode*> tail_{&stub_};  // written by producers
+  alignas(64) SpinLock pop_mu_;                       // the workers' side
+  QueueNode* head_ = &stub_;
   WaitPoint ready_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
@@ -452,7 +516,7 @@ class ThreadedEngine final : public EngineBase {
   void WaitForAll() override {
     if (tls_on_worker)
       KILN_THROW(StateError) << "waitall called inside an engine task: that would deadlock";
-    SleepUntil([&] { return pending_.load(std::memory_order_acquire) == 0; });
+    SleepUntil([&] { return Pending() == 0; });
     Reap();
     RethrowFirstError();
   }
@@ -473,14 +537,29 @@ class ThreadedEngine final : public EngineBase {
 
   // Appends `t` to the FIFO of each of its variables, in one global order, and schedules it
   // when every variable granted access at once.
+  //
+  // A read of an idle variable (no writer running or queued) is granted without its lock: only
+  // pushes make a variable busy, and they are serialized here, so `busy` read false stays false
+  // until this push is done. The read is counted in fast_issued; the worker that finishes it
+  // bumps fast_done, and a writer may start once the two are equal. A writer that arrives while
+  // fast reads run sets `busy` before it compares the counts, and a finishing read bumps its
+  // count before it looks at `busy` (both seq_cst), so one of them sees the other and grants
+  // the writer, under the lock, exactly once.
   void Enter(Task* t) {
     t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1);
     CountPushed(t);
     int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
     {
       std::lock_guard<std::mutex> order(push_mu_);
-      for (Var* r : t->reads) {
+      for (size_t i = 0; i < t->reads.size(); ++i) {
+        Var* r = t->reads[i];
         r->refs.fetch_add(1, std::memory_order_relaxed);
+        if (i < 64 && !r->busy.load(std::memory_order_acquire)) {
+          r->fast_issued.store(r->fast_issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+          t->fast_reads |= uint64_t{1} << i;
+          ++granted;
+          continue;
+        }
         std::lock_guard<SpinLock> g(r->mu);
         if (!r->running_write && r->QueueEmpty()) {
           ++r->running_reads;
@@ -492,7 +571,8 @@ class ThreadedEngine final : public EngineBase {
       for (Var* w : t->writes) {
         w->refs.fetch_add(1, std::memory_order_relaxed);
         std::lock_guard<SpinLock> g(w->mu);
-        if (!w->running_write && w->running_reads == 0 && w->QueueEmpty()) {
+        w->busy.store(true);  // before FastReadsDone: see above
+        if (!w->running_write && w->running_reads == 0 && w->QueueEmpty() && w->FastReadsDone()) {
           w->running_write = true;
           ++granted;
         } else {
@@ -503,17 +583,32 @@ class ThreadedEngine final : public EngineBase {
     if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
   }
 
+  // Grants what the head of v's queue waits for, if it may run now; under v->mu.
+  static void GrantQueued(Var* v, std::vector<Task*>* ready) {
+    if (!v->running_write) {
+      while (!v->QueueEmpty() && !v->queue[v->head].write) {
+        ++v->running_reads;
+        ready->push_back(v->Pop().task);
+      }
+      if (!v->QueueEmpty() && v->running_reads == 0 && v->FastReadsDone()) {
+        v->running_write = true;
+        ready->push_back(v->Pop().task);
+      }
+    }
+    v->busy.store(v->running_write || !v->QueueEmpty());
+  }
+
   // A task is admitted while both limits hold with it counted. Otherwise the producer sleeps until the queue
   // has drained to half of both limits.
   void Backpressure(int64_t bytes) {
     auto fits = [&](int64_t div) {
-      return pending_.load() < std::max<int64_t>(1, max_pending_.load() / div) &&
-             pending_bytes_.load() + bytes <= max_pending_bytes_.load() / div;
+      return Pending() < std::max<int64_t>(1, max_pending_.load() / div) &&
+             PendingBytes() + bytes <= max_pending_bytes_.load() / div;
     };
     // One task may always wait behind the running one, so even ops larger than the byte limit
     // keep the producer and the worker overlapped.
-    if (fits(1) || pending_.load() <= 1) return;
-    SleepUntil([&] { return fits(2) || pending_.load() <= 1; });
+    if (fits(1) || Pending() <= 1) return;
+    SleepUntil([&] { return fits(2) || Pending() <= 1; });
     Reap();
   }
 
@@ -549,31 +644,27 @@ class ThreadedEngine final : public EngineBase {
       t->fn();
     }
     std::vector<Task*> ready;
-    for (Var* r : t->reads) {
-      std::lock_guard<SpinLock> g(r->mu);
-      if (--r->running_reads == 0 && !r->QueueEmpty()) {
-        KILN_CHECK(r->queue[r->head].write);
-        r->running_write = true;
-        ready.push_back(r->Pop().task);
+    for (size_t i = 0; i < t->reads.size(); ++i) {
+      Var* r = t->reads[i];
+      if (i < 64 && (t->fast_reads >> i & 1)) {
+        r->fast_done.fetch_add(1);  // before looking at busy: see Enter
+        if (!r->busy.load()) continue;
+        std::lock_guard<SpinLock> g(r->mu);
+        GrantQueued(r, &ready);
+        continue;
       }
+      std::lock_guard<SpinLock> g(r->mu);
+      --r->running_reads;
+      GrantQueued(r, &ready);
     }
     for (Var* w : t->writes) {
       std::lock_guard<SpinLock> g(w->mu);
       w->running_write = false;
-      while (!w->QueueEmpty() && !w->queue[w->head].write) {
-        ++w->running_reads;
-        ready.push_back(w->Pop().task);
-      }
-      if (w->running_reads == 0 && !w->QueueEmpty()) {
-        w->running_write = true;
-        ready.push_back(w->Pop().task);
-      }
+      GrantQueued(w, &ready);
     }
     for (Task* r : ready)
       if (r->wait.fetch_sub(1, std::memory_order_acq_rel) == 1) Schedule(r);
     size_t bytes = t->opts.bytes;
-    for (Var* v : t->reads) Unref(v);
-    for (Var* v : t->writes) Unref(v);
     Bury(t);
     CountCompleted(bytes);
   }
@@ -593,6 +684,10 @@ class ThreadedEngine final : public EngineBase {
     Task* t = graveyard_.exchange(nullptr, std::memory_order_acquire);
     while (t) {
       Task* next = t->next_dead;
+      // The task's references to its variables are dropped here too, so that a variable's
+      // reference count stays on the pushing thread's cache line.
+      for (Var* v : t->reads) Unref(v);
+      for (Var* v : t->writes) Unref(v);
       delete t;
       t = next;
     }

@@ -27,6 +27,10 @@ class WaitPoint {
     sleepers_.fetch_sub(1);
   }
 
+  /// Whether a thread sleeps here now (seq_cst: a notifier that changed the condition and then
+  /// sees false knows the sleeper will see the change when it re-checks).
+  bool HasSleepers() const { return sleepers_.load() != 0; }
+
   /// Wakes the waiters (if any) after the caller changed what they wait for.
   void Notify() {
     if (sleepers_.load() == 0 || notified_.exchange(true)) return;
