@@ -122,24 +122,40 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   // views (so the worker does not chase TensorImpls this thread just wrote) and references to
   // the storages (so tensors themselves die where they were made). The closure is a single
   // pointer and fits std::function's inline buffer.
+  // Up to kInline tensors live in the block itself (one allocation per op).
+  constexpr size_t kInline = 3;
   struct Closure {
     KernelFn fn;
     const ir::OpDef* op;
     ir::Attrs attrs;
     Device device;
     uint64_t seed, offset;
-    size_t n_in;
-    std::vector<TensorView> views;
+    size_t n_in, n = 0;
+    TensorView inline_views[kInline];
+    StoragePtr inline_keep[kInline];
+    std::vector<TensorView> views;  // all views, when more than kInline
     std::vector<StoragePtr> keep;
+    void Add(const Tensor& t) {
+      if (views.empty() && n < kInline) {
+        inline_views[n] = t.View(), inline_keep[n] = t.storage();
+      } else {
+        if (views.empty()) views.assign(inline_views, inline_views + n);
+        views.push_back(t.View()), keep.push_back(t.storage());
+      }
+      ++n;
+    }
+    std::span<const TensorView> All() const {
+      return views.empty() ? std::span<const TensorView>(inline_views, n) : std::span<const TensorView>(views);
+    }
   };
-  auto c = std::make_shared<Closure>(Closure{kb.fn, &def, attrs, device, seed, offset, inputs.size(), {}, {}});
-  c->views.reserve(inputs.size() + outputs.size());
-  c->keep.reserve(inputs.size() + outputs.size());
-  for (const Tensor& t : inputs) c->views.push_back(t.View()), c->keep.push_back(t.storage());
-  for (const Tensor& t : outputs) c->views.push_back(t.View()), c->keep.push_back(t.storage());
+  auto c = std::make_shared<Closure>();
+  c->fn = kb.fn, c->op = &def, c->attrs = attrs, c->device = device, c->seed = seed, c->offset = offset;
+  c->n_in = inputs.size();
+  for (const Tensor& t : inputs) c->Add(t);
+  for (const Tensor& t : outputs) c->Add(t);
   engine::Engine::Get().Push(
       [c] {
-        std::span<const TensorView> all(c->views);
+        std::span<const TensorView> all = c->All();
         c->fn(KernelArgs{*c->op, all.first(c->n_in), all.subspan(c->n_in), c->attrs, c->device, c->seed,
                          c->offset});
       },

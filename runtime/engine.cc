@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -451,6 +452,17 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
+// Task memory is recycled per thread: a pushing thread reaps what it pushed, so its cache serves
+// its next pushes without a trip through malloc.
+struct TaskCache {
+  std::vector<void*> free;
+  ~TaskCache() {
+    for (void* p : free) ::operator delete(p);
+  }
+};
+thread_local TaskCache tls_tasks;
+
+
 class ThreadedEngine final : public EngineBase {
  public:
   explicit ThreadedEngine(int cpu_workers) : cpu_workers_(std::max(1, cpu_workers)) {}
@@ -469,7 +481,7 @@ class ThreadedEngine final : public EngineBase {
       if (graveyard_.load(std::memory_order_relaxed)) Reap();
       Backpressure(static_cast<int64_t>(opts.bytes));
     }
-    Task* t = new Task();
+    Task* t = NewTask();
     t->fn = std::move(fn);
     t->opts = opts;
     Dedupe(reads, writes, t);
@@ -527,7 +539,7 @@ class ThreadedEngine final : public EngineBase {
   // A waiter reads v like any task but must run even if v holds an error, and runs inline
   // on the thread that completes v's writer (it only flips a flag).
   void PushWaiter(std::function<void()> fn, std::span<Var* const> reads, const TaskOptions& o) {
-    Task* t = new Task();
+    Task* t = NewTask();
     t->fn = std::move(fn);
     t->opts = o;
     t->opts.stream = static_cast<StreamKind>(255);  // marks an inline waiter
@@ -546,7 +558,8 @@ class ThreadedEngine final : public EngineBase {
   // count before it looks at `busy` (both seq_cst), so one of them sees the other and grants
   // the writer, under the lock, exactly once.
   void Enter(Task* t) {
-    t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1);
+    // Relaxed: other threads see `t` only through a variable's lock, after this store.
+    t->wait.store(static_cast<int>(t->reads.size() + t->writes.size()) + 1, std::memory_order_relaxed);
     CountPushed(t);
     int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
     {
@@ -688,9 +701,28 @@ class ThreadedEngine final : public EngineBase {
       // reference count stays on the pushing thread's cache line.
       for (Var* v : t->reads) Unref(v);
       for (Var* v : t->writes) Unref(v);
-      delete t;
+      FreeTask(t);
       t = next;
     }
+  }
+
+  // Task memory is recycled per thread (see TaskCache).
+  static Task* NewTask() {
+    auto& f = tls_tasks.free;
+    void* mem;
+    if (f.empty()) {
+      mem = ::operator new(sizeof(Task));
+    } else {
+      mem = f.back();
+      f.pop_back();
+    }
+    return new (mem) Task();
+  }
+  static void FreeTask(Task* t) {
+    t->~Task();
+    auto& f = tls_tasks.free;
+    if (f.size() < 1024) f.push_back(t);
+    else ::operator delete(t);
   }
 
   static constexpr int kMaxDevices = 64;
