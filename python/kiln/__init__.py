@@ -1,0 +1,37 @@
+"""kiln: eager convenience with compiled speed, in the names of MXNet Gluon and d2l.ai.
+
+    import kiln
+    from kiln import nd, autograd
+    x = nd.ones((2, 3))
+    print((x + 1).asnumpy())
+"""
+from . import _C
+from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
+                 StateError, OutOfMemoryError, InternalError, NDArray, cpu, gpu, num_gpus, waitall)
+from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
+from . import nd, autograd
+
+__all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpus", "waitall",
+           "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
+           "StateError", "OutOfMemoryError", "InternalError"]
+
+
+def gpus():
+    """Every GPU of this machine, as devices ([] when there is none)."""
+    return [gpu(i) for i in range(num_gpus())]
+
+
+def _lazy(name):
+    import importlib
+    return importlib.import_module("." + name, __name__)
+
+
+def __getattr__(name):
+    # Submodules that pull in more (nn, data, utils...) load on first use.
+    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon"):
+        return _lazy(name)
+    if name == "Trainer":
+        return _lazy("trainer").Trainer
+    if name == "split_and_load":
+        return _lazy("utils").split_and_load
+    raise AttributeError(f"module 'kiln' has no attribute '{name}'")

@@ -1,0 +1,74 @@
+"""kiln.nd: creating arrays and every eager op, as mxnet.nd / mxnet.np.
+
+Every function queues its work on the engine and returns at once; asnumpy(), item(),
+wait_to_read() and kiln.waitall() wait.
+"""
+import types as _types
+
+from . import _C
+from ._C import (NDArray, array, zeros, ones, full, arange, invoke, waitall,
+                 negative, abs, sign, square, sqrt, rsqrt, reciprocal, exp, log, log1p, expm1, sin, cos,
+                 tanh, erf, relu, floor, ceil, round, logical_not, stop_gradient, sigmoid, gelu, flatten,
+                 add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal, less,
+                 less_equal, greater, greater_equal, where, cast, clip, broadcast_to, expand_dims,
+                 squeeze, slice, concat, stack, split, take, one_hot, matmul, linear, conv2d, max_pool2d,
+                 avg_pool2d, global_avg_pool2d, softmax, log_softmax, softmax_cross_entropy, dropout,
+                 batch_norm)
+from . import ndarray as _ndarray  # noqa: F401  (methods on NDArray)
+
+dot = matmul
+
+
+def zeros_like(x):
+    return zeros(x.shape, x._dtype_name, x.device)
+
+
+def ones_like(x):
+    return ones(x.shape, x._dtype_name, x.device)
+
+
+def empty(shape, dtype=None, device=None, ctx=None):
+    """An array whose contents are not needed (kiln fills it with zeros)."""
+    return zeros(shape, dtype, device or ctx or _C.cpu())
+
+
+def _reduce(name):
+    def f(x, axis=None, keepdims=False):
+        return getattr(x, name)(axis=axis, keepdims=keepdims)
+    f.__name__ = name
+    return f
+
+
+sum = _reduce("sum")
+mean = _reduce("mean")
+max = _reduce("max")
+min = _reduce("min")
+argmax = _reduce("argmax")
+argmin = _reduce("argmin")
+
+
+def reshape(x, shape):
+    return x._reshape(tuple(shape))
+
+
+def transpose(x, axes=None):
+    return x._transpose(axes)
+
+
+def _device(device, ctx):
+    return device or ctx or _C.cpu()
+
+
+def _seed(s):
+    _C.seed(int(s))
+
+
+random = _types.SimpleNamespace(
+    uniform=lambda low=0.0, high=1.0, shape=(1,), dtype=None, device=None, ctx=None:
+        _C.random_uniform(low, high, shape, dtype, _device(device, ctx)),
+    normal=lambda loc=0.0, scale=1.0, shape=(1,), dtype=None, device=None, ctx=None:
+        _C.random_normal(loc, scale, shape, dtype, _device(device, ctx)),
+    bernoulli=lambda p=0.5, shape=(1,), dtype=None, device=None, ctx=None:
+        _C.random_bernoulli(p, shape, dtype, _device(device, ctx)),
+    seed=_seed,
+)

@@ -1,0 +1,209 @@
+// kiln._C: the module, error translation, devices, dtypes and the conversions every binding uses.
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "bind.h"
+#include "kiln/frontend/dispatch.h"
+#include "kiln/frontend/ops.h"
+#include "kiln/runtime/cuda.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::py {
+
+namespace {
+std::vector<std::pair<int, std::function<void(pyb::module_&)>>>& Binders() {
+  static auto* b = new std::vector<std::pair<int, std::function<void(pyb::module_&)>>>();
+  return *b;
+}
+}  // namespace
+
+Binder::Binder(int priority, std::function<void(pyb::module_&)> fn) {
+  Binders().emplace_back(priority, std::move(fn));
+}
+
+DType ToDType(pyb::handle h, DType default_dtype) {
+  if (h.is_none()) return default_dtype;
+  if (pyb::isinstance<pyb::str>(h)) return ParseDType(h.cast<std::string>());
+  // NumPy dtypes and scalar types (np.float32, np.dtype('int64'), float, int, bool)
+  pyb::object np = pyb::module_::import("numpy");
+  std::string name = pyb::str(np.attr("dtype")(h).attr("name"));
+  return ParseDType(name);
+}
+
+pyb::dtype NumpyDType(DType t) {
+  switch (t) {
+    case DType::kBFloat16: return pyb::dtype("float32");
+    case DType::kBool: return pyb::dtype("bool");
+    default: return pyb::dtype(DTypeName(t));
+  }
+}
+
+std::vector<int64_t> ToInts(pyb::handle h) {
+  if (pyb::isinstance<pyb::int_>(h)) return {h.cast<int64_t>()};
+  std::vector<int64_t> v;
+  for (pyb::handle x : h) v.push_back(pyb::reinterpret_borrow<pyb::object>(x).cast<int64_t>());
+  return v;
+}
+
+Shape ToShape(pyb::handle h) {
+  std::vector<int64_t> v = ToInts(h);
+  if (v.size() > static_cast<size_t>(kMaxRank))
+    KILN_THROW(ShapeError) << "shape " << pyb::str(h).cast<std::string>() << " has rank " << v.size()
+                           << ", above the maximum " << kMaxRank;
+  for (int64_t d : v)
+    if (d < 0) KILN_THROW(ValueError) << "shape " << pyb::str(h).cast<std::string>() << " has a negative size";
+  return Shape(v);
+}
+
+ir::Attrs ToAttrs(const pyb::dict& kwargs) {
+  static std::mutex mu;
+  static std::set<std::string> names;
+  ir::Attrs a;
+  for (auto [k, v] : kwargs) {
+    const char* name;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      name = names.insert(k.cast<std::string>()).first->c_str();
+    }
+    ir::AttrValue value;
+    if (pyb::isinstance<pyb::bool_>(v)) value = v.cast<bool>();
+    else if (pyb::isinstance<pyb::int_>(v)) value = v.cast<int64_t>();
+    else if (pyb::isinstance<pyb::float_>(v)) value = v.cast<double>();
+    else if (pyb::isinstance<pyb::tuple>(v) || pyb::isinstance<pyb::list>(v)) value = ToInts(v);
+    else if (v.is_none()) continue;
+    else value = ToDType(v);
+    a.items().emplace_back(name, std::move(value));
+  }
+  return a;
+}
+
+Tensor ToTensor(pyb::handle h, std::optional<Device> device) {
+  if (pyb::isinstance<Tensor>(h)) {
+    const Tensor& t = h.cast<const Tensor&>();
+    return device && t.device() != *device ? t.To(*device) : t;
+  }
+  pyb::object np = pyb::module_::import("numpy");
+  pyb::array arr;
+  if (pyb::isinstance<pyb::array>(h)) {
+    arr = pyb::reinterpret_borrow<pyb::array>(h);
+  } else {
+    // Python scalars and lists: float32 as MXNet's nd.array does, bool stays bool.
+    pyb::object a = np.attr("asarray")(h);
+    std::string kind = pyb::str(a.attr("dtype").attr("kind"));
+    arr = kind == "b" ? pyb::array(a) : pyb::array(np.attr("asarray")(h, "float32"));
+  }
+  std::string name = pyb::str(arr.dtype().attr("name"));
+  DType dt = ParseDType(name == "float64" || name == "float32" || name == "float16" || name == "int32" ||
+                                name == "int64" || name == "uint8" || name == "bool"
+                            ? name
+                            : std::string("unsupported numpy dtype ") + name);
+  arr = pyb::array(np.attr("ascontiguousarray")(arr));
+  Shape shape;
+  std::vector<int64_t> dims(arr.shape(), arr.shape() + arr.ndim());
+  shape = Shape(dims);
+  return Tensor::FromHost(arr.data(), shape, dt, device.value_or(cpu()));
+}
+
+namespace {
+
+void RegisterErrors(pyb::module_& m) {
+  pyb::object builtins = pyb::module_::import("builtins");
+  auto make = [&](const char* name, const char* base) {
+    return pyb::object(pyb::reinterpret_steal<pyb::object>(PyErr_NewException(
+        (std::string("kiln.") + name).c_str(), builtins.attr(base).ptr(), nullptr)));
+  };
+  pyb::object error = make("KilnError", "RuntimeError");
+  pyb::object shape = make("ShapeError", "ValueError");
+  pyb::object dtype = make("DTypeError", "TypeError");
+  pyb::object device = make("DeviceError", "ValueError");
+  pyb::object format = make("FormatError", "ValueError");
+  pyb::object value = make("ArgumentError", "ValueError");
+  pyb::object state = make("StateError", "RuntimeError");
+  pyb::object memory = make("OutOfMemoryError", "MemoryError");
+  pyb::object internal = make("InternalError", "RuntimeError");
+  m.attr("KilnError") = error, m.attr("ShapeError") = shape, m.attr("DTypeError") = dtype;
+  m.attr("DeviceError") = device, m.attr("FormatError") = format, m.attr("ArgumentError") = value;
+  m.attr("StateError") = state, m.attr("OutOfMemoryError") = memory, m.attr("InternalError") = internal;
+  // Kept alive by the module; the translator looks them up there.
+  pyb::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    pyb::module_ c = pyb::module_::import("kiln._C");
+    auto raise = [&](const char* name, const std::exception& e) {
+      PyErr_SetString(c.attr(name).ptr(), e.what());
+    };
+    try {
+      std::rethrow_exception(p);
+    } catch (const ShapeError& e) {
+      raise("ShapeError", e);
+    } catch (const DTypeError& e) {
+      raise("DTypeError", e);
+    } catch (const DeviceError& e) {
+      raise("DeviceError", e);
+    } catch (const FormatError& e) {
+      raise("FormatError", e);
+    } catch (const ValueError& e) {
+      raise("ArgumentError", e);
+    } catch (const StateError& e) {
+      raise("StateError", e);
+    } catch (const MemoryError& e) {
+      raise("OutOfMemoryError", e);
+    } catch (const InternalError& e) {
+      raise("InternalError", e);
+    } catch (const Error& e) {
+      raise("KilnError", e);
+    }
+  });
+}
+
+}  // namespace
+
+KILN_PY_BIND(0) {
+  RegisterErrors(m);
+
+  pyb::class_<Device>(m, "Device")
+      .def_property_readonly("device_type", [](const Device& d) { return d.is_cpu() ? "cpu" : "gpu"; })
+      .def_property_readonly("device_id", [](const Device& d) { return d.index; })
+      .def("__eq__", [](const Device& a, pyb::object b) {
+        return pyb::isinstance<Device>(b) && a == b.cast<const Device&>();
+      })
+      .def("__hash__", [](const Device& d) { return static_cast<int>(d.type) * 1024 + d.index; })
+      .def("__repr__", [](const Device& d) { return (d.is_cpu() ? "cpu(" : "gpu(") + std::to_string(d.index) + ")"; })
+      .def(pyb::pickle([](const Device& d) { return pyb::make_tuple(d.is_cpu(), d.index); },
+                       [](pyb::tuple t) { return t[0].cast<bool>() ? cpu(t[1].cast<int>()) : gpu(t[1].cast<int>()); }));
+  m.def("cpu", [](int i) { return cpu(i); }, pyb::arg("device_id") = 0);
+  m.def("gpu", [](int i) { return gpu(i); }, pyb::arg("device_id") = 0);
+  m.def("num_gpus", [] { return NumGPUs(); });
+  m.def("built_with_cuda", [] { return cuda::CompiledWithCuda(); });
+  m.def("waitall", [] {
+    pyb::gil_scoped_release nogil;
+    engine::Engine::Get().WaitForAll();
+  }, "Blocks until all queued work is done; raises the first error a task stored since the last waitall.");
+  m.def("seed", [](uint64_t s) { nd::random::seed(s); });
+  m.def("engine_stats", [] {
+    engine::EngineStats s = engine::Engine::Get().Stats();
+    pyb::dict d;
+    d["pushed"] = s.pushed, d["completed"] = s.completed, d["pending"] = s.pending;
+    d["peak_pending"] = s.peak_pending, d["pending_bytes"] = s.pending_bytes;
+    d["peak_pending_bytes"] = s.peak_pending_bytes;
+    return d;
+  });
+  m.def("dtype_names", [] {
+    std::vector<std::string> v;
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32,
+                    DType::kInt64, DType::kUInt8, DType::kBool})
+      v.push_back(DTypeName(t));
+    return v;
+  });
+}
+
+}  // namespace kiln::py
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "kiln's C++ core: tensors, eager ops, autograd, the engine";
+  auto& b = kiln::py::Binders();
+  std::stable_sort(b.begin(), b.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (auto& [priority, fn] : b) fn(m);
+}
