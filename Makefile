@@ -5,7 +5,7 @@ CMAKE_FLAGS ?=
 PYTHON := /usr/bin/python3
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test test-cpp bench clean
+.PHONY: all deps configure build test test-cpp test-python demo bench clean
 
 all: build
 
@@ -26,7 +26,14 @@ test-cpp: build
 	  echo "test names above contain ';', '[' or ']', which CTest cannot register; rename them"; exit 1; fi
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-test: test-cpp
+test-python: build
+	@PYTHONPATH=$(BUILD)/python MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
+test: test-cpp test-python
+
+# Trains the d2l.ai LeNet on Fashion-MNIST on the best device here; saves the curve as lenet.png/svg.
+demo: build
+	@PYTHONPATH=$(BUILD)/python MPLBACKEND=Agg $(PYTHON) examples/python/lenet_fashion_mnist.py --device auto --plot lenet
 
 bench: build
 	@bash scripts/run-bench $(BUILD) $(BENCH)
