@@ -1,0 +1,283 @@
+// Fused multi-tensor SGD and Adam updates (see include/kiln/frontend/optim.h).
+//
+// The arguments are checked on the calling thread (errors name the parameter's index); then one
+// engine task reads every gradient and writes every weight and state. Inside the task the
+// parameters' elements form one flat range [0, total) that ParallelFor splits into chunks; a
+// chunk may span several parameters, so many small parameters (biases) still share threads
+// well. The per-element loops take raw pointers and loop-invariant options as template
+// parameters, so the compiler vectorizes them.
+#include "kiln/frontend/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::optim {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements per chunk, at least
+
+// ---- argument checks ---------------------------------------------------------------------------
+
+// One list of tensors that must match the weights one for one.
+struct Operand {
+  const char* what;  // "gradient", "momentum", "mean", "variance"
+  std::span<const Tensor> list;
+};
+
+std::vector<double> Mults(const char* op, const char* what, const std::vector<double>& given, size_t n) {
+  if (given.empty()) return std::vector<double>(n, 1.0);
+  if (given.size() != n)
+    KILN_THROW(ValueError) << op << ": " << given.size() << " " << what << " values for " << n
+                           << " parameters; pass one per parameter or none";
+  return given;
+}
+
+// Checks that every operand matches its weight and that all live on one CPU device; returns the
+// common dtype (unused when there are no parameters).
+DType Check(const char* op, std::span<const Tensor> weights, std::initializer_list<Operand> operands) {
+  size_t n = weights.size();
+  for (const Operand& o : operands)
+    if (o.list.size() != n)
+      KILN_THROW(ValueError) << op << ": " << n << " weights but " << o.list.size() << " " << o.what
+                             << " arrays; pass one per weight";
+  if (n == 0) return DType::kFloat32;
+  for (size_t i = 0; i < n; ++i) {
+    if (!weights[i].defined()) KILN_THROW(ValueError) << op << ": weight " << i << " is an undefined tensor";
+    for (const Operand& o : operands)
+      if (!o.list[i].defined())
+        KILN_THROW(ValueError) << op << ": the " << o.what << " of parameter " << i
+                               << " is an undefined tensor";
+  }
+  Device dev = weights[0].device();
+  DType dt = weights[0].dtype();
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& w = weights[i];
+    auto check_one = [&](const Tensor& t, const char* what) {
+      if (t.device().is_gpu())
+        KILN_THROW(DeviceError) << op << ": the " << what << " of parameter " << i << " is on "
+                                << t.device().str() << "; fused optimizer updates are not supported yet on "
+                                << "GPU; keep the parameters on kiln.cpu() for now";
+      if (!(t.device() == dev))
+        KILN_THROW(DeviceError) << op << ": the " << what << " of parameter " << i << " is on "
+                                << t.device().str() << " but weight 0 is on " << dev.str()
+                                << "; make one call per device";
+      if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat64)
+        KILN_THROW(DTypeError) << op << ": the " << what << " of parameter " << i << " has dtype "
+                               << DTypeName(t.dtype())
+                               << "; expected float32 or float64 (cast it with astype)";
+      if (t.dtype() != dt)
+        KILN_THROW(DTypeError) << op << ": the " << what << " of parameter " << i << " has dtype "
+                               << DTypeName(t.dtype()) << " but weight 0 has dtype " << DTypeName(dt)
+                               << "; weights, gradients and states of one call must share a dtype";
+      if (t.shape() != w.shape())
+        KILN_THROW(ShapeError) << op << ": the " << what << " of parameter " << i << " has shape "
+                               << t.shape().str() << " but its weight has shape " << w.shape().str();
+      if (!t.is_contiguous())
+        KILN_THROW(ValueError) << op << ": the " << what << " of parameter " << i
+                               << " is not contiguous; pass a contiguous array (.copy())";
+    };
+    check_one(w, "weight");
+    for (const Operand& o : operands) check_one(o.list[i], o.what);
+  }
+  // The same weight twice would be updated twice, by two threads at once.
+  std::vector<std::pair<const void*, size_t>> ptrs;
+  for (size_t i = 0; i < n; ++i) ptrs.emplace_back(weights[i].View().data, i);
+  std::sort(ptrs.begin(), ptrs.end());
+  for (size_t k = 1; k < n; ++k)
+    if (ptrs[k].first == ptrs[k - 1].first && weights[ptrs[k].second].numel() > 0)
+      KILN_THROW(ValueError) << op << ": parameters " << std::min(ptrs[k - 1].second, ptrs[k].second)
+                             << " and "
+                             << std::max(ptrs[k - 1].second, ptrs[k].second)
+                             << " are the same array; pass each weight once";
+  return dt;
+}
+
+// ---- the task ----------------------------------------------------------------------------------
+
+// Runs seg(i, begin, end) over the flat element range of the parameters, in parallel; `prefix`
+// holds each parameter's first flat index, and the total at the end.
+template <class F>
+void ForEachSegment(const std::vector<int64_t>& prefix, F&& seg) {
+  host::ParallelFor(prefix.back(), kGrain, [&](int64_t b, int64_t e) {
+    size_t i = std::upper_bound(prefix.begin(), prefix.end(), b) - prefix.begin() - 1;
+    for (; b < e; ++i) {
+      int64_t end = std::min(e, prefix[i + 1]);
+      if (end > b) seg(i, b - prefix[i], end - prefix[i]);
+      b = std::max(b, end);
+    }
+  });
+}
+
+// Pushes one task running body() that reads `reads` and writes the tensors of `writes`; the
+// storages stay alive until it has run.
+template <class Body>
+void PushTask(const char* name, Device device, std::span<const Tensor> reads,
+              std::initializer_list<std::span<const Tensor>> writes, Body body) {
+  std::vector<engine::Var*> r, w;
+  std::vector<StoragePtr> keep;
+  for (const Tensor& t : reads) r.push_back(t.storage()->var()), keep.push_back(t.storage());
+  for (std::span<const Tensor> list : writes)
+    for (const Tensor& t : list) w.push_back(t.storage()->var()), keep.push_back(t.storage());
+  engine::TaskOptions opts;
+  opts.device = device;
+  opts.name = name;
+  auto task = std::make_shared<std::pair<Body, std::vector<StoragePtr>>>(std::move(body), std::move(keep));
+  engine::Engine::Get().Push([task] { task->first(); }, r, w, opts);
+}
+
+std::vector<int64_t> Prefix(std::span<const Tensor> weights) {
+  std::vector<int64_t> p(weights.size() + 1, 0);
+  for (size_t i = 0; i < weights.size(); ++i) p[i + 1] = p[i] + weights[i].numel();
+  return p;
+}
+
+template <class T>
+T* Ptr(const Tensor& t) {
+  return t.View().template ptr<T>();
+}
+
+// ---- SGD ---------------------------------------------------------------------------------------
+
+template <class T>
+struct SGDParam {
+  T* w;
+  const T* g;
+  T* mom;  // null without momentum
+  T lr, wd;
+};
+
+template <class T, bool kMom, bool kClip>
+void SGDKernel(const SGDParam<T>& p, int64_t b, int64_t e, T rescale, T clip, T momentum) {
+  T* w = p.w;
+  const T* g = p.g;
+  T* m = p.mom;
+  const T lr = p.lr, wd = p.wd;
+  for (int64_t k = b; k < e; ++k) {
+    T gk = rescale * g[k];
+    if constexpr (kClip) gk = std::min(std::max(gk, -clip), clip);
+    gk += wd * w[k];
+    if constexpr (kMom) {
+      m[k] = momentum * m[k] - lr * gk;
+      w[k] += m[k];
+    } else {
+      w[k] -= lr * gk;
+    }
+  }
+}
+
+template <class T>
+void PushSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> moms,
+             const SGDOptions& o, bool mom) {
+  std::vector<double> lr = Mults("sgd_update", "lr_mult", o.lr_mult, weights.size());
+  std::vector<double> wd = Mults("sgd_update", "wd_mult", o.wd_mult, weights.size());
+  std::vector<SGDParam<T>> ps(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    ps[i] = {Ptr<T>(weights[i]), Ptr<T>(grads[i]), mom ? Ptr<T>(moms[i]) : nullptr, T(o.lr * lr[i]),
+             T(o.wd * wd[i])};
+  bool clip = o.clip_gradient > 0;
+  T rescale = T(o.rescale_grad), c = T(o.clip_gradient), momentum = T(o.momentum);
+  auto run = [ps = std::move(ps), prefix = Prefix(weights), mom, clip, rescale, c, momentum] {
+    auto kernel = mom ? (clip ? SGDKernel<T, true, true> : SGDKernel<T, true, false>)
+                      : (clip ? SGDKernel<T, false, true> : SGDKernel<T, false, false>);
+    ForEachSegment(prefix,
+                   [&](size_t i, int64_t b, int64_t e) { kernel(ps[i], b, e, rescale, c, momentum); });
+  };
+  PushTask("sgd_update", weights[0].device(), grads, {weights, mom ? moms : std::span<const Tensor>()},
+           std::move(run));
+}
+
+// ---- Adam --------------------------------------------------------------------------------------
+
+template <class T>
+struct AdamParam {
+  T *w;
+  const T* g;
+  T *m, *v;
+  T lr, wd;
+};
+
+struct AdamScalars {
+  double rescale, clip, beta1, beta2, eps, step_scale /*1/(1-beta1^t)*/, bc2_sqrt /*sqrt(1-beta2^t)*/;
+};
+
+// GCC keeps this loop scalar: with -fmath-errno (kiln's default) sqrt may set errno. The update
+// is memory bound (7 loads and stores per element), so that costs little on large parameters.
+template <class T, bool kClip, bool kDecoupled>
+void AdamKernel(const AdamParam<T>& p, int64_t b, int64_t e, const AdamScalars& s) {
+  T* w = p.w;
+  const T* g = p.g;
+  T *m = p.m, *v = p.v;
+  const T rescale = T(s.rescale), clip = T(s.clip), b1 = T(s.beta1), b2 = T(s.beta2), eps = T(s.eps);
+  const T c1 = T(1) - b1, c2 = T(1) - b2, inv_bc2 = T(1 / s.bc2_sqrt);
+  const T step = T(p.lr * s.step_scale), decay = p.lr * p.wd, wd = p.wd;
+  for (int64_t k = b; k < e; ++k) {
+    T gk = rescale * g[k];
+    if constexpr (!kDecoupled) gk += wd * w[k];
+    if constexpr (kClip) gk = std::min(std::max(gk, -clip), clip);
+    T mk = b1 * m[k] + c1 * gk;
+    T vk = b2 * v[k] + c2 * gk * gk;
+    m[k] = mk, v[k] = vk;
+    T wk = w[k];
+    if constexpr (kDecoupled) wk -= decay * wk;
+    w[k] = wk - step * mk / (std::sqrt(vk) * inv_bc2 + eps);
+  }
+}
+
+template <class T>
+void PushAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> means,
+              std::span<const Tensor> vars, const AdamOptions& o) {
+  const char* name = o.decoupled ? "adamw_update" : "adam_update";
+  std::vector<double> lr = Mults(name, "lr_mult", o.lr_mult, weights.size());
+  std::vector<double> wd = Mults(name, "wd_mult", o.wd_mult, weights.size());
+  std::vector<AdamParam<T>> ps(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    ps[i] = {Ptr<T>(weights[i]), Ptr<T>(grads[i]), Ptr<T>(means[i]), Ptr<T>(vars[i]), T(o.lr * lr[i]),
+             T(o.wd * wd[i])};
+  double t = static_cast<double>(o.t);
+  AdamScalars s{o.rescale_grad, o.clip_gradient, o.beta1, o.beta2, o.epsilon,
+                1 / (1 - std::pow(o.beta1, t)), std::sqrt(1 - std::pow(o.beta2, t))};
+  bool clip = o.clip_gradient > 0, dec = o.decoupled;
+  auto run = [ps = std::move(ps), prefix = Prefix(weights), s, clip, dec] {
+    auto kernel = clip ? (dec ? AdamKernel<T, true, true> : AdamKernel<T, true, false>)
+                       : (dec ? AdamKernel<T, false, true> : AdamKernel<T, false, false>);
+    ForEachSegment(prefix, [&](size_t i, int64_t b, int64_t e) { kernel(ps[i], b, e, s); });
+  };
+  PushTask(name, weights[0].device(), grads, {weights, means, vars}, std::move(run));
+}
+
+}  // namespace
+
+void SGDUpdate(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> moms,
+               const SGDOptions& o) {
+  bool mom = o.momentum != 0;
+  if (mom && moms.empty() && !weights.empty())
+    KILN_THROW(ValueError) << "sgd_update: momentum is " << o.momentum
+                           << " but no momentum arrays were given; pass one per weight (zeros at first)";
+  DType dt = mom ? Check("sgd_update", weights, {{"gradient", grads}, {"momentum", moms}})
+                 : Check("sgd_update", weights, {{"gradient", grads}});
+  if (weights.empty()) return;
+  if (dt == DType::kFloat32) PushSGD<float>(weights, grads, moms, o, mom);
+  else PushSGD<double>(weights, grads, moms, o, mom);
+}
+
+void AdamUpdate(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> means,
+                std::span<const Tensor> vars, const AdamOptions& o) {
+  const char* name = o.decoupled ? "adamw_update" : "adam_update";
+  if (o.t < 1) KILN_THROW(ValueError) << name << ": step t is " << o.t << "; steps count from 1";
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    KILN_THROW(ValueError) << name << ": beta1 and beta2 must lie in [0, 1), got " << o.beta1 << " and "
+                           << o.beta2;
+  DType dt = Check(name, weights, {{"gradient", grads}, {"mean", means}, {"variance", vars}});
+  if (weights.empty()) return;
+  if (dt == DType::kFloat32) PushAdam<float>(weights, grads, means, vars, o);
+  else PushAdam<double>(weights, grads, means, vars, o);
+}
+
+}  // namespace kiln::optim
