@@ -16,6 +16,19 @@ __all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpu
            "StateError", "OutOfMemoryError", "InternalError"]
 
 
+def _drain_at_exit():
+    # Queued work finishes while the interpreter and every library kiln uses are still whole;
+    # errors nobody waited for are dropped, as in C++ (see the README).
+    try:
+        waitall()
+    except Exception:
+        pass
+
+
+import atexit as _atexit
+_atexit.register(_drain_at_exit)
+
+
 def gpus():
     """Every GPU of this machine, as devices ([] when there is none)."""
     return [gpu(i) for i in range(num_gpus())]
