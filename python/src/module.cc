@@ -111,11 +111,14 @@ namespace {
 
 void RegisterErrors(pyb::module_& m) {
   pyb::object builtins = pyb::module_::import("builtins");
+  // Every typed error is a KilnError and also the built-in exception a Python user expects.
+  pyb::object error = pyb::reinterpret_steal<pyb::object>(
+      PyErr_NewException("kiln.KilnError", builtins.attr("Exception").ptr(), nullptr));
   auto make = [&](const char* name, const char* base) {
-    return pyb::object(pyb::reinterpret_steal<pyb::object>(PyErr_NewException(
-        (std::string("kiln.") + name).c_str(), builtins.attr(base).ptr(), nullptr)));
+    pyb::tuple bases = pyb::make_tuple(error, builtins.attr(base));
+    return pyb::reinterpret_steal<pyb::object>(
+        PyErr_NewException((std::string("kiln.") + name).c_str(), bases.ptr(), nullptr));
   };
-  pyb::object error = make("KilnError", "RuntimeError");
   pyb::object shape = make("ShapeError", "ValueError");
   pyb::object dtype = make("DTypeError", "TypeError");
   pyb::object device = make("DeviceError", "ValueError");
