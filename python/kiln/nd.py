@@ -5,8 +5,10 @@ wait_to_read() and kiln.waitall() wait.
 """
 import types as _types
 
+import numpy as _np
+
 from . import _C
-from ._C import (NDArray, array, zeros, ones, full, arange, invoke, waitall,
+from ._C import (NDArray, zeros, ones, full, arange, invoke, waitall,
                  negative, abs, sign, square, sqrt, rsqrt, reciprocal, exp, log, log1p, expm1, sin, cos,
                  tanh, erf, relu, floor, ceil, round, logical_not, stop_gradient, sigmoid, gelu, flatten,
                  add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal, less,
@@ -17,6 +19,20 @@ from ._C import (NDArray, array, zeros, ones, full, arange, invoke, waitall,
 from . import ndarray as _ndarray  # noqa: F401  (methods on NDArray)
 
 dot = matmul
+
+
+def array(obj, dtype=None, device=None, ctx=None):
+    """A new array holding a copy of `obj` (an NDArray, a NumPy array, a list or a number).
+
+    NumPy arrays keep their dtype (float64 stays float64); Python numbers and lists become float32
+    (bool stays bool) as in MXNet. A 0-d NumPy array or NumPy scalar gives a 0-d array; a Python
+    number gives shape (1,), as MXNet's nd.array."""
+    x = _C.array(obj, dtype, device or ctx)
+    if isinstance(obj, NDArray) and x._shares_storage(obj):
+        x = x.copy()
+    elif isinstance(obj, (_np.ndarray, _np.generic)) and obj.ndim == 0 and x.ndim != 0:
+        x = x._reshape(())
+    return x
 
 
 def zeros_like(x):
@@ -72,3 +88,16 @@ random = _types.SimpleNamespace(
         _C.random_bernoulli(p, shape, dtype, _device(device, ctx)),
     seed=_seed,
 )
+
+
+def from_dlpack(obj):
+    """An NDArray sharing the memory of `obj` (a NumPy array, a torch tensor, anything with
+    __dlpack__, or a DLPack capsule). Nothing is copied: a strided source (a transposed or sliced
+    view, negative strides included) becomes a strided kiln view of the same memory, and the
+    producer's memory stays alive until the kiln array (and every view of it) is gone."""
+    return _C.from_dlpack(obj)
+
+
+def to_dlpack(x):
+    """The DLPack capsule of `x` (as x.__dlpack__()); it shares x's memory."""
+    return _C.to_dlpack(x)

@@ -61,8 +61,10 @@ def _normalize_key(self, key):
         n = self.shape[axis]
         if isinstance(k, slice):
             b, e, s = k.indices(n)
-            begins.append(b), ends.append(e), steps.append(s)
             out_shape.append(len(range(b, e, s)))
+            if e < 0:  # a negative step running past the first element: -1 would mean "the last"
+                e = -n - 1
+            begins.append(b), ends.append(e), steps.append(s)
         else:
             try:
                 i = int(k)
@@ -105,6 +107,9 @@ def _setitem(self, key, value):
         raise RuntimeError("internal: the indexed region is not a view of the array")
     if isinstance(value, NDArray):
         src = value
+    elif isinstance(value, (int, float, bool, _np.generic)) or (isinstance(value, _np.ndarray) and value.ndim == 0):
+        _C.full(view.shape, value, self._dtype_name, self.device).copyto(view)
+        return
     else:
         src = _C.array(_np.asarray(value, dtype=_np.float64 if self._dtype_name == _BF16 else self.dtype),
                        device=self.device)
@@ -182,7 +187,7 @@ def _square(self):
     return _C.square(self)
 
 
-def _rpow_matmul(self, other):
+def _rmatmul(self, other):
     return _C.matmul(_C.array(other) if not isinstance(other, NDArray) else other, self)
 
 
@@ -191,6 +196,6 @@ for _name, _fn in {
     "__getitem__": _getitem, "__setitem__": _setitem, "tolist": _tolist, "__array__": _array,
     "flatten": _flatten, "squeeze": _squeeze, "expand_dims": _expand_dims, "clip": _clip,
     "softmax": _softmax, "relu": _relu, "zeros_like": _zeros_like, "broadcast_to": _broadcast_to,
-    "abs": _abs, "exp": _exp, "log": _log, "sqrt": _sqrt, "square": _square, "__rmatmul__": _rpow_matmul,
+    "abs": _abs, "exp": _exp, "log": _log, "sqrt": _sqrt, "square": _square, "__rmatmul__": _rmatmul,
 }.items():
     setattr(NDArray, _name, _fn)

@@ -1,6 +1,8 @@
-// kiln._C.NDArray (the C++ Tensor) and the eager ops of kiln::nd. Operators are bound here, in
-// C++, so that `a + b` from Python costs one pybind11 call on top of the C++ dispatch; indexing
-// and the friendlier signatures live in python/kiln/ndarray.py.
+// kiln._C.NDArray (the C++ Tensor) and the eager ops of kiln::nd. Operators are CPython number
+// slots written here, so that `a + b` from Python costs a type check on top of the C++ dispatch;
+// they also apply the Python-side dtype rules nd:: cannot see (the kind of a scalar operand, true
+// division). Indexing and the friendlier signatures live in python/kiln/ndarray.py; DLPack in
+// dlpack.cc.
 #include <cstring>
 
 #include "bind.h"
@@ -14,42 +16,220 @@ namespace {
 
 using nd::Axes;
 
-// The second operand of a binary operator: another NDArray or a Python number.
-template <class TT, class TS>
-pyb::object Binary(const Tensor& a, pyb::handle b, TT tensor_op, TS scalar_op) {
-  if (pyb::isinstance<Tensor>(b)) return pyb::cast(tensor_op(a, b.cast<const Tensor&>()));
-  if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr()) || PyBool_Check(b.ptr()))
-    return pyb::cast(scalar_op(a, PyFloat_AsDouble(b.ptr())));
-  if (pyb::isinstance<pyb::array>(b) || pyb::isinstance<pyb::list>(b) || pyb::isinstance<pyb::tuple>(b) ||
-      pyb::hasattr(b, "dtype"))
-    return pyb::cast(tensor_op(a, ToTensor(b, a.device())));
-  return pyb::reinterpret_borrow<pyb::object>(Py_NotImplemented);
+// ---- operators: CPython number slots, bypassing pybind11's overload dispatch ----
+// `a + b` is the hottest call from Python. The NDArray type's nb_add (etc.) slots point straight at
+// the functions below: no argument loaders, no overload resolution, one type check per operand
+// and one pybind11 instance per result. The dunder methods stay defined (they call the same code)
+// so that `a.__add__(b)`, NumPy's deferral (__array_priority__) and Python subclasses work.
+
+PyTypeObject* g_ndarray_type = nullptr;
+const pyb::detail::type_info* g_ndarray_tinfo = nullptr;
+PyObject* g_numpy_generic = nullptr;  // numpy.generic: NumPy scalars count as Python scalars
+
+const Tensor* AsTensor(PyObject* o) {
+  if (Py_TYPE(o) != g_ndarray_type && !PyType_IsSubtype(Py_TYPE(o), g_ndarray_type)) return nullptr;
+  auto* inst = reinterpret_cast<pyb::detail::instance*>(o);
+  return inst->get_value_and_holder(g_ndarray_tinfo, false).value_ptr<Tensor>();
 }
 
-#define KILN_BIN(pyname, fn)                                                                        \
-  cls.def(pyname, [](const Tensor& a, pyb::handle b) {                                               \
-    return Binary(a, b, [](const Tensor& x, const Tensor& y) { return nd::fn(x, y); },               \
-                  [](const Tensor& x, double y) { return nd::fn(x, y); });                            \
-  }, pyb::is_operator());
-#define KILN_RBIN(pyname, fn)                                                                       \
-  cls.def(pyname, [](const Tensor& a, pyb::handle b) {                                               \
-    return Binary(a, b, [](const Tensor& x, const Tensor& y) { return nd::fn(y, x); },               \
-                  [](const Tensor& x, double y) { return nd::fn(y, x); });                            \
-  }, pyb::is_operator());
-// In place as in MXNet: the result is written into a's storage (a keeps its identity).
-#define KILN_IBIN(pyname, fn)                                                                       \
-  cls.def(pyname, [](Tensor& a, pyb::handle b) {                                                     \
-    pyb::object r = Binary(a, b, [](const Tensor& x, const Tensor& y) { return nd::fn(x, y); },      \
-                           [](const Tensor& x, double y) { return nd::fn(x, y); });                   \
-    if (r.ptr() == Py_NotImplemented) return r;                                                      \
-    Tensor out = r.cast<Tensor>();                                                                   \
-    if (out.shape() != a.shape())                                                                    \
-      KILN_THROW(ShapeError) << pyname << ": the result has shape " << out.shape().str()             \
-                             << ", which cannot be written into the left operand of shape "         \
-                             << a.shape().str() << "; use the out-of-place operator";               \
-    out.AsType(a.dtype()).CopyTo(a);                                                                 \
-    return pyb::cast(a);                                                                             \
-  }, pyb::is_operator());
+PyObject* Wrap(Tensor&& t) {
+  auto move = [](const void* p) -> void* {
+    return new Tensor(std::move(*const_cast<Tensor*>(static_cast<const Tensor*>(p))));
+  };
+  return pyb::detail::type_caster_generic::cast(&t, pyb::return_value_policy::move, nullptr, g_ndarray_tinfo,
+                                                nullptr, move)
+      .ptr();
+}
+
+// Python bool/int/float and NumPy scalars of those kinds (value-based, as NumPy 1.x treats them).
+enum class ScalarKind { kNone, kBool, kInt, kFloat };
+PyObject* g_numpy_bool = nullptr;
+PyObject* g_numpy_integer = nullptr;
+PyObject* g_numpy_floating = nullptr;
+
+ScalarKind AsScalar(PyObject* o, double* v) {
+  if (PyFloat_Check(o)) {  // also numpy.float64
+    *v = PyFloat_AS_DOUBLE(o);
+    return ScalarKind::kFloat;
+  }
+  if (PyLong_Check(o)) {
+    *v = PyLong_AsDouble(o);
+    if (*v == -1.0 && PyErr_Occurred()) return ScalarKind::kNone;
+    return PyBool_Check(o) ? ScalarKind::kBool : ScalarKind::kInt;
+  }
+  if (!g_numpy_generic || PyObject_IsInstance(o, g_numpy_generic) != 1) return ScalarKind::kNone;
+  ScalarKind kind = PyObject_IsInstance(o, g_numpy_floating) == 1  ? ScalarKind::kFloat
+                    : PyObject_IsInstance(o, g_numpy_integer) == 1 ? ScalarKind::kInt
+                    : PyObject_IsInstance(o, g_numpy_bool) == 1    ? ScalarKind::kBool
+                                                                   : ScalarKind::kNone;
+  if (kind == ScalarKind::kNone) return kind;
+  *v = PyFloat_AsDouble(o);
+  if (*v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return ScalarKind::kNone;
+  }
+  return kind;
+}
+
+// NumPy arrays, lists and tuples become tensors on the other operand's device.
+bool IsArrayLike(PyObject* o) {
+  return PyList_Check(o) || PyTuple_Check(o) || PyObject_HasAttrString(o, "__array_interface__");
+}
+
+PyObject* Raise() {
+  // The translators pybind11 applies to its own functions (kiln's typed errors among them).
+  if (pyb::detail::apply_exception_translators(pyb::detail::get_local_internals().registered_exception_translators))
+    return nullptr;
+  if (pyb::detail::apply_exception_translators(pyb::detail::get_internals().registered_exception_translators))
+    return nullptr;
+  PyErr_SetString(PyExc_SystemError, "kiln: an unknown C++ exception escaped an NDArray operator");
+  return nullptr;
+}
+
+enum class Op { kAdd, kSub, kMul, kDiv, kPow, kEq, kNe, kLt, kLe, kGt, kGe };
+
+// True division of integers gives float32 (kiln's default float, as for `int_array * 2.5`);
+// nd::divide itself divides integers as C++ does.
+Tensor ForDivision(const Tensor& t) { return IsFloat(t.dtype()) ? t : t.AsType(DType::kFloat32); }
+
+template <class A, class B>
+Tensor Apply(Op op, const A& a, const B& b) {
+  switch (op) {
+    case Op::kAdd: return nd::add(a, b);
+    case Op::kSub: return nd::subtract(a, b);
+    case Op::kMul: return nd::multiply(a, b);
+    case Op::kDiv: return nd::divide(a, b);
+    case Op::kPow: return nd::power(a, b);
+    case Op::kEq: return nd::equal(a, b);
+    case Op::kNe: return nd::not_equal(a, b);
+    case Op::kLt: return nd::less(a, b);
+    case Op::kLe: return nd::less_equal(a, b);
+    case Op::kGt: return nd::greater(a, b);
+    case Op::kGe: return nd::greater_equal(a, b);
+  }
+  KILN_CHECK(false) << "unknown operator";
+  return Tensor();
+}
+
+// The tensor operand of `tensor op scalar`, converted as NumPy's kinds order them (bool < int <
+// float): a float scalar makes an integer tensor float32 (kiln's default float, as in PyTorch), an
+// int scalar makes a bool tensor int64. nd:: would look at the value only (int32 + 2.0 -> int32).
+Tensor ForScalar(Op op, const Tensor& t, ScalarKind kind) {
+  if (op == Op::kDiv || (kind == ScalarKind::kFloat && !IsFloat(t.dtype()))) return ForDivision(t);
+  if (kind == ScalarKind::kInt && t.dtype() == DType::kBool) return t.AsType(DType::kInt64);
+  return t;
+}
+
+Tensor ApplyTT(Op op, const Tensor& a, const Tensor& b) {
+  if (op == Op::kDiv && !IsFloat(a.dtype()) && !IsFloat(b.dtype())) return Apply(op, ForDivision(a), ForDivision(b));
+  return Apply(op, a, b);
+}
+
+// The result of `l op r`, or NotImplemented when neither side is something kiln computes with.
+PyObject* BinarySlot(Op op, PyObject* l, PyObject* r) {
+  try {
+    const Tensor* a = AsTensor(l);
+    const Tensor* b = AsTensor(r);
+    if (a && b) return Wrap(ApplyTT(op, *a, *b));
+    double v;
+    ScalarKind kind;
+    if (a && (kind = AsScalar(r, &v)) != ScalarKind::kNone) return Wrap(Apply(op, ForScalar(op, *a, kind), v));
+    if (b && (kind = AsScalar(l, &v)) != ScalarKind::kNone) return Wrap(Apply(op, v, ForScalar(op, *b, kind)));
+    if (PyErr_Occurred()) return nullptr;
+    if (a && IsArrayLike(r)) return Wrap(ApplyTT(op, *a, ToTensor(r, a->device())));
+    if (b && IsArrayLike(l)) return Wrap(ApplyTT(op, ToTensor(l, b->device()), *b));
+  } catch (...) {
+    return Raise();
+  }
+  Py_RETURN_NOTIMPLEMENTED;
+}
+
+// In place as in MXNet: the result is written into a's storage (a keeps its identity; a view
+// writes through to its base array).
+PyObject* InplaceSlot(Op op, PyObject* l, PyObject* r) {
+  const Tensor* a = AsTensor(l);
+  if (!a) Py_RETURN_NOTIMPLEMENTED;
+  PyObject* res = BinarySlot(op, l, r);
+  if (!res || res == Py_NotImplemented) return res;
+  try {
+    Tensor out = *AsTensor(res);
+    Py_DECREF(res);
+    if (out.shape() != a->shape())
+      KILN_THROW(ShapeError) << "in-place operator: the result has shape " << out.shape().str()
+                             << ", which cannot be written into the left operand of shape " << a->shape().str()
+                             << "; use the out-of-place operator";
+    out.AsType(a->dtype()).CopyTo(*a);
+  } catch (...) {
+    return Raise();
+  }
+  Py_INCREF(l);
+  return l;
+}
+
+#define KILN_SLOT(name, op)                                                \
+  PyObject* name(PyObject* l, PyObject* r) { return BinarySlot(op, l, r); } \
+  PyObject* name##_inplace(PyObject* l, PyObject* r) { return InplaceSlot(op, l, r); }
+KILN_SLOT(SlotAdd, Op::kAdd) KILN_SLOT(SlotSub, Op::kSub) KILN_SLOT(SlotMul, Op::kMul) KILN_SLOT(SlotDiv, Op::kDiv)
+#undef KILN_SLOT
+
+PyObject* SlotPow(PyObject* l, PyObject* r, PyObject* mod) {
+  if (mod != Py_None) Py_RETURN_NOTIMPLEMENTED;
+  return BinarySlot(Op::kPow, l, r);
+}
+
+PyObject* SlotCompare(PyObject* l, PyObject* r, int cmp) {
+  static constexpr Op kOps[] = {Op::kLt, Op::kLe, Op::kEq, Op::kNe, Op::kGt, Op::kGe};  // Py_LT .. Py_GE
+  return BinarySlot(kOps[cmp], l, r);
+}
+
+pyb::object Steal(PyObject* p) {
+  if (!p) throw pyb::error_already_set();
+  return pyb::reinterpret_steal<pyb::object>(p);
+}
+
+void InstallOperatorSlots(pyb::class_<Tensor>& cls) {
+  g_ndarray_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  g_ndarray_tinfo = pyb::detail::get_type_info(g_ndarray_type);
+  pyb::module_ np = pyb::module_::import("numpy");
+  g_numpy_generic = pyb::object(np.attr("generic")).release().ptr();
+  g_numpy_bool = pyb::object(np.attr("bool_")).release().ptr();
+  g_numpy_integer = pyb::object(np.attr("integer")).release().ptr();
+  g_numpy_floating = pyb::object(np.attr("floating")).release().ptr();
+  PyNumberMethods* n = g_ndarray_type->tp_as_number;
+  n->nb_add = SlotAdd, n->nb_subtract = SlotSub, n->nb_multiply = SlotMul, n->nb_true_divide = SlotDiv;
+  n->nb_inplace_add = SlotAdd_inplace, n->nb_inplace_subtract = SlotSub_inplace;
+  n->nb_inplace_multiply = SlotMul_inplace, n->nb_inplace_true_divide = SlotDiv_inplace;
+  n->nb_power = SlotPow;
+  g_ndarray_type->tp_richcompare = SlotCompare;
+  PyType_Modified(g_ndarray_type);
+}
+
+// item() as a Python number, exact for int64 (Tensor::Item goes through double).
+pyb::object ItemObject(const Tensor& t) {
+  if (t.numel() != 1)
+    KILN_THROW(ShapeError) << "item(): the array has " << t.numel() << " elements " << t.shape().str()
+                           << "; item() needs exactly one";
+  alignas(8) unsigned char buf[8] = {};
+  {
+    pyb::gil_scoped_release nogil;
+    t.CopyToHost(buf);
+  }
+  auto get = [&](auto v) {
+    std::memcpy(&v, buf, sizeof(v));
+    return v;
+  };
+  switch (t.dtype()) {
+    case DType::kFloat32: return pyb::float_(get(float{}));
+    case DType::kFloat64: return pyb::float_(get(double{}));
+    case DType::kFloat16: return pyb::float_(static_cast<float>(get(Half{})));
+    case DType::kBFloat16: return pyb::float_(static_cast<float>(get(BFloat16{})));
+    case DType::kInt32: return pyb::int_(get(int32_t{}));
+    case DType::kInt64: return pyb::int_(get(int64_t{}));
+    case DType::kUInt8: return pyb::int_(buf[0]);
+    case DType::kBool: return pyb::bool_(buf[0] != 0);
+  }
+  return pyb::none();
+}
 
 Axes AxesOrAll(pyb::handle axis) {
   if (axis.is_none()) return {};
@@ -95,23 +275,15 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
         }
       })
       .def("asnumpy", &AsNumpy, "Copies the array to a NumPy array (waits for the result).")
-      .def("item", [](const Tensor& t) -> pyb::object {
-        double v;
-        {
-          pyb::gil_scoped_release nogil;
-          v = t.Item();
-        }
-        if (t.dtype() == DType::kBool) return pyb::bool_(v != 0);
-        if (IsFloat(t.dtype())) return pyb::float_(v);
-        return pyb::int_(static_cast<int64_t>(v));
-      })
+      .def("item", &ItemObject, "The value of a one-element array as a Python number (waits).")
       .def("wait_to_read", [](const Tensor& t) {
         pyb::gil_scoped_release nogil;
         t.WaitToRead();
       })
       .def("astype", [](const Tensor& t, pyb::handle dtype, bool copy) {
         DType d = ToDType(dtype);
-        return d == t.dtype() && !copy ? t : t.AsType(d);
+        if (d != t.dtype()) return t.AsType(d);
+        return copy ? t.To(t.device(), /*copy=*/true) : t;
       }, pyb::arg("dtype"), pyb::arg("copy") = true)
       .def("to_device", [](const Tensor& t, const Device& d) { return t.To(d); })
       .def("as_in_context", [](const Tensor& t, const Device& d) { return t.To(d); })
@@ -136,10 +308,15 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
       .def("detach", &Tensor::Detach)
       .def("_reshape", [](const Tensor& t, pyb::handle shape) { return nd::reshape(t, ToInts(shape)); })
       .def("_transpose", [](const Tensor& t, pyb::handle axes) { return nd::transpose(t, AxesOrAll(axes)); })
-      .def("sum", [](const Tensor& t, pyb::handle axis, bool keepdims) { return nd::sum(t, AxesOrAll(axis), keepdims); },
-           pyb::arg("axis") = pyb::none(), pyb::arg("keepdims") = false)
-      .def("mean", [](const Tensor& t, pyb::handle axis, bool keepdims) { return nd::mean(t, AxesOrAll(axis), keepdims); },
-           pyb::arg("axis") = pyb::none(), pyb::arg("keepdims") = false)
+      // As NumPy: integer sums accumulate in int64 (kiln has no uint64 for uint8), means of
+      // integers are floats (float32, kiln's default float, as for true division).
+      .def("sum", [](const Tensor& t, pyb::handle axis, bool keepdims) {
+        bool narrow = t.dtype() == DType::kInt32 || t.dtype() == DType::kUInt8;
+        return nd::sum(narrow ? t.AsType(DType::kInt64) : t, AxesOrAll(axis), keepdims);
+      }, pyb::arg("axis") = pyb::none(), pyb::arg("keepdims") = false)
+      .def("mean", [](const Tensor& t, pyb::handle axis, bool keepdims) {
+        return nd::mean(IsFloat(t.dtype()) ? t : t.AsType(DType::kFloat32), AxesOrAll(axis), keepdims);
+      }, pyb::arg("axis") = pyb::none(), pyb::arg("keepdims") = false)
       .def("max", [](const Tensor& t, pyb::handle axis, bool keepdims) { return nd::max(t, AxesOrAll(axis), keepdims); },
            pyb::arg("axis") = pyb::none(), pyb::arg("keepdims") = false)
       .def("min", [](const Tensor& t, pyb::handle axis, bool keepdims) { return nd::min(t, AxesOrAll(axis), keepdims); },
@@ -178,28 +355,46 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
         if (t.numel() != 1)
           KILN_THROW(ValueError) << "the truth value of an array with " << t.numel()
                                  << " elements is ambiguous; use .sum(), .max() or compare elements";
-        pyb::gil_scoped_release nogil;
-        return t.Item() != 0;
+        return ItemObject(t).cast<double>() != 0;
       })
       .def("__float__", [](const Tensor& t) {
         if (t.numel() != 1) KILN_THROW(ValueError) << "only one-element arrays convert to float, got " << t.numel();
-        pyb::gil_scoped_release nogil;
-        return t.Item();
+        return ItemObject(t).cast<double>();
       })
       .def("__int__", [](const Tensor& t) {
         if (t.numel() != 1) KILN_THROW(ValueError) << "only one-element arrays convert to int, got " << t.numel();
-        pyb::gil_scoped_release nogil;
-        return static_cast<int64_t>(t.Item());
+        return pyb::int_(ItemObject(t));
+      })
+      .def("__index__", [](const Tensor& t) -> pyb::object {
+        if (t.numel() != 1 || IsFloat(t.dtype()))
+          KILN_THROW(DTypeError) << "only one-element integer arrays can be used as an index, got "
+                                 << t.numel() << " elements of " << DTypeName(t.dtype());
+        return pyb::int_(ItemObject(t));
       });
-  KILN_BIN("__add__", add) KILN_RBIN("__radd__", add) KILN_IBIN("__iadd__", add)
-  KILN_BIN("__sub__", subtract) KILN_RBIN("__rsub__", subtract) KILN_IBIN("__isub__", subtract)
-  KILN_BIN("__mul__", multiply) KILN_RBIN("__rmul__", multiply) KILN_IBIN("__imul__", multiply)
-  KILN_BIN("__truediv__", divide) KILN_RBIN("__rtruediv__", divide) KILN_IBIN("__itruediv__", divide)
-  KILN_BIN("__pow__", power) KILN_RBIN("__rpow__", power)
-  KILN_BIN("__eq__", equal) KILN_BIN("__ne__", not_equal) KILN_BIN("__lt__", less)
-  KILN_BIN("__le__", less_equal) KILN_BIN("__gt__", greater) KILN_BIN("__ge__", greater_equal)
+  // The operator methods; `a + b` itself goes through the number slots InstallOperatorSlots sets.
+  auto method = [&](const char* name, PyObject* (*fn)(PyObject*, PyObject*), bool reflected) {
+    if (reflected)
+      cls.def(name, [fn](pyb::handle a, pyb::handle b) { return Steal(fn(b.ptr(), a.ptr())); }, pyb::is_operator());
+    else
+      cls.def(name, [fn](pyb::handle a, pyb::handle b) { return Steal(fn(a.ptr(), b.ptr())); }, pyb::is_operator());
+  };
+  method("__add__", SlotAdd, false), method("__radd__", SlotAdd, true), method("__iadd__", SlotAdd_inplace, false);
+  method("__sub__", SlotSub, false), method("__rsub__", SlotSub, true), method("__isub__", SlotSub_inplace, false);
+  method("__mul__", SlotMul, false), method("__rmul__", SlotMul, true), method("__imul__", SlotMul_inplace, false);
+  method("__truediv__", SlotDiv, false), method("__rtruediv__", SlotDiv, true);
+  method("__itruediv__", SlotDiv_inplace, false);
+  cls.def("__pow__", [](pyb::handle a, pyb::handle b) { return Steal(SlotPow(a.ptr(), b.ptr(), Py_None)); },
+          pyb::is_operator());
+  cls.def("__rpow__", [](pyb::handle a, pyb::handle b) { return Steal(SlotPow(b.ptr(), a.ptr(), Py_None)); },
+          pyb::is_operator());
+  static constexpr std::pair<const char*, int> kCompare[] = {{"__lt__", Py_LT}, {"__le__", Py_LE}, {"__eq__", Py_EQ},
+                                                             {"__ne__", Py_NE}, {"__gt__", Py_GT}, {"__ge__", Py_GE}};
+  for (auto [name, cmp] : kCompare)
+    cls.def(name, [cmp = cmp](pyb::handle a, pyb::handle b) { return Steal(SlotCompare(a.ptr(), b.ptr(), cmp)); },
+            pyb::is_operator());
   cls.attr("__hash__") = pyb::none();
   cls.attr("__array_priority__") = 1000.0;  // NumPy defers `np_array + nd_array` to NDArray
+  InstallOperatorSlots(cls);  // last: setting a dunder attribute on the type resets its slot
 
   // ---- creation and conversion ----
   m.def("array", [](pyb::handle obj, pyb::handle dtype, std::optional<Device> device) {
@@ -263,9 +458,22 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
     if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr())) return nd::name(x, PyFloat_AsDouble(b.ptr())); \
     return nd::name(x, ToTensor(b, x.device()));                                                   \
   });
-  KILN_B(add) KILN_B(subtract) KILN_B(multiply) KILN_B(divide) KILN_B(power) KILN_B(maximum) KILN_B(minimum)
-  KILN_B(equal) KILN_B(not_equal) KILN_B(less) KILN_B(less_equal) KILN_B(greater) KILN_B(greater_equal)
+  KILN_B(maximum) KILN_B(minimum)
 #undef KILN_B
+  // The ops with an operator share its code (true division of integers, NumPy scalars, arrays).
+  static constexpr std::pair<const char*, Op> kOperatorOps[] = {
+      {"add", Op::kAdd}, {"subtract", Op::kSub}, {"multiply", Op::kMul}, {"divide", Op::kDiv},
+      {"power", Op::kPow}, {"equal", Op::kEq}, {"not_equal", Op::kNe}, {"less", Op::kLt},
+      {"less_equal", Op::kLe}, {"greater", Op::kGt}, {"greater_equal", Op::kGe}};
+  for (auto [name, op] : kOperatorOps)
+    m.def(name, [op = op](pyb::object a, pyb::object b) {
+      if (!AsTensor(a.ptr()) && !AsTensor(b.ptr())) a = pyb::cast(ToTensor(a));
+      pyb::object r = Steal(BinarySlot(op, a.ptr(), b.ptr()));
+      if (r.ptr() == Py_NotImplemented)
+        KILN_THROW(DTypeError) << "unsupported operand types " << Py_TYPE(a.ptr())->tp_name << " and "
+                               << Py_TYPE(b.ptr())->tp_name << "; pass NDArrays, NumPy arrays or numbers";
+      return r;
+    }, pyb::arg("lhs"), pyb::arg("rhs"));
   m.def("where", &nd::where);
   m.def("cast", [](const Tensor& x, pyb::handle d) { return nd::cast(x, ToDType(d)); });
   m.def("clip", &nd::clip);
