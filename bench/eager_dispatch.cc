@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
     Emit(kBench, cases[k], "peak_pending", static_cast<double>(e.Stats().peak_pending), "tasks");
   }
 
+  // The same add with inline execution off (KILN_ENGINE_INLINE_BYTES=0): every op handed to a
+  // worker, the path every op takes when its inputs are still being computed.
+  size_t inline_limit = kiln::SetInlineLimit(0);
+  double queued = MedianOf(repeats, [&] { return InvokeUsPerOp(1, ops); });
+  Emit(kBench, "kiln_1elem_queued", "us_per_op", queued, "us");
+
   // Queuing alone (no backpressure): the latency an eager caller sees per op.
   double enqueue = MedianOf(repeats, [&] { return EnqueueUsPerOp(ops); });
   Emit(kBench, "kiln_1elem_enqueue", "us_per_op", enqueue, "us");
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
   double empty = MedianOf(repeats, [&] { return EmptyUsPerOp(ops); });
   Emit(kBench, "tensor_empty_1elem", "us_per_op", empty, "us");
   // How many bare engine pushes one eager add costs (above 1: dispatch adds to the engine).
-  Emit(kBench, "kiln_1elem/engine_push_noop", "cost_ratio", per_op[0] / push, "x");
+  Emit(kBench, "kiln_1elem_queued/engine_push_noop", "cost_ratio", queued / push, "x");
+  kiln::SetInlineLimit(inline_limit);
   return 0;
 }

@@ -45,7 +45,15 @@ namespace {
 std::atomic<uint64_t> g_seed{static_cast<uint64_t>(env::GetInt("KILN_SEED"))};
 std::atomic<uint64_t> g_offset{0};
 thread_local const char* tls_call_site = nullptr;
+std::atomic<size_t>& InlineLimit() {
+  static std::atomic<size_t> limit{
+      static_cast<size_t>(std::max<int64_t>(0, env::GetInt("KILN_ENGINE_INLINE_BYTES")))};
+  return limit;
+}
+
 }  // namespace
+
+size_t SetInlineLimit(size_t bytes) { return InlineLimit().exchange(bytes); }
 
 void ManualSeed(uint64_t seed) {
   g_seed = seed;
@@ -99,8 +107,11 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     big.resize(inputs.size() + outputs.size());
     vars = big.data();
   }
-  size_t bytes = 0, n = 0;
-  for (const Tensor& t : inputs) vars[n++] = t.storage()->var();
+  size_t bytes = 0, in_bytes = 0, n = 0;
+  for (const Tensor& t : inputs) {
+    vars[n++] = t.storage()->var();
+    in_bytes += static_cast<size_t>(t.numel()) * DTypeSize(t.dtype());
+  }
   for (const Tensor& t : outputs) {
     vars[n++] = t.storage()->var();
     bytes += t.storage()->nbytes();
@@ -118,6 +129,7 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   opts.name = def.name.c_str();
   opts.call_site = tls_call_site;
   opts.bytes = bytes;
+  opts.may_run_inline = device.is_cpu() && in_bytes + bytes <= InlineLimit().load(std::memory_order_relaxed);
   // Everything the kernel needs travels in one block built here, on the pushing thread: the
   // views (so the worker does not chase TensorImpls this thread just wrote) and references to
   // the storages (so tensors themselves die where they were made). The closure is a single

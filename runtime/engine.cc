@@ -592,7 +592,12 @@ class ThreadedEngine final : public EngineBase {
         }
       }
     }
-    if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) == granted) Schedule(t);
+    if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) != granted) return;
+    if (t->opts.may_run_inline && t->opts.device.is_cpu() && !tls_on_worker) {
+      Finish(t, /*execute=*/true);  // ready now: cheaper here than on a worker (see engine.h)
+      return;
+    }
+    Schedule(t);
   }
 
   // Grants what the head of v's queue waits for, if it may run now; under v->mu.

@@ -18,6 +18,7 @@ constexpr Switch kSwitches[] = {
     {"KILN_ENGINE", "threaded", "threaded (default) or naive: run every task synchronously on the calling thread"},
     {"KILN_ENGINE_MAX_PENDING", "1024", "tasks that may wait in the engine before Push blocks (backpressure)"},
     {"KILN_ENGINE_MAX_PENDING_MB", "32", "megabytes of task outputs that may wait before Push blocks (small keeps them in cache)"},
+    {"KILN_ENGINE_INLINE_BYTES", "16384", "a CPU op touching at most this many bytes, with nothing to wait for, runs on the calling thread (0: always queue)"},
     {"KILN_CPU_WORKERS", "1", "engine worker threads per CPU device (kernels are multithreaded inside)"},
     {"KILN_NUM_THREADS", "0", "threads a CPU kernel may use; 0 means one per core"},
     {"KILN_SEED", "0", "initial seed of the random number generator"},

@@ -618,3 +618,53 @@ TEST_CASE("engine: 1000 chained adds through Tensors on the process engine") {
   CHECK_NOTHROW(Engine::Get().WaitForAll());
   CHECK(Engine::Get().Stats().pending == 0);
 }
+
+TEST_CASE("engine: an inline task runs on the pushing thread only when nothing it needs is pending") {
+  auto e = MakeThreaded(1);
+  Vars v(*e, 3);
+  TaskOptions inl;
+  inl.name = "inline";
+  inl.may_run_inline = true;
+  const std::thread::id me = std::this_thread::get_id();
+
+  // Ready at push: runs before Push returns, on this thread.
+  std::thread::id ran_on;
+  e->Push([&] { ran_on = std::this_thread::get_id(); }, std::vector<Var*>{v[0]}, std::vector<Var*>{v[1]}, inl);
+  CHECK(ran_on == me);
+
+  // Its input still being written: queued behind the writer, Push returns at once, order kept.
+  std::atomic<bool> release{false};
+  std::atomic<int> cell{0};
+  int seen = -1;
+  Push(*e, [&] { WaitUntil([&] { return release.load(); }), cell = 7; }, {}, {v[0]});
+  e->Push([&] { seen = cell.load(), ran_on = std::this_thread::get_id(); }, std::vector<Var*>{v[0]},
+          std::vector<Var*>{v[2]}, inl);
+  CHECK(seen == -1);  // not run yet: the writer is blocked
+  release = true;
+  e->WaitForVar(v[2]);
+  CHECK(seen == 7);
+  CHECK(ran_on != me);
+
+  // Errors of an inline task are stored on its outputs like any other.
+  e->Push([] { KILN_THROW(ValueError) << "inline failure"; }, std::vector<Var*>{}, std::vector<Var*>{v[1]}, inl);
+  CHECK_THROWS_WITH_AS(e->WaitForVar(v[1]), doctest::Contains("inline failure"), kiln::ValueError);
+  CHECK_THROWS(e->WaitForAll());
+}
+
+TEST_CASE("engine: eager ops on small tensors run inline, large ones are queued") {
+  using kiln::Tensor;
+  size_t old = kiln::SetInlineLimit(1024);
+  Tensor small = Tensor::FromVector<float>({1, 2, 3}, {3});
+  Tensor big = Tensor::FromVector<float>(std::vector<float>(4096, 1.f), {4096});
+  Engine& e = Engine::Get();
+  e.WaitForAll();
+  int64_t done = e.Stats().completed;
+  Tensor s = kiln::Invoke1("add", {small, small});
+  CHECK(e.Stats().completed == done + 1);  // finished before Invoke returned
+  Tensor b = kiln::Invoke1("exp", {big});
+  CHECK(b.ToVector<float>()[0] == doctest::Approx(2.718281828));
+  CHECK(s.ToVector<float>() == std::vector<float>{2, 4, 6});
+  kiln::SetInlineLimit(0);  // 0: every op queued, results the same
+  CHECK(kiln::Invoke1("add", {small, small}).ToVector<float>() == std::vector<float>{2, 4, 6});
+  kiln::SetInlineLimit(old);
+}

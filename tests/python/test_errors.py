@@ -25,7 +25,7 @@ def _clean_engine():
     (kiln.ShapeError, (ValueError,)), (kiln.DTypeError, (TypeError,)), (kiln.DeviceError, (ValueError,)),
     (kiln.FormatError, (ValueError,)), (kiln.ArgumentError, (ValueError,)), (kiln.StateError, (RuntimeError,)),
     (kiln.OutOfMemoryError, (MemoryError,)), (kiln.InternalError, (RuntimeError,)),
-    (kiln.KilnError, (RuntimeError,))])
+    (kiln.KilnError, (Exception,))])
 def test_exception_classes(cls, bases):
     assert cls.__module__ == "kiln"
     for base in bases:

@@ -74,6 +74,10 @@ Tensor Invoke1(std::string_view op, std::initializer_list<Tensor> inputs, const 
 void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& attrs,
                 std::span<const Tensor> outputs);
 
+/// CPU ops whose inputs and outputs total at most `bytes` run on the calling thread when nothing
+/// they depend on is pending (KILN_ENGINE_INLINE_BYTES; 0 queues every op). Returns the old value.
+size_t SetInlineLimit(size_t bytes);
+
 /// Seeds the generator behind random ops (kiln.random.seed).
 void ManualSeed(uint64_t seed);
 

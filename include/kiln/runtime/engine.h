@@ -14,6 +14,10 @@
 // wait behind the running one; Push from a non-worker thread blocks until there is room, which
 // bounds the memory a fast producer can claim (and, on CPUs, keeps queued outputs in cache).
 //
+// Inline: a task marked may_run_inline whose variables are all free at Push runs on the pushing
+// thread before Push returns (the frontend marks CPU ops that touch few bytes: the hand-off to a
+// worker would cost more than the op). Ordering and errors are exactly as if a worker ran it.
+//
 // KILN_ENGINE=naive runs every task on the calling thread at Push (same error semantics).
 // What it does not do: priorities, or fairness between devices beyond FIFO per worker.
 #pragma once
@@ -42,6 +46,9 @@ struct TaskOptions {
   const char* name = "task";       ///< op name, used in error messages and the profiler
   const char* call_site = nullptr;  ///< where the user called it (set by the frontend), optional
   size_t bytes = 0;                 ///< bytes the task writes, for memory backpressure
+  /// A short CPU kernel that never blocks: when nothing it depends on is pending at Push, it runs
+  /// right there on the pushing thread, which is cheaper than handing it to a worker.
+  bool may_run_inline = false;
 };
 
 struct EngineStats {
