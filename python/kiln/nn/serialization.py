@@ -70,6 +70,9 @@ def save_arrays(path, arrays, metadata=None):
                 f.write(raw)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a saved file gets the usual mode
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -1,0 +1,19 @@
+"""The README example, verbatim, so that CI runs it (it ignores --small: it is small already)."""
+import kiln
+from kiln import nd, nn, autograd
+
+net = nn.HybridSequential()
+net.add(nn.Dense(256, activation="relu"), nn.Dense(10))
+net.initialize(kiln.init.Xavier())               # shapes are inferred on the first call
+loss = kiln.loss.SoftmaxCrossEntropyLoss()
+trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5})
+
+X = nd.random.normal(shape=(64, 20))
+y = X[:, :10].argmax(axis=1)                     # a learnable toy target
+for epoch in range(100):
+    with autograd.record():
+        l = loss(net(X), y)                      # queued on the engine, returns at once
+    l.backward()
+    trainer.step(X.shape[0])                     # one fused update for all parameters
+print(l.mean().item())                           # a sync point
+net.save_parameters("net.params")                # safetensors layout, written atomically
