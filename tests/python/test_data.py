@@ -11,8 +11,10 @@ from kiln import data
 from kiln.data import ArrayDataset, DataLoader, FashionMNIST, Subset, transforms
 
 ROOT = "/usr/share/datasets/fashion-mnist"
-have_fashion = pytest.mark.skipif(not os.path.isdir(ROOT),
-                                  reason="needs dataset-fashion-mnist (/usr/share/datasets/fashion-mnist)")
+# The data set is a dependency (scripts/install-deps installs dataset-fashion-mnist): a missing
+# copy fails these tests rather than skipping them.
+def have_fashion(test):
+    return test
 
 
 def idx_bytes(array, type_code=0x08):
