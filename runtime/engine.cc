@@ -395,7 +395,7 @@ class WorkerPool {
  private:
   void Link(QueueNode* n) {
     n->next.store(nullptr, std::memory_order_relaxed);
-    QueueNode* prev = tail_.exchange(n, std::memory_order_acq_rel);
+    QueueNode* prev = tail_.exchange(n, std::memory_order_seq_cst);  // seq_cst: see HasWork
     prev->next.store(n, std::memory_order_release);
   }
 
@@ -421,7 +421,9 @@ class WorkerPool {
 
   bool HasWork() {
     std::lock_guard<SpinLock> g(pop_mu_);
-    return head_ != &stub_ || head_->next.load(std::memory_order_acquire) != nullptr;
+    // tail_ (seq_cst) rather than stub_.next: the producer's exchange of tail_ and its load of the
+    // sleeper count are both seq_cst, so a sleeper that registered after that load sees the task.
+    return head_ != &stub_ || tail_.load(std::memory_order_seq_cst) != &stub_;
   }
 
   void Loop() {
@@ -453,13 +455,20 @@ class WorkerPool {
 
 // Task memory is recycled per thread: a pushing thread reaps what it pushed, so its cache serves
 // its next pushes without a trip through malloc.
-struct TaskCache {
-  std::vector<void*> free;
-  ~TaskCache() {
-    for (void* p : free) ::operator delete(p);
-  }
+struct TaskCache {  // trivially destructible: still usable by exit handlers after TLS destructors
+  void* slot[1024];
+  int n;
+  bool dead;
 };
 thread_local TaskCache tls_tasks;
+struct TaskCacheGuard {
+  ~TaskCacheGuard() {
+    for (int i = 0; i < tls_tasks.n; ++i) ::operator delete(tls_tasks.slot[i]);
+    tls_tasks.n = 0;
+    tls_tasks.dead = true;
+  }
+};
+thread_local TaskCacheGuard tls_cache_guard;
 
 
 class ThreadedEngine final : public EngineBase {
@@ -594,6 +603,11 @@ class ThreadedEngine final : public EngineBase {
     }
     if (t->wait.fetch_sub(granted, std::memory_order_acq_rel) != granted) return;
     if (t->opts.may_run_inline && t->opts.device.is_cpu() && !tls_on_worker) {
+      struct InTask {  // inside the task this thread is a worker: no throttling, waits refused
+        bool was = tls_on_worker;
+        InTask() { tls_on_worker = true; }
+        ~InTask() { tls_on_worker = was; }
+      } in_task;
       Finish(t, /*execute=*/true);  // ready now: cheaper here than on a worker (see engine.h)
       return;
     }
@@ -712,21 +726,16 @@ class ThreadedEngine final : public EngineBase {
 
   // Task memory is recycled per thread (see TaskCache).
   static Task* NewTask() {
-    auto& f = tls_tasks.free;
-    void* mem;
-    if (f.empty()) {
-      mem = ::operator new(sizeof(Task));
-    } else {
-      mem = f.back();
-      f.pop_back();
-    }
+    TaskCache& c = tls_tasks;
+    void* mem = c.n > 0 ? c.slot[--c.n] : ::operator new(sizeof(Task));
     return new (mem) Task();
   }
   static void FreeTask(Task* t) {
     t->~Task();
-    auto& f = tls_tasks.free;
-    if (f.size() < 1024) f.push_back(t);
-    else ::operator delete(t);
+    TaskCache& c = tls_tasks;
+    if (c.dead || c.n == 1024) return ::operator delete(t);
+    if (c.n == 0) (void)&tls_cache_guard;  // registers the destructor that frees the cache
+    c.slot[c.n++] = t;
   }
 
   static constexpr int kMaxDevices = 64;

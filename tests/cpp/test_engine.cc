@@ -645,6 +645,18 @@ TEST_CASE("engine: an inline task runs on the pushing thread only when nothing i
   CHECK(seen == 7);
   CHECK(ran_on != me);
 
+  // Inside an inline task this thread is a worker: waiting is refused (it would deadlock), not hung.
+  bool refused = false;
+  e->Push([&] {
+    try {
+      e->WaitForAll();
+    } catch (const kiln::StateError&) {
+      refused = true;
+    }
+  }, std::vector<Var*>{}, std::vector<Var*>{v[0]}, inl);
+  CHECK(refused);
+  CHECK(!kiln::engine::OnWorkerThread());  // and the flag is restored after it
+
   // Errors of an inline task are stored on its outputs like any other.
   e->Push([] { KILN_THROW(ValueError) << "inline failure"; }, std::vector<Var*>{}, std::vector<Var*>{v[1]}, inl);
   CHECK_THROWS_WITH_AS(e->WaitForVar(v[1]), doctest::Contains("inline failure"), kiln::ValueError);
