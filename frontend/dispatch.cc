@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "kiln/frontend/autograd.h"
+#include "kiln/frontend/cached_graph.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 
@@ -20,6 +21,7 @@ const KernelTable& KernelTable::Get() {
     BindMovementKernels(*t);
     BindNNKernels(*t);
     BindCreationKernels(*t);
+    BindGraphKernels(*t);
     return t;
   }();
   return *table;
@@ -120,7 +122,9 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   uint64_t seed = 0, offset = 0;
   if (def.random) {
     int64_t n = 0;
-    for (const Tensor& t : outputs) n += t.numel();
+    if (def.random_numel) n = def.random_numel(attrs);
+    else
+      for (const Tensor& t : outputs) n += t.numel();
     seed = g_seed.load();
     offset = g_offset.fetch_add(static_cast<uint64_t>((n + 3) / 4 * 4));
   }
@@ -192,6 +196,7 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
     if (!inputs[i].defined())
       KILN_THROW(ValueError) << def.name << ": input " << i << " is an undefined tensor";
   ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
+  if (trace::Active()) return trace::RecordOp(op, inputs, attrs, device);  // hybridize: record, don't run
   Device dev = CommonDevice(def, inputs, device);
 
   ir::TensorType in_types[16];
@@ -256,6 +261,11 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
   for (size_t i = 0; i < outputs.size(); ++i)
     if (!outputs[i].defined()) KILN_THROW(ValueError) << def.name << ": output " << i << " is an undefined tensor";
   ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
+  if (trace::Active()) {
+    std::vector<Tensor> out = trace::RecordOp(op, inputs, attrs, outputs[0].device());
+    for (size_t i = 0; i < out.size() && i < outputs.size(); ++i) trace::RecordAssign(out[i], outputs[i]);
+    return;
+  }
   Device dev = CommonDevice(def, inputs, inputs.empty() ? std::optional<Device>(outputs[0].device())
                                                         : std::nullopt);
   std::vector<ir::TensorType> types;

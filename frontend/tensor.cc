@@ -1,6 +1,8 @@
 // Tensor: creation, host access (the sync points), device copies.
 #include "kiln/frontend/tensor.h"
 
+#include "kiln/frontend/cached_graph.h"
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -50,7 +52,10 @@ TensorView Tensor::View() const {
   return v;
 }
 
-void Tensor::WaitToRead() const { engine::Engine::Get().WaitForVar(impl_->storage->var()); }
+void Tensor::WaitToRead() const {
+  if (impl_->symbol) trace::ThrowSymbolicRead("reading an array (asnumpy, item, wait_to_read, print)");
+  engine::Engine::Get().WaitForVar(impl_->storage->var());
+}
 
 void Tensor::CopyToHost(void* dst) const {
   if (!device().is_cpu()) {
@@ -99,6 +104,8 @@ double Tensor::Item() const {
 }
 
 std::string Tensor::str() const {
+  if (impl_->symbol)
+    return "<symbolic " + std::string(DTypeName(dtype())) + shape().str() + " of a hybridized trace>";
   std::vector<double> v = ToVector<double>();
   std::ostringstream os;
   os.precision(IsFloat(dtype()) ? 6 : 19);
@@ -140,6 +147,11 @@ void Tensor::CopyTo(const Tensor& dst) const {
   if (dst.dtype() != dtype())
     KILN_THROW(DTypeError) << "copyto: source dtype " << DTypeName(dtype()) << " does not match destination "
                            << DTypeName(dst.dtype()) << "; use astype() first";
+  if (trace::Active() || impl_->symbol || dst.impl()->symbol) {
+    if (!trace::Active()) trace::ThrowSymbolicRead("copyto");
+    trace::RecordAssign(*this, dst);
+    return;
+  }
   Device sd = device(), dd = dst.device();
   engine::Var* r[1] = {storage()->var()};
   engine::Var* w[1] = {dst.storage()->var()};
@@ -186,6 +198,12 @@ void Tensor::CopyTo(const Tensor& dst) const {
 
 Tensor Tensor::To(Device device, bool copy) const {
   if (device == this->device() && !copy) return *this;
+  if (trace::Active() || impl_->symbol) {
+    if (device != this->device())
+      KILN_THROW(DeviceError) << "hybridize: copying between devices inside a hybridized block is not supported "
+                                 "yet; move the inputs before calling the block";
+    return Invoke1("copy", {*this});
+  }
   CheckDeviceExists(device);
   Tensor out = Empty(shape(), dtype(), device);
   CopyTo(out);

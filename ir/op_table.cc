@@ -81,6 +81,7 @@ const OpTable& OpTable::Get() {
     RegisterMovementOps(*t);
     RegisterNNOps(*t);
     RegisterCreationOps(*t);
+    RegisterGraphOps(*t);
     return t;
   }();
   return *table;

@@ -60,6 +60,7 @@ void BindReduceKernels(KernelTable& t);
 void BindMovementKernels(KernelTable& t);
 void BindNNKernels(KernelTable& t);
 void BindCreationKernels(KernelTable& t);
+void BindGraphKernels(KernelTable& t);  // call_graph (cached_graph.cc)
 
 /// Runs op `op` eagerly. `device` places ops without inputs (creation); for other ops it must be
 /// empty or equal to the inputs' device.

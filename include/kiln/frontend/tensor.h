@@ -18,6 +18,9 @@ namespace kiln {
 enum class GradReq : uint8_t { kNull, kWrite, kAdd };
 
 struct AutogradMeta;
+namespace ir {
+class Value;
+}
 
 struct TensorImpl {
   StoragePtr storage;
@@ -26,6 +29,8 @@ struct TensorImpl {
   Strides strides;
   DType dtype = DType::kFloat32;
   std::shared_ptr<AutogradMeta> autograd;
+  /// Set on a symbolic tensor of a trace (hybridize): its value in the traced graph; no data.
+  ir::Value* symbol = nullptr;
 };
 
 class Tensor {

@@ -64,6 +64,8 @@ struct OpDef {
   GradFn grad;              ///< empty together with differentiable=false: not differentiable
   bool differentiable = true;
   bool random = false;      ///< consumes the random generator (seed and offset)
+  /// Generator counter space one call consumes; empty: the number of output elements.
+  std::function<int64_t(const Attrs&)> random_numel;
   std::optional<UnaryFn> unary_fn;    ///< scalar function of a unary elementwise op
   std::optional<BinaryFn> binary_fn;  ///< scalar function of a binary broadcast op
   std::string doc;          ///< one line
@@ -105,5 +107,6 @@ void RegisterReduceOps(OpTable& t);
 void RegisterMovementOps(OpTable& t);
 void RegisterNNOps(OpTable& t);
 void RegisterCreationOps(OpTable& t);
+void RegisterGraphOps(OpTable& t);  // call_graph.h
 
 }  // namespace kiln::ir

@@ -1,0 +1,101 @@
+// call_graph and call_graph_backward (see include/kiln/ir/call_graph.h).
+#include <mutex>
+
+#include "infer_util.h"
+#include "kiln/ir/call_graph.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::ir {
+
+namespace {
+std::mutex g_mu;
+std::vector<GraphSignature>& Signatures() {
+  static auto* s = new std::vector<GraphSignature>();  // leaked: used by kernels until exit
+  return *s;
+}
+
+void CheckInputs(const OpDef& op, const GraphSignature& sig, std::span<const TensorType> in, size_t n) {
+  if (in.size() != n)
+    KILN_THROW(ValueError) << op.name << ": the compiled graph takes " << n << " inputs, found " << in.size();
+  for (size_t i = 0; i < sig.inputs.size() && i < in.size(); ++i)
+    if (!(in[i] == sig.inputs[i]))
+      KILN_THROW(ShapeError) << op.name << ": input " << i << " is " << DTypeName(in[i].dtype)
+                             << in[i].shape.str() << " but the graph was compiled for "
+                             << DTypeName(sig.inputs[i].dtype) << sig.inputs[i].shape.str();
+}
+}  // namespace
+
+int64_t RegisterGraphSignature(GraphSignature sig) {
+  std::lock_guard<std::mutex> g(g_mu);
+  Signatures().push_back(std::move(sig));
+  return static_cast<int64_t>(Signatures().size()) - 1;
+}
+
+GraphSignature GetGraphSignature(int64_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (id < 0 || id >= static_cast<int64_t>(Signatures().size()))
+    KILN_THROW(ValueError) << "call_graph: no compiled graph has id " << id;
+  return Signatures()[static_cast<size_t>(id)];
+}
+
+void RegisterGraphOps(OpTable& t) {
+  using K = AttrKind;
+  OpDef fwd;
+  fwd.name = "call_graph";
+  fwd.num_inputs = -1;
+  fwd.num_outputs = -1;
+  fwd.outputs_from_attrs = [](const Attrs& a, int) { return static_cast<int>(a.Int("num_outputs")); };
+  fwd.attrs = {{"graph_id", K::kInt, std::nullopt}, {"num_outputs", K::kInt, std::nullopt}};
+  fwd.fusion = FusionKind::kOpaque;
+  fwd.random = true;
+  fwd.random_numel = [](const Attrs& a) { return GetGraphSignature(a.Int("graph_id")).random_numel; };
+  fwd.doc = "runs a compiled (hybridized) graph: outputs = graph(inputs)";
+  fwd.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
+    GraphSignature sig = GetGraphSignature(a.Int("graph_id"));
+    CheckInputs(op, sig, in, sig.inputs.size());
+    if (static_cast<size_t>(a.Int("num_outputs")) != sig.outputs.size())
+      KILN_THROW(ValueError) << op.name << ": num_outputs " << a.Int("num_outputs") << " but the graph has "
+                             << sig.outputs.size();
+    return sig.outputs;
+  };
+  fwd.grad = [](GradContext& g) {
+    // Inputs of the backward graph: the forward inputs, then one gradient per forward output
+    // (zeros where the output did not reach the heads).
+    const Node& n = g.node();
+    std::vector<Value*> in(n.inputs().begin(), n.inputs().end());
+    for (size_t i = 0; i < n.outputs().size(); ++i)
+      in.push_back(g.has_out_grad(static_cast<int>(i)) ? g.out_grad(static_cast<int>(i))
+                                                        : g.ZerosLike(n.output(static_cast<int>(i))));
+    Attrs a{{"graph_id", g.attrs().Int("graph_id")}};
+    Node* b = g.graph().AddNode(FindOp("call_graph_backward"), std::move(in), a);
+    return std::vector<Value*>(b->outputs().begin(), b->outputs().end());
+  };
+  t.Add(std::move(fwd));
+
+  OpDef bwd;
+  bwd.name = "call_graph_backward";
+  bwd.num_inputs = -1;
+  bwd.num_outputs = -1;
+  bwd.outputs_from_attrs = [](const Attrs& a, int) {
+    return static_cast<int>(GetGraphSignature(a.Int("graph_id")).inputs.size());
+  };
+  bwd.attrs = {{"graph_id", K::kInt, std::nullopt}};
+  bwd.fusion = FusionKind::kOpaque;
+  bwd.random = true;  // recomputes the forward: the same draws as the forward call
+  bwd.random_numel = [](const Attrs& a) { return GetGraphSignature(a.Int("graph_id")).random_numel; };
+  bwd.differentiable = false;
+  bwd.doc = "gradients of every input of a compiled graph, given the gradients of its outputs";
+  bwd.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
+    GraphSignature sig = GetGraphSignature(a.Int("graph_id"));
+    CheckInputs(op, sig, in, sig.inputs.size() + sig.outputs.size());
+    for (size_t i = 0; i < sig.outputs.size(); ++i)
+      if (!(in[sig.inputs.size() + i] == sig.outputs[i]))
+        KILN_THROW(ShapeError) << op.name << ": gradient of output " << i << " is "
+                               << in[sig.inputs.size() + i].shape.str() << ", expected "
+                               << sig.outputs[i].shape.str();
+    return sig.inputs;
+  };
+  t.Add(std::move(bwd));
+}
+
+}  // namespace kiln::ir
