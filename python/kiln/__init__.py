@@ -41,7 +41,7 @@ def _lazy(name):
 
 def __getattr__(name):
     # Submodules that pull in more (nn, data, utils...) load on first use.
-    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon"):
+    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon", "sym"):
         return _lazy(name)
     if name == "Trainer":
         return _lazy("trainer").Trainer

@@ -2,8 +2,8 @@
 
 A Block registers every attribute that is a Parameter or a Block, in assignment order; its
 parameters are listed under structural names ('features.1.weight', as PyTorch's state_dict).
-HybridBlock.hybridize() only records the flag for now: forward always runs eagerly. Not here:
-forward hooks, export(), parameter sharing across Blocks by name.
+HybridBlock.hybridize() compiles: see HybridBlock. Not here yet: forward hooks, export(),
+parameter sharing across Blocks by name.
 """
 import os
 
@@ -157,29 +157,132 @@ class Block:
             param._load_init(arr, devices)
 
 
-class HybridBlock(Block):
-    """A Block that may be compiled: hybridize() records the request; forward runs eagerly.
+def _flatten(out):
+    """Flattens nested lists/tuples of NDArrays; returns the arrays and a structure to rebuild."""
+    if isinstance(out, (list, tuple)):
+        arrays, parts = [], []
+        for o in out:
+            a, st = _flatten(o)
+            arrays.extend(a)
+            parts.append(st)
+        return arrays, (type(out), parts)
+    return [out], None
 
-    A subclass may define forward(x, ...) or, in the Gluon 1.x style, hybrid_forward(F, x, ...,
-    **params), which receives kiln.nd as F and the block's own parameters as arrays.
+
+def _unflatten(arrays, structure, pos=0):
+    if structure is None:
+        return arrays[pos], pos + 1
+    kind, parts = structure
+    items = []
+    for st in parts:
+        item, pos = _unflatten(arrays, st, pos)
+        items.append(item)
+    return kind(items), pos
+
+
+def _user_frame(tb):
+    """The innermost traceback frame outside the kiln package: the user's line."""
+    import traceback
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(tb) if not os.path.abspath(f.filename).startswith(pkg)]
+    return frames[-1] if frames else None
+
+
+class HybridBlock(Block):
+    """A Block that may be compiled.
+
+    After hybridize(), the next call traces: forward() (or hybrid_forward(F, x, ...), with F =
+    kiln.sym while tracing and kiln.nd otherwise) runs once on symbolic arrays that carry shape,
+    dtype and device but no data, and every op is recorded into a graph. Later calls with the
+    same input signature (shapes, dtypes, devices, training mode) run the compiled graph as one
+    engine task, with no Python per op; a new signature traces again. Parameters are graph
+    inputs, so training updates reach the compiled graph, and under autograd.record() gradients
+    flow through it to the parameters as in eager mode.
     """
 
     def __init__(self):
         super().__init__()
         self._active = False
         self._flags = {}
+        self._cache = {}
 
     def hybridize(self, active=True, **kwargs):
         self._active = active
         self._flags = dict(kwargs)
+        self._cache = {}
         super().hybridize(active, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        from .. import _C
+        if not self._active or _C.tracing() or kwargs:
+            return self.forward(*args, **kwargs)  # eager, inside a parent's trace, or keyword inputs
+        return self._call_cached(args)
+
+    def _signature(self, args):
+        from .. import _C, autograd
+        key = [autograd.is_training()]
+        for a in args:
+            if isinstance(a, _C.NDArray):
+                key.append((a.shape, a._dtype_name, repr(a.device)))
+            else:
+                key.append(("const", repr(a)))
+        return tuple(key)
+
+    def _call_cached(self, args):
+        from .. import _C
+        if any(p._data is None for p in self.collect_params().values()):
+            # Deferred shapes are found by one eager call; the next call traces.
+            return self.forward(*args)
+        key = self._signature(args)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._trace(args)
+            if self._cache:
+                old = next(iter(self._cache))
+                diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[1:], key[1:])) if o != n]
+                if old[0] != key[0]:
+                    diffs.append(f"training mode {old[0]} -> {key[0]}")
+                import warnings
+                warnings.warn(f"{type(self).__name__}: traced again ({len(self._cache) + 1} graphs cached) "
+                              f"because the input signature changed: {'; '.join(diffs)}", stacklevel=3)
+            self._cache[key] = entry
+        graph, structure = entry
+        arrays = [a for a in args if isinstance(a, _C.NDArray)]
+        outs = graph(arrays)
+        result, _ = _unflatten(outs, structure)
+        return result
+
+    def _trace(self, args):
+        from .. import _C
+        with _C.TraceScope() as scope:
+            sym_args, k = [], 0
+            for a in args:
+                if isinstance(a, _C.NDArray):
+                    sym_args.append(scope.input("data" if k == 0 else f"data{k}", a.shape, a._dtype_name, a.device))
+                    k += 1
+                else:
+                    sym_args.append(a)
+            try:
+                out = self.forward(*sym_args)
+            except StateError as e:
+                frame = _user_frame(e.__traceback__)
+                where = f" (at {frame.filename}:{frame.lineno}: {frame.line})" if frame else ""
+                raise StateError(f"{type(self).__name__}.forward cannot be hybridized{where}: {e}") from None
+            arrays, structure = _flatten(out)
+            for a in arrays:
+                if not isinstance(a, _C.NDArray):
+                    raise ArgumentError(f"{type(self).__name__}.forward returned {type(a).__name__}; a "
+                                        f"hybridized block must return NDArrays (or lists/tuples of them)")
+            graph = scope.finish(arrays)
+        self._last_graph = graph
+        return graph, structure
 
     def forward(self, x, *args):
         if type(self).hybrid_forward is HybridBlock.hybrid_forward:
             raise NotImplementedError(f"{type(self).__name__} must implement forward() or hybrid_forward()")
-        from .. import nd
+        from .. import _C, nd, sym
         params = {k: p.data(x.device) for k, p in self._reg_params.items()}
-        return self.hybrid_forward(nd, x, *args, **params)
+        return self.hybrid_forward(sym if _C.tracing() else nd, x, *args, **params)
 
     def hybrid_forward(self, F, x, *args, **kwargs):
         raise NotImplementedError

@@ -1,0 +1,189 @@
+"""hybridize(): every block gives the same results, forward and gradients, eagerly and compiled;
+the d2l.ai HybridNet prints only while tracing; reading values while tracing is an error naming
+the line; a training loop is unchanged by hybridize()."""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import autograd, nd, nn
+
+
+def _residual():
+    return nn.Residual(8, use_1x1conv=True, strides=2)
+
+
+def _lenet():
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(6, kernel_size=5, padding=2, activation="sigmoid"), nn.AvgPool2D(pool_size=2, strides=2),
+            nn.Conv2D(16, kernel_size=5, activation="relu"), nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Flatten(), nn.Dense(32, activation="tanh"), nn.Dense(10))
+    return net
+
+
+def _mlp():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(64, activation="relu"), nn.Dense(16), nn.BatchNorm(), nn.Dense(3))
+    return net
+
+
+CASES = {
+    "dense": (lambda: nn.Dense(5, activation="relu"), (4, 7)),
+    "conv2d": (lambda: nn.Conv2D(4, kernel_size=3, padding=1, strides=2), (2, 3, 9, 9)),
+    "maxpool": (lambda: nn.MaxPool2D(pool_size=3, strides=2, padding=1), (2, 3, 8, 8)),
+    "avgpool": (lambda: nn.AvgPool2D(pool_size=2), (2, 3, 8, 8)),
+    "globalavgpool": (lambda: nn.GlobalAvgPool2D(), (2, 3, 5, 5)),
+    "batchnorm": (lambda: nn.BatchNorm(), (4, 3, 5, 5)),
+    "flatten": (lambda: nn.Flatten(), (2, 3, 4)),
+    "activation": (lambda: nn.Activation("softrelu"), (3, 4)),
+    "residual": (_residual, (2, 3, 8, 8)),
+    "lenet": (_lenet, (2, 1, 28, 28)),
+    "mlp": (_mlp, (8, 20)),
+    "dropout": (lambda: nn.Dropout(0.5), (4, 6)),  # outside training: the identity
+    "embedding": (lambda: nn.Embedding(10, 4), None),
+}
+
+
+def _run(net, x, train):
+    params = list(net.collect_params().values())
+    for p in params:
+        if p.grad_req != "null":
+            p.zero_grad()
+    floating = x._dtype_name.startswith("float")
+    if train and floating:
+        x.attach_grad()
+    if train:
+        with autograd.record():
+            y = net(x)
+            loss = (y * y).sum()
+        loss.backward()
+    else:
+        y = net(x)
+    grads = {p.name + str(i): p.grad().asnumpy().copy() for i, p in enumerate(params)
+             if train and p.grad_req != "null"}
+    if train and floating:
+        grads["input"] = x.grad.asnumpy().copy()
+    state = {p.name + str(i): p.data().asnumpy().copy() for i, p in enumerate(params)}
+    return y.asnumpy(), grads, state
+
+
+# Dropout in training draws differently in two runs: it is compared outside training only
+# (test_nn checks its training behaviour).
+@pytest.mark.parametrize("name,train", [(n, t) for n in sorted(CASES) for t in (False, True)
+                                        if not (n == "dropout" and t)])
+def test_block_eager_equals_hybridized(name, train):
+    make, shape = CASES[name]
+    nd.random.seed(3)
+    eager = make()
+    eager.initialize(kiln.init.Xavier())
+    x = nd.array(np.array([[1, 3, 5], [9, 0, 2]]), dtype="int32") if shape is None else nd.random.normal(shape=shape)
+    eager(x)  # deferred shapes
+    hybrid = make()
+    hybrid.initialize(kiln.init.Xavier())
+    hybrid(x)
+    for (k, p), (_, q) in zip(eager.collect_params().items(), hybrid.collect_params().items()):
+        q.set_data(p.data().copy())
+    hybrid.hybridize()
+    for step in range(2):  # the second hybridized call runs the cached graph
+        ye, ge, se = _run(eager, x, train)
+        yh, gh, sh = _run(hybrid, x, train)
+        np.testing.assert_allclose(yh, ye, rtol=1e-4, atol=1e-5)
+        for k in ge:
+            np.testing.assert_allclose(gh[k], ge[k], rtol=1e-3, atol=1e-5, err_msg=k)
+        for k in se:  # batch norm's running statistics are updated the same way
+            np.testing.assert_allclose(sh[k], se[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert len(hybrid._cache) == 1
+
+
+class HybridNet(nn.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Dense(4)
+        self.output = nn.Dense(2)
+
+    def hybrid_forward(self, F, x):
+        print("module F:", F.__name__)
+        print("value  x:", x)
+        x = F.relu(self.hidden(x))
+        return self.output(x)
+
+
+def test_hybrid_forward_prints_only_while_tracing(capsys):
+    net = HybridNet()
+    net.initialize()
+    x = nd.random.normal(shape=(1, 3))
+    net(x)
+    assert "module F: kiln.nd" in capsys.readouterr().out
+    net.hybridize()
+    net(x)
+    out = capsys.readouterr().out
+    assert "module F: kiln.sym" in out and "symbolic" in out
+    y = net(x)
+    assert capsys.readouterr().out == ""  # the compiled graph runs no Python
+    assert y.shape == (1, 2)
+
+
+class Branchy(nn.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(3)
+
+    def forward(self, x):
+        y = self.dense(x)
+        if y.sum() > 0:  # a Python branch on a value cannot be traced
+            return y
+        return -y
+
+
+def test_reading_values_while_tracing_names_the_line():
+    net = Branchy()
+    net.initialize()
+    x = nd.ones((2, 4))
+    net(x)
+    net.hybridize()
+    with pytest.raises(kiln.StateError) as info:
+        net(x)
+    msg = str(info.value)
+    assert "test_hybridize.py" in msg and "if y.sum() > 0" in msg and "nd.where" in msg
+
+
+def test_a_new_input_shape_traces_again_and_says_why():
+    net = nn.Dense(3)
+    net.initialize()
+    net(nd.ones((2, 4)))
+    net.hybridize()
+    net(nd.ones((2, 4)))
+    with pytest.warns(UserWarning, match=r"\(2, 4\).*\(5, 4\)"):
+        y = net(nd.ones((5, 4)))
+    assert y.shape == (5, 3) and len(net._cache) == 2
+
+
+def test_training_loop_is_unchanged_by_hybridize():
+    def train(hybridize):
+        nd.random.seed(7)
+        net = _lenet()
+        net.initialize(kiln.init.Xavier())
+        x = nd.random.normal(shape=(16, 1, 28, 28))
+        y = nd.array(np.arange(16) % 10, dtype="int32")
+        net(x)
+        if hybridize:
+            net.hybridize()
+        loss = kiln.loss.SoftmaxCrossEntropyLoss()
+        trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+        losses = []
+        for _ in range(4):
+            with autograd.record():
+                l = loss(net(x), y)
+            l.backward()
+            trainer.step(16)
+            losses.append(l.mean().item())
+        return losses, [p.data().asnumpy() for p in net.collect_params().values()]
+
+    le, pe = train(False)
+    lh, ph = train(True)
+    np.testing.assert_allclose(lh, le, rtol=1e-4)
+    for a, b in zip(ph, pe):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert le[-1] < le[0]
