@@ -9,9 +9,11 @@
 // Primitives use a user-provided scratchpad so one cached primitive can run on several threads.
 #include "kiln/runtime/cpu/onednn.h"
 
+#include <cstdint>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <list>
@@ -96,7 +98,9 @@ dnnl::primitive_attr UserScratchpad() {
   return a;
 }
 
-void Execute(const Prim& p, std::initializer_list<void*> ptrs) {
+// `work`: multiply-adds (or elements) the primitive does. Below a few hundred thousand, waking
+// the OpenMP team costs more than it saves: such calls run on the calling thread alone.
+void Execute(const Prim& p, std::initializer_list<void*> ptrs, int64_t work = INT64_MAX) {
   std::unordered_map<int, memory> args;
   auto ptr = ptrs.begin();
   for (const auto& [arg, md] : p.args) args.emplace(arg, memory(md, Engine(), *ptr++));
@@ -104,8 +108,12 @@ void Execute(const Prim& p, std::initializer_list<void*> ptrs) {
     args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), Buffer(kScratchpad, n)));
   if (size_t n = p.workspace.get_size())
     args.emplace(DNNL_ARG_WORKSPACE, memory(p.workspace, Engine(), Buffer(kWorkspace, n)));
-  p.prim.execute(Stream(), args);
-  Stream().wait();
+  constexpr int64_t kSerialWork = 1 << 18;
+  dnnl::stream& stream = Stream();
+  if (work < kSerialWork) omp_set_num_threads(1);
+  p.prim.execute(stream, args);
+  stream.wait();
+  if (work < kSerialWork) omp_set_num_threads(NumThreads());
 }
 
 // ---- 2. primitive cache -------------------------------------------------------------------------
@@ -322,8 +330,51 @@ bool Trivial(const TensorView& out, std::initializer_list<const TensorView*> ins
 
 OneDnnCacheStats GetOneDnnCacheStats() { return Cache().stats(); }
 
+namespace {
+// A few rows times a matrix (a Dense layer at batch 1..4): a streaming pass over b beats
+// oneDNN's general matmul, which is tuned for larger M. float32, rank 2, a not transposed.
+bool SmallRowsMatmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
+  if (out.dtype != DType::kFloat32 || a.rank() != 2 || b.rank() != 2 || p.transpose_a) return false;
+  const int64_t m = a.shape[0], k = a.shape[1], n = out.shape[1];
+  if (m > 4) return false;
+  const float* A = static_cast<const float*>(a.data);
+  const float* B = static_cast<const float*>(b.data);
+  float* C = static_cast<float*>(out.data);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(k, 1));
+  if (p.transpose_b) {  // b is (n, k): each output is a dot product of two contiguous rows
+    ParallelFor(n, grain, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* bj = B + j * k;
+        for (int64_t i = 0; i < m; ++i) {
+          const float* ai = A + i * k;
+          float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t t = 0; t < k; ++t) acc += ai[t] * bj[t];
+          C[i * n + j] = acc;
+        }
+      }
+    });
+  } else {  // b is (k, n): accumulate rows of b scaled by a's entries
+    ParallelFor(n, std::max<int64_t>(64, grain), [&](int64_t j0, int64_t j1) {
+      for (int64_t i = 0; i < m; ++i) {
+        float* ci = C + i * n;
+        for (int64_t j = j0; j < j1; ++j) ci[j] = 0.f;
+        for (int64_t t = 0; t < k; ++t) {
+          const float at = A[i * k + t];
+          const float* bt = B + t * n;
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) ci[j] += at * bt[j];
+        }
+      }
+    });
+  }
+  return true;
+}
+}  // namespace
+
 void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
   if (Trivial(out, {&a, &b})) return;
+  if (SmallRowsMatmul(a, b, out, p)) return;
   dt t;
   std::shared_ptr<Prim> prim;
   if (OneDnnType(out.dtype, &t)) {
@@ -342,7 +393,8 @@ void Matmul(const TensorView& a, const TensorView& b, const TensorView& out, con
     });
   }
   if (!prim) return reference::Matmul(a, b, out, p);
-  Execute(*prim, {a.data, b.data, out.data});
+  int64_t k = a.shape[a.rank() - (p.transpose_a ? 2 : 1)];
+  Execute(*prim, {a.data, b.data, out.data}, out.shape.numel() * k);
 }
 
 void Conv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p) {
