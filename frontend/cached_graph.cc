@@ -336,25 +336,51 @@ std::shared_ptr<CachedGraph> TraceScope::Finish(const std::vector<Tensor>& outpu
     cg->assigns_.push_back({static_cast<int>(outputs.size() + i), s.assigns[i].second});
 
   // Graph inputs were added data first (Input before any op), captured after: already ordered.
-  ir::GraphSignature sig;
-  for (const ir::Value* v : s.graph->inputs()) sig.inputs.push_back(v->type());
-  for (const ir::Value* v : s.graph->outputs()) sig.outputs.push_back(v->type());
-  auto entry = std::make_shared<Entry>();
-  entry->forward = MakePlan(std::move(s.graph), cg->device_);
-  sig.random_numel = entry->forward->random_numel;
-  int64_t id = ir::RegisterGraphSignature(std::move(sig));
-  {
-    std::lock_guard<std::mutex> g(g_entries_mu);
-    KILN_CHECK(id == static_cast<int64_t>(Entries().size())) << "graph ids out of step";
-    Entries().push_back(entry);
-  }
-  cg->id_ = id;
+  cg->id_ = CachedGraph::Register(std::move(s.graph), cg->device_);
   return cg;
 }
 
 }  // namespace trace
 
 // ---- calls -------------------------------------------------------------------------------------
+
+int64_t CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device) {
+  ir::GraphSignature sig;
+  for (const ir::Value* v : graph->inputs()) sig.inputs.push_back(v->type());
+  for (const ir::Value* v : graph->outputs()) sig.outputs.push_back(v->type());
+  auto entry = std::make_shared<Entry>();
+  entry->forward = MakePlan(std::move(graph), device);
+  sig.random_numel = entry->forward->random_numel;
+  std::lock_guard<std::mutex> g(g_entries_mu);  // ids and entries advance together
+  int64_t id = ir::RegisterGraphSignature(std::move(sig));
+  KILN_CHECK(id == static_cast<int64_t>(Entries().size())) << "graph ids out of step";
+  Entries().push_back(entry);
+  return id;
+}
+
+std::shared_ptr<CachedGraph> CachedGraph::FromGraph(std::unique_ptr<ir::Graph> graph, int num_data_inputs,
+                                                    std::vector<Tensor> captured, Device device) {
+  const auto& ins = graph->inputs();
+  if (num_data_inputs < 0 || static_cast<size_t>(num_data_inputs) + captured.size() != ins.size())
+    KILN_THROW(ValueError) << "compiled graph: it has " << ins.size() << " inputs, but " << num_data_inputs
+                           << " data inputs and " << captured.size() << " parameters were given";
+  for (size_t i = 0; i < captured.size(); ++i) {
+    const ir::Value* v = ins[static_cast<size_t>(num_data_inputs) + i];
+    const Tensor& t = captured[i];
+    if (!(t.shape() == v->shape()) || t.dtype() != v->dtype())
+      KILN_THROW(ShapeError) << "compiled graph: parameter '" << v->name() << "' is " << DTypeName(v->dtype())
+                             << v->shape().str() << " in the graph but the tensor given is "
+                             << DTypeName(t.dtype()) << t.shape().str();
+    if (t.device() != device) captured[i] = t.To(device);
+  }
+  auto cg = std::shared_ptr<CachedGraph>(new CachedGraph());
+  cg->num_data_ = num_data_inputs;
+  cg->num_outputs_ = static_cast<int>(graph->outputs().size());
+  cg->device_ = device;
+  cg->captured_ = std::move(captured);
+  cg->id_ = Register(std::move(graph), device);
+  return cg;
+}
 
 const ir::Graph& CachedGraph::graph() const { return *GetEntry(id_)->forward->graph; }
 size_t CachedGraph::arena_bytes() const { return GetEntry(id_)->forward->arena_bytes; }

@@ -1,6 +1,8 @@
 // kiln._C bindings of hybridize: TraceScope (a context manager) and CachedGraph.
 #include "bind.h"
 #include "kiln/frontend/cached_graph.h"
+#include "kiln/ir/serialize.h"
+#include "kiln/ir/text.h"
 
 namespace kiln::py {
 
@@ -8,6 +10,44 @@ namespace {
 struct PyTrace {
   std::unique_ptr<trace::TraceScope> scope;
 };
+
+// A graph read from NAME-symbol.json, not yet bound to parameters.
+struct PyLoadedGraph {
+  ir::LoadedGraph loaded;
+};
+
+ir::OutputStructure ToStructure(pyb::handle h) {
+  if (pyb::isinstance<pyb::int_>(h)) return ir::OutputStructure::Leaf(h.cast<int>());
+  std::vector<ir::OutputStructure> items;
+  for (pyb::handle x : h) items.push_back(ToStructure(x));
+  return ir::OutputStructure::List(std::move(items));
+}
+
+pyb::object FromStructure(const ir::OutputStructure& s) {
+  if (s.is_leaf()) return pyb::int_(s.index);
+  pyb::list l;
+  for (const auto& x : s.items) l.append(FromStructure(x));
+  return std::move(l);
+}
+
+pyb::list Types(const std::vector<ir::Value*>& vs, size_t begin, size_t end) {
+  pyb::list out;
+  for (size_t i = begin; i < end; ++i) {
+    pyb::tuple shape(vs[i]->shape().rank());
+    for (int d = 0; d < vs[i]->shape().rank(); ++d) shape[d] = vs[i]->shape()[d];
+    out.append(pyb::make_tuple(shape, DTypeName(vs[i]->dtype())));
+  }
+  return out;
+}
+
+ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::vector<std::string>& params,
+                           pyb::handle structure) {
+  ir::GraphManifest m;
+  m.inputs = inputs;
+  m.params = params;
+  m.output_structure = ToStructure(structure);
+  return m;
+}
 }  // namespace
 
 KILN_PY_BIND(50) {
@@ -22,7 +62,40 @@ KILN_PY_BIND(50) {
       .def_property_readonly("arena_bytes", &CachedGraph::arena_bytes)
       .def_property_readonly("graph_id", &CachedGraph::graph_id)
       .def_property_readonly("num_nodes", [](const CachedGraph& g) { return g.graph().nodes().size(); })
-      .def("graph_text", [](const CachedGraph& g) { return g.graph().str(); });
+      .def("graph_text", [](const CachedGraph& g) { return ir::PrintGraph(g.graph()); })
+      .def("to_json", [](const CachedGraph& g, const std::vector<std::string>& inputs,
+                         const std::vector<std::string>& params, pyb::handle structure) {
+        return ir::GraphToJson(g.graph(), Manifest(inputs, params, structure));
+      }, pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"))
+      .def("save", [](const CachedGraph& g, const std::string& path, const std::vector<std::string>& inputs,
+                      const std::vector<std::string>& params, pyb::handle structure) {
+        ir::SaveGraph(path, g.graph(), Manifest(inputs, params, structure));
+      }, pyb::arg("path"), pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
+         "Writes NAME-symbol.json atomically.");
+
+  pyb::class_<PyLoadedGraph>(m, "LoadedGraph")
+      .def_property_readonly("input_names", [](const PyLoadedGraph& g) { return g.loaded.manifest.inputs; })
+      .def_property_readonly("param_names", [](const PyLoadedGraph& g) { return g.loaded.manifest.params; })
+      .def_property_readonly("input_types", [](const PyLoadedGraph& g) {
+        return Types(g.loaded.graph->inputs(), 0, g.loaded.manifest.inputs.size());
+      })
+      .def_property_readonly("param_types", [](const PyLoadedGraph& g) {
+        size_t n = g.loaded.manifest.inputs.size();
+        return Types(g.loaded.graph->inputs(), n, n + g.loaded.manifest.params.size());
+      })
+      .def_property_readonly("output_structure", [](const PyLoadedGraph& g) {
+        return FromStructure(g.loaded.manifest.output_structure);
+      })
+      .def("graph_text", [](const PyLoadedGraph& g) { return ir::PrintGraph(*g.loaded.graph); })
+      .def("compile", [](PyLoadedGraph& g, const std::vector<Tensor>& params, const Device& device) {
+        if (!g.loaded.graph) KILN_THROW(StateError) << "this loaded graph was already compiled";
+        int n = static_cast<int>(g.loaded.manifest.inputs.size());
+        return CachedGraph::FromGraph(std::move(g.loaded.graph), n, params, device);
+      }, pyb::arg("params"), pyb::arg("device"),
+         "Binds the parameters (in param_names order) and compiles; the graph is consumed.");
+  m.def("load_graph", [](const std::string& path) { return PyLoadedGraph{ir::LoadGraph(path)}; },
+        "Reads and validates NAME-symbol.json.");
+  m.def("parse_graph_json", [](const std::string& text) { return PyLoadedGraph{ir::GraphFromJson(text)}; });
 
   pyb::class_<PyTrace>(m, "TraceScope")
       .def(pyb::init<>())

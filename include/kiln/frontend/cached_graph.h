@@ -75,6 +75,11 @@ class CachedGraph {
   /// Runs the graph on `data_inputs` (shapes and dtypes as traced): one engine task.
   std::vector<Tensor> Call(const std::vector<Tensor>& data_inputs) const;
 
+  /// A compiled graph from an existing graph (an exported one): inputs are `num_data_inputs`
+  /// data inputs followed by one input per tensor of `captured` (the parameters), in order.
+  static std::shared_ptr<CachedGraph> FromGraph(std::unique_ptr<ir::Graph> graph, int num_data_inputs,
+                                                std::vector<Tensor> captured, Device device);
+
   struct Assign {
     int output;    ///< graph output index
     Tensor dst;    ///< concrete tensor written after each call
@@ -82,6 +87,7 @@ class CachedGraph {
 
  private:
   friend class trace::TraceScope;
+  static int64_t Register(std::unique_ptr<ir::Graph> graph, Device device);
   int64_t id_ = -1;
   int num_data_ = 0, num_outputs_ = 0;
   Device device_;

@@ -7,7 +7,7 @@ parameter sharing across Blocks by name.
 """
 import os
 
-from .._C import ArgumentError, FormatError, StateError
+from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError, is_training as _is_training
 from .. import init as _init
 from .parameter import Parameter, ParameterDict, _devices
 from . import serialization
@@ -219,18 +219,17 @@ class HybridBlock(Block):
         return self._call_cached(args)
 
     def _signature(self, args):
-        from .. import _C, autograd
-        key = [autograd.is_training()]
+        key = [_is_training()]
         for a in args:
-            if isinstance(a, _C.NDArray):
-                key.append((a.shape, a._dtype_name, repr(a.device)))
+            if isinstance(a, _NDArray):
+                key.append((a.shape, a._dtype_name, a.device))
             else:
                 key.append(("const", repr(a)))
         return tuple(key)
 
     def _call_cached(self, args):
         from .. import _C
-        if any(p._data is None for p in self.collect_params().values()):
+        if not self._cache and any(p._data is None for p in self.collect_params().values()):
             # Deferred shapes are found by one eager call; the next call traces.
             return self.forward(*args)
         key = self._signature(args)
@@ -247,10 +246,8 @@ class HybridBlock(Block):
                               f"because the input signature changed: {'; '.join(diffs)}", stacklevel=3)
             self._cache[key] = entry
         graph, structure = entry
-        arrays = [a for a in args if isinstance(a, _C.NDArray)]
-        outs = graph(arrays)
-        result, _ = _unflatten(outs, structure)
-        return result
+        outs = graph([a for a in args if isinstance(a, _NDArray)])
+        return outs[0] if structure is None else _unflatten(outs, structure)[0]
 
     def _trace(self, args):
         from .. import _C

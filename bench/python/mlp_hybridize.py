@@ -1,0 +1,98 @@
+"""The d2l.ai hybridize benchmark: the 512-256-128-2 MLP called 1000 times on a (1, 512) input
+(and on a batch of 64): kiln eager, kiln hybridized, PyTorch eager, torch.jit.script and
+torch.jit.trace + torch.jit.freeze, in one run, same thread count.
+
+    PYTHONPATH=build/python python3 bench/python/mlp_hybridize.py [--quick]
+
+Prints JSON lines {"bench": "mlp_hybridize", "case": ..., "metric": "us_per_call", ...} per batch
+size (cases for batch 64 end in _b64), medians of 5 repeats, and the ratios
+kiln_hybridized/<each other case> (metric "speedup": above 1 means the hybridized MLP is ahead).
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+import kiln
+from kiln import nd, nn
+
+
+def emit(case, metric, value, unit):
+    print(json.dumps({"bench": "mlp_hybridize", "case": case, "metric": metric, "value": round(value, 4),
+                      "unit": unit}), flush=True)
+
+
+def kiln_net(weights):
+    net = nn.HybridSequential()
+    net.add(nn.Dense(256, activation="relu"), nn.Dense(128, activation="relu"), nn.Dense(2))
+    net.initialize()
+    net(nd.zeros((1, 512)))
+    for p, w in zip(net.collect_params().values(), weights):
+        p.set_data(nd.array(w))
+    return net
+
+
+def time_calls(call, sync, n, repeats):
+    call()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            y = call()
+        sync()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(samples), y
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a short run for CI")
+    args = ap.parse_args()
+    n, repeats = (100, 3) if args.quick else (1000, 5)
+    rng = np.random.default_rng(0)
+    shapes = [(256, 512), (256,), (128, 256), (128,), (2, 128), (2,)]
+    weights = [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    tnet = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, 2)).eval()
+    with torch.no_grad():
+        for p, w in zip(tnet.parameters(), weights):
+            p.copy_(torch.from_numpy(w))
+
+    for batch in (1, 64):
+        sfx = "" if batch == 1 else f"_b{batch}"
+        xn = rng.normal(size=(batch, 512)).astype(np.float32)
+        x = nd.array(xn)
+        eager = kiln_net(weights)
+        hybrid = kiln_net(weights)
+        hybrid.hybridize()
+        t = {}
+        t["kiln_eager"], ye = time_calls(lambda: eager(x), kiln.waitall, n, repeats)
+        t["kiln_hybridized"], yh = time_calls(lambda: hybrid(x), kiln.waitall, n, repeats)
+        xt = torch.from_numpy(xn)
+        with torch.no_grad():
+            scripted = torch.jit.script(tnet)
+            traced = torch.jit.freeze(torch.jit.trace(tnet, xt))
+            t["torch_eager"], yt = time_calls(lambda: tnet(xt), lambda: None, n, repeats)
+            t["torch_jit_script"], _ = time_calls(lambda: scripted(xt), lambda: None, n, repeats)
+            t["torch_jit_trace"], _ = time_calls(lambda: traced(xt), lambda: None, n, repeats)
+        ref = yt.numpy()
+        for name, y in (("kiln_eager", ye), ("kiln_hybridized", yh)):
+            err = float(np.abs(y.asnumpy() - ref).max())
+            if err > 1e-3:
+                raise SystemExit(f"mlp_hybridize: {name} differs from torch by {err}")
+        for case, us in t.items():
+            emit(case + sfx, "us_per_call", us, "us")
+        for case, us in t.items():
+            if case != "kiln_hybridized":
+                emit(f"kiln_hybridized/{case}{sfx}", "speedup", us / t["kiln_hybridized"], "x")
+
+
+if __name__ == "__main__":
+    main()
