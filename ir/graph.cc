@@ -1,5 +1,7 @@
 #include "kiln/ir/graph.h"
 
+#include "kiln/ir/text.h"
+
 #include <sstream>
 
 #include "kiln/runtime/error.h"
@@ -51,28 +53,8 @@ void Graph::Rollback(const Mark& m) {
   inputs_.resize(m.inputs);
 }
 
-std::string Graph::str() const {
-  std::ostringstream os;
-  auto type = [](const Value* v) {
-    return std::string(DTypeName(v->dtype())) + v->shape().str();
-  };
-  for (const Value* v : inputs_) os << "%" << v->id() << " = input \"" << v->name() << "\" : " << type(v) << "\n";
-  for (const auto& n : nodes_) {
-    os << "";
-    for (size_t i = 0; i < n->outputs().size(); ++i) os << (i ? ", " : "") << "%" << n->output(i)->id();
-    os << " = " << n->def().name << "(";
-    for (size_t i = 0; i < n->inputs().size(); ++i) os << (i ? ", " : "") << "%" << n->input(i)->id();
-    os << ")";
-    if (!n->attrs().empty()) os << " {" << n->attrs().str() << "}";
-    os << " : ";
-    for (size_t i = 0; i < n->outputs().size(); ++i) os << (i ? ", " : "") << type(n->output(i));
-    os << "\n";
-  }
-  os << "return";
-  for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : " ") << "%" << outputs_[i]->id();
-  os << "\n";
-  return os.str();
-}
+// One text form (text.h): what str() prints parses back to the same graph.
+std::string Graph::str() const { return PrintGraph(*this); }
 
 Value* Builder::Op(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs) {
   return g_.AddNode(FindOp(name), std::move(inputs), attrs)->output(0);
