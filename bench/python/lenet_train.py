@@ -13,7 +13,7 @@ change in the machine's load hits both alike; the test accuracy is measured afte
 epoch on the test set.
 
 Prints JSON lines:
-  {"bench": "lenet_train", "case": "kiln_eager"|"torch_eager", "metric": "seconds_per_epoch"|"test_acc", ...}
+  {"bench": "lenet_train", "case": "kiln_eager"|"kiln_hybridized"|"torch_eager", "metric": "seconds_per_epoch"|"test_acc", ...}
   {"bench": "lenet_train", "case": "kiln_eager/torch_eager", "metric": "speedup", "value": t_torch/t_kiln, "unit": "x"}
 
 Run: python3 bench/python/lenet_train.py [--epochs 4] [--quick]
@@ -61,8 +61,10 @@ def kiln_lenet(weights):
 
 
 class KilnCase:
-    def __init__(self, train, test, weights, seed):
+    def __init__(self, train, test, weights, seed, hybridize=False):
         self.net = kiln_lenet(weights)
+        if hybridize:
+            self.net.hybridize()
         self.loss = kiln.loss.SoftmaxCrossEntropyLoss()
         self.trainer = kiln.Trainer(self.net.collect_params(), "sgd", {"learning_rate": LR})
         self.train_iter = DataLoader(train, BATCH, shuffle=True, seed=seed)
@@ -148,8 +150,9 @@ def main():
     print(f"# lenet_train: {len(raw_train)} train / {len(raw_test)} test images, {epochs} epoch(s), "
           f"{os.cpu_count()} threads", file=sys.stderr)
 
-    cases = {"kiln_eager": KilnCase(raw_train.transform_first(to_tensor), raw_test.transform_first(to_tensor),
-                                    weights, args.seed)}
+    train_set, test_set = raw_train.transform_first(to_tensor), raw_test.transform_first(to_tensor)
+    cases = {"kiln_eager": KilnCase(train_set, test_set, weights, args.seed),
+             "kiln_hybridized": KilnCase(train_set, test_set, weights, args.seed, hybridize=True)}
     try:
         cases["torch_eager"] = TorchCase(raw_train.images, raw_train.labels, raw_test.images, raw_test.labels,
                                          weights, args.seed)
@@ -166,6 +169,8 @@ def main():
         emit(name, "test_acc", case.test_acc(), "acc")
     if "torch_eager" in per_epoch:
         emit("kiln_eager/torch_eager", "speedup", per_epoch["torch_eager"] / per_epoch["kiln_eager"], "x")
+        emit("kiln_hybridized/torch_eager", "speedup", per_epoch["torch_eager"] / per_epoch["kiln_hybridized"], "x")
+    emit("kiln_hybridized/kiln_eager", "speedup", per_epoch["kiln_eager"] / per_epoch["kiln_hybridized"], "x")
 
 
 if __name__ == "__main__":
