@@ -1,0 +1,47 @@
+# CTest script for kiln-run (see tools/CMakeLists.txt): cmake -DKILN_RUN=... -DFIXTURE=... -DDIR=... -P
+# Each case runs kiln-run and checks its exit status and one substring of its output.
+file(REMOVE_RECURSE ${DIR})
+execute_process(COMMAND ${FIXTURE} write ${DIR} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kiln_run_fixture write failed: ${rc}")
+endif()
+
+function(expect want_rc want_text)
+  execute_process(COMMAND ${KILN_RUN} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(FIND "${out}${err}" "${want_text}" at)
+  if(NOT rc EQUAL want_rc OR at EQUAL -1)
+    message(FATAL_ERROR "kiln-run ${ARGN}\n  expected exit ${want_rc} and '${want_text}'\n"
+                        "  got exit ${rc}\n  stdout: ${out}\n  stderr: ${err}")
+  endif()
+  message(STATUS "ok: kiln-run ${ARGN} -> ${rc}")
+endfunction()
+
+set(M ${DIR}/mlp-symbol.json)
+# Success: default params path, outputs written and equal to the eager result, a timed run.
+expect(0 "output0: float32(2, 4)" ${M} --input data=${DIR}/data.npy --output-dir ${DIR}/out)
+execute_process(COMMAND ${FIXTURE} compare ${DIR}/out/output0.npy ${DIR}/expected0.npy RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kiln-run's output0.npy differs from the eager result")
+endif()
+expect(0 "\"bench\": \"kiln_run\", \"case\": \"mlp\", \"metric\": \"us_per_call\""
+       ${M} --params ${DIR}/mlp-0000.params --input data=${DIR}/data.npy --repeat 20)
+
+# Usage errors: exit 2.
+expect(2 "no symbol file given")
+expect(2 "unknown option '--frobnicate'" ${M} --frobnicate)
+expect(2 "--repeat expects an integer >= 1" ${M} --repeat 0)
+expect(2 "--device expects cpu" ${M} --device tpu)
+expect(2 "--input expects name=file.npy" ${M} --input data)
+
+# Model and input errors: exit 1 with kiln's message.
+expect(1 "missing input(s) data: the model expects data=float32(2, 8)" ${M})
+expect(1 "the model has no input(s) label" ${M} --input data=${DIR}/data.npy --input label=${DIR}/data.npy)
+expect(1 "cannot open '${DIR}/nope-0000.params'" ${M} --params ${DIR}/nope-0000.params --input data=${DIR}/data.npy)
+expect(1 "input 'data' expects float32(2, 8), found float32(3, 8)" ${M} --input data=${DIR}/wrongshape.npy)
+expect(1 "input 'data' expects float32(2, 8), found int64(2, 8)" ${M} --input data=${DIR}/int64.npy)
+expect(1 "Fortran-order" ${M} --input data=${DIR}/fortran.npy)
+expect(1 "big-endian" ${M} --input data=${DIR}/bigendian.npy)
+expect(1 "is truncated" ${M} --input data=${DIR}/truncated.npy)
+expect(1 "cannot open '${DIR}/absent.npy'" ${M} --input data=${DIR}/absent.npy)
+file(WRITE ${DIR}/bad-symbol.json "{\"format\": \"kiln-graph\"")
+expect(1 "bad-symbol.json" ${DIR}/bad-symbol.json --params ${DIR}/mlp-0000.params --input data=${DIR}/data.npy)
