@@ -2,13 +2,17 @@
 
 A Block registers every attribute that is a Parameter or a Block, in assignment order; its
 parameters are listed under structural names ('features.1.weight', as PyTorch's state_dict).
-HybridBlock.hybridize() compiles: see HybridBlock. Not here yet: forward hooks, export(),
-parameter sharing across Blocks by name.
+HybridBlock.hybridize() compiles: see HybridBlock; HybridBlock.export() writes the last traced
+graph and its parameters (DESIGN.md section 7), which nn.SymbolBlock.imports() loads back. Not
+here yet: forward hooks, parameter sharing across Blocks by name.
 """
+import collections
+import json
 import os
 
 from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError, is_training as _is_training
 from .. import init as _init
+from .. import sym as _sym
 from .parameter import Parameter, ParameterDict, _devices
 from . import serialization
 
@@ -180,6 +184,54 @@ def _unflatten(arrays, structure, pos=0):
     return kind(items), pos
 
 
+# The params-file metadata key listing the tensors exported with grad_req 'null' (a JSON list).
+FROZEN_KEY = "kiln.grad_req_null"
+
+
+def _structure_indices(structure, pos=0):
+    """A _flatten structure as the export manifest writes it: an int for a single output, nested
+    lists of output indices otherwise."""
+    if structure is None:
+        return pos, pos + 1
+    items = []
+    for st in structure[1]:
+        item, pos = _structure_indices(st, pos)
+        items.append(item)
+    return items, pos
+
+
+def _data_input_names(n):
+    """The graph's names for `n` data inputs: 'data' for one, 'data0', 'data1'... for several."""
+    return ["data"] if n == 1 else [f"data{i}" for i in range(n)]
+
+
+def _captured_names(captured, params):
+    """Names for a graph's captured tensors: the structural name of the parameter whose data (on
+    any device) each one is, else 'const0', 'const1'... (a constant the trace read)."""
+    names, used, k = [], set(), 0
+    for c in captured:
+        name = None
+        for pname, param in params.items():
+            if param._data is not None and any(
+                    c is a or (c.shape == a.shape and c._shares_storage(a)) for a in param._data):
+                name = pname
+                break
+        if name is None or name in used:
+            while f"const{k}" in used or f"const{k}" in params:
+                k += 1
+            name = f"const{k}"
+        used.add(name)
+        names.append(name)
+    return names
+
+
+# A data input of a trace given by its type alone (export re-traces from these, with no data).
+_Spec = collections.namedtuple("_Spec", ["shape", "dtype", "device"])
+# What one trace produced: the graph, how to rebuild the outputs, the data input names, whether it
+# ran in training mode, and its arguments as _Specs (and the non-array arguments as given).
+_Traced = collections.namedtuple("_Traced", ["graph", "structure", "input_names", "training", "specs"])
+
+
 def _user_frame(tb):
     """The innermost traceback frame outside the kiln package: the user's line."""
     import traceback
@@ -198,6 +250,9 @@ class HybridBlock(Block):
     engine task, with no Python per op; a new signature traces again. Parameters are graph
     inputs, so training updates reach the compiled graph, and under autograd.record() gradients
     flow through it to the parameters as in eager mode.
+
+    export() writes the last graph traced in inference mode (tracing it again in inference mode
+    when the last trace was a training one) as NAME-symbol.json and NAME-0000.params.
     """
 
     def __init__(self):
@@ -205,15 +260,19 @@ class HybridBlock(Block):
         self._active = False
         self._flags = {}
         self._cache = {}
+        self._last_trace = self._last_inference_trace = self._eager_specs = None
 
     def hybridize(self, active=True, **kwargs):
         self._active = active
         self._flags = dict(kwargs)
         self._cache = {}
+        self._last_trace = self._last_inference_trace = self._eager_specs = None
         super().hybridize(active, **kwargs)
 
     def __call__(self, *args, **kwargs):
         from .. import _C
+        if any(isinstance(a, _sym.Symbol) for a in args):
+            return _sym._apply(self, args)  # a Symbol of this block's graph (kiln.sym)
         if not self._active or _C.tracing() or kwargs:
             return self.forward(*args, **kwargs)  # eager, inside a parent's trace, or keyword inputs
         return self._call_cached(args)
@@ -230,8 +289,11 @@ class HybridBlock(Block):
     def _call_cached(self, args):
         from .. import _C
         if not self._cache and any(p._data is None for p in self.collect_params().values()):
-            # Deferred shapes are found by one eager call; the next call traces.
-            return self.forward(*args)
+            # Deferred shapes are found by one eager call; the next call (or export) traces.
+            out = self.forward(*args)
+            self._eager_specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray)
+                                      else a for a in args)
+            return out
         key = self._signature(args)
         entry = self._cache.get(key)
         if entry is None:
@@ -250,12 +312,25 @@ class HybridBlock(Block):
         return outs[0] if structure is None else _unflatten(outs, structure)[0]
 
     def _trace(self, args):
+        specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray) else a for a in args)
+        traced = self._trace_specs(specs)
+        self._last_graph = traced.graph
+        self._last_trace = traced
+        if not traced.training:
+            self._last_inference_trace = traced
+        return traced.graph, traced.structure
+
+    def _trace_specs(self, specs, input_names=None):
+        """Traces forward() on symbolic inputs of the types in `specs` (non-_Spec items are passed
+        as given); the data inputs get `input_names`, or 'data' / 'data0', 'data1'..."""
         from .. import _C
+        n = sum(isinstance(a, _Spec) for a in specs)
+        names = list(input_names) if input_names is not None else _data_input_names(n)
         with _C.TraceScope() as scope:
             sym_args, k = [], 0
-            for a in args:
-                if isinstance(a, _C.NDArray):
-                    sym_args.append(scope.input("data" if k == 0 else f"data{k}", a.shape, a._dtype_name, a.device))
+            for a in specs:
+                if isinstance(a, _Spec):
+                    sym_args.append(scope.input(names[k], a.shape, a.dtype, a.device))
                     k += 1
                 else:
                     sym_args.append(a)
@@ -271,8 +346,42 @@ class HybridBlock(Block):
                     raise ArgumentError(f"{type(self).__name__}.forward returned {type(a).__name__}; a "
                                         f"hybridized block must return NDArrays (or lists/tuples of them)")
             graph = scope.finish(arrays)
-        self._last_graph = graph
-        return graph, structure
+        return _Traced(graph, structure, names, _is_training(), specs)
+
+    def export(self, path, epoch=0):
+        """Writes the compiled graph to `path`-symbol.json and its parameters to
+        `path`-%04d.params (epoch), both atomically; returns the two file names.
+
+        The graph is the one last traced in inference mode (a training-mode trace is traced again
+        in inference mode, so BatchNorm uses its running statistics and Dropout is off). Every
+        tensor the graph reads is saved under its parameter's structural name from
+        collect_params() ('0.weight'), or as 'const0', 'const1'... when it is no parameter.
+        The graph has the static input shapes it was traced with.
+        """
+        from .. import autograd
+        path = os.fspath(path)
+        traced = self._last_trace
+        if self._active and traced is None and self._eager_specs is not None:
+            traced = self._last_trace = self._trace_specs(self._eager_specs)  # after a deferred-init call
+        if not self._active or traced is None:
+            raise StateError(f"{type(self).__name__}.export('{path}'): there is no compiled graph to "
+                             f"export; call hybridize() and run one batch through the block "
+                             f"(net(x)) first, then export")
+        if traced.training:
+            traced = self._last_inference_trace
+            if traced is None or traced.specs != self._last_trace.specs:
+                with autograd.predict_mode():
+                    traced = self._trace_specs(self._last_trace.specs)
+                # Cached as a call would cache it, so the next inference call need not trace.
+                key = (False,) + tuple((a.shape, a.dtype, a.device) if isinstance(a, _Spec)
+                                       else ("const", repr(a)) for a in traced.specs)
+                self._cache.setdefault(key, (traced.graph, traced.structure))
+                self._last_inference_trace = traced
+        params = self.collect_params()
+        names = _captured_names(traced.graph.captured, params)
+        frozen = [n for n in names if n not in params or params[n].grad_req == "null"]
+        return _export_graph(traced.graph, path, epoch, traced.input_names, names, frozen,
+                             _structure_indices(traced.structure)[0], type(self).__name__)
 
     def forward(self, x, *args):
         if type(self).hybrid_forward is HybridBlock.hybrid_forward:
@@ -283,6 +392,24 @@ class HybridBlock(Block):
 
     def hybrid_forward(self, F, x, *args, **kwargs):
         raise NotImplementedError
+
+
+def _export_graph(graph, path, epoch, input_names, param_names, frozen, structure, who):
+    """Writes `graph` (whose captured tensors are named `param_names`) and those tensors; the
+    params file's metadata lists the `frozen` ones (grad_req 'null': running statistics,
+    constants) so that SymbolBlock.imports does not train them."""
+    if " call_graph(" in graph.graph_text():
+        # The node names a graph of this process by id; the file would be meaningless elsewhere.
+        raise StateError(f"{who}.export('{path}'): the graph calls another compiled graph (a "
+                         f"SymbolBlock used inside a hybridized block); exporting that is not "
+                         f"supported yet: export the SymbolBlock itself, or the block it came from")
+    if not isinstance(epoch, int) or not 0 <= epoch <= 9999:
+        raise ArgumentError(f"{who}.export: epoch must be an integer in [0, 9999], got {epoch!r}")
+    symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
+    graph.save(symbol_file, list(input_names), list(param_names), structure)
+    serialization.save_arrays(params_file, dict(zip(param_names, graph.captured)),
+                             {"format": "kiln", FROZEN_KEY: json.dumps(list(frozen))})
+    return symbol_file, params_file
 
 
 class _SequentialMixin:
