@@ -58,6 +58,8 @@ def main():
     p.add_argument("--small", action="store_true", help="CI: 2000 train / 1000 test images, 1 epoch")
     p.add_argument("--plot", metavar="PREFIX", help="save the curves as PREFIX.png and PREFIX.svg")
     p.add_argument("--json", action="store_true", help="print one JSON line per epoch instead of the table")
+    p.add_argument("--hybridize", action="store_true", help="train the compiled graph (net.hybridize())")
+    p.add_argument("--export", metavar="PREFIX", help="after training, write PREFIX-symbol.json and PREFIX-0000.params")
     p.add_argument("--root", default="/usr/share/datasets/fashion-mnist", help="folder of the IDX files")
     args = p.parse_args()
     if args.small:
@@ -76,6 +78,8 @@ def main():
     # 2. Model: every weight from N(0, 0.01), biases at zero, a copy on each device.
     net = lenet()
     net.initialize(init=kiln.init.Normal(0.01), device=devices)
+    if args.hybridize:
+        net.hybridize()
     loss = kiln.loss.SoftmaxCrossEntropyLoss()
     trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr})
 
@@ -124,7 +128,16 @@ def main():
                   f"{seconds:>8.2f} {row['samples_per_sec']:>10.0f}", file=out)
         out.flush()
 
-    # 4. Curves.
+    # 4. Export for deployment without Python (examples/cpp/deploy_lenet.cc, tools/kiln-run).
+    if args.export:
+        if not args.hybridize:
+            net.hybridize()
+            net(next(iter(test_iter))[0].as_in_context(devices[0]))
+        files = net.export(args.export)
+        if not args.json:
+            print("exported " + " and ".join(files), file=out)
+
+    # 5. Curves.
     if args.plot:
         paths = plot_curves(history, args.plot, title=f"LeNet on Fashion-MNIST ({devices[0]})")
         if not args.json:

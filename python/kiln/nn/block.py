@@ -266,6 +266,7 @@ class HybridBlock(Block):
         self._active = active
         self._flags = dict(kwargs)
         self._cache = {}
+        self._retrace_reported = False
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         super().hybridize(active, **kwargs)
 
@@ -298,7 +299,8 @@ class HybridBlock(Block):
         entry = self._cache.get(key)
         if entry is None:
             entry = self._trace(args)
-            if self._cache:
+            if self._cache and not getattr(self, "_retrace_reported", False):
+                self._retrace_reported = True  # once per block: the reason, not a stream of warnings
                 old = next(iter(self._cache))
                 diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[1:], key[1:])) if o != n]
                 if old[0] != key[0]:
