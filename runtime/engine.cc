@@ -528,6 +528,8 @@ class ThreadedEngine final : public EngineBase {
       }
       r->done.store(1), r->done.notify_all();
     }, vs, o);
+    // Spin a little first: a short task finishes sooner than a futex sleep and wake-up take.
+    for (int i = 0; i < 2000 && !r->done.load(std::memory_order_acquire); ++i) KILN_PAUSE();
     r->done.wait(0);
     Reap();
     if (r->error) std::rethrow_exception(r->error);
@@ -536,6 +538,7 @@ class ThreadedEngine final : public EngineBase {
   void WaitForAll() override {
     if (tls_on_worker)
       KILN_THROW(StateError) << "waitall called inside an engine task: that would deadlock";
+    for (int i = 0; i < 2000 && Pending() != 0; ++i) KILN_PAUSE();  // as in WaitForVar
     SleepUntil([&] { return Pending() == 0; });
     Reap();
     RethrowFirstError();
