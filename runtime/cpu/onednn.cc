@@ -340,7 +340,8 @@ bool SmallRowsMatmul(const TensorView& a, const TensorView& b, const TensorView&
   const float* A = static_cast<const float*>(a.data);
   const float* B = static_cast<const float*>(b.data);
   float* C = static_cast<float*>(out.data);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(k, 1));
+  // Split across threads only when there is enough to do: waking the pool costs tens of us.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(k * m, 1));
   if (p.transpose_b) {  // b is (n, k): each output is a dot product of two contiguous rows
     ParallelFor(n, grain, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
