@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
@@ -155,7 +156,9 @@ void RunPlan(const Plan& p, const KernelArgs& a) {
 struct Entry {
   std::unique_ptr<Plan> forward;
   std::once_flag backward_once;
-  std::unique_ptr<Plan> backward;
+  std::unique_ptr<Plan> backward;  // built on first use, or with the entry (training variants)
+  std::once_flag training_once;
+  int64_t training_id = -1;        // the variant that saves what its backward reads
 };
 
 std::mutex g_entries_mu;
@@ -200,11 +203,101 @@ std::unique_ptr<ir::Graph> BackwardGraph(const ir::Graph& fwd) {
   return g;
 }
 
+// The training variant of a forward graph: it also outputs the forward values its backward
+// reads, and the backward takes them as inputs instead of recomputing the forward. Backward
+// inputs: forward inputs, saved values, gradients of the forward's outputs.
+struct TrainingPair {
+  std::unique_ptr<ir::Graph> forward, backward;
+  int num_grad_outputs = 0;
+};
+
+TrainingPair MakeTrainingPair(const ir::Graph& fwd) {
+  // G: the forward cloned, then the gradient nodes the autodiff pass appends.
+  ir::Graph g;
+  std::unordered_map<const ir::Value*, ir::Value*> to_g;
+  std::unordered_map<const ir::Value*, const ir::Value*> from_g;
+  std::vector<ir::Value*> xs;
+  for (const ir::Value* v : fwd.inputs()) {
+    ir::Value* c = g.AddInput(v->name(), v->type());
+    to_g[v] = c, from_g[c] = v;
+    xs.push_back(c);
+  }
+  for (const auto& n : fwd.nodes()) {
+    std::vector<ir::Value*> in;
+    for (const ir::Value* v : n->inputs()) in.push_back(to_g.at(v));
+    ir::Node* c = g.AddNode(n->op(), std::move(in), n->attrs());
+    for (size_t i = 0; i < n->outputs().size(); ++i) {
+      to_g[n->output(static_cast<int>(i))] = c->output(static_cast<int>(i));
+      from_g[c->output(static_cast<int>(i))] = n->output(static_cast<int>(i));
+    }
+  }
+  const size_t mark = g.nodes().size();
+  std::vector<ir::Value*> ys, dys;
+  for (size_t k = 0; k < fwd.outputs().size(); ++k) {
+    ys.push_back(to_g.at(fwd.outputs()[k]));
+    dys.push_back(g.AddInput("grad" + std::to_string(k), fwd.outputs()[k]->type()));
+  }
+  std::vector<ir::Value*> grads = passes::BuildGradients(g, ys, dys, xs);
+
+  // The forward values the gradient nodes read (or that are gradients themselves).
+  auto produced_by_forward = [&](const ir::Value* v) {
+    return v->node() && static_cast<size_t>(v->node()->id()) < mark;
+  };
+  std::vector<const ir::Value*> saved;
+  std::unordered_map<const ir::Value*, size_t> saved_index;
+  auto save = [&](const ir::Value* v) {
+    if (v && produced_by_forward(v) && !saved_index.count(v)) saved_index[v] = saved.size(), saved.push_back(v);
+  };
+  for (size_t i = mark; i < g.nodes().size(); ++i)
+    for (const ir::Value* v : g.nodes()[i]->inputs()) save(v);
+  for (const ir::Value* v : grads) save(v);
+
+  TrainingPair p;
+  p.num_grad_outputs = static_cast<int>(fwd.outputs().size());
+  // Backward: inputs, saved values, output gradients; then the gradient nodes.
+  p.backward = std::make_unique<ir::Graph>();
+  std::unordered_map<const ir::Value*, ir::Value*> to_b;
+  for (ir::Value* x : xs) to_b[x] = p.backward->AddInput(x->name(), x->type());
+  for (size_t i = 0; i < saved.size(); ++i)
+    to_b[saved[i]] = p.backward->AddInput("saved" + std::to_string(i), saved[i]->type());
+  for (ir::Value* d : dys) to_b[d] = p.backward->AddInput(d->name(), d->type());
+  for (size_t i = mark; i < g.nodes().size(); ++i) {
+    const ir::Node& n = *g.nodes()[i];
+    std::vector<ir::Value*> in;
+    for (const ir::Value* v : n.inputs()) in.push_back(to_b.at(v));
+    ir::Node* c = p.backward->AddNode(n.op(), std::move(in), n.attrs());
+    for (size_t k = 0; k < n.outputs().size(); ++k) to_b[n.output(static_cast<int>(k))] = c->output(static_cast<int>(k));
+  }
+  ir::Builder bb(*p.backward);
+  std::vector<ir::Value*> outs;
+  for (size_t i = 0; i < grads.size(); ++i)
+    outs.push_back(grads[i] ? to_b.at(grads[i]) : bb.ZerosLike(to_b.at(xs[i])));
+  p.backward->SetOutputs(outs);
+
+  // Forward: the original, with the saved values as extra outputs.
+  p.forward = std::make_unique<ir::Graph>();
+  std::unordered_map<const ir::Value*, ir::Value*> to_f;
+  for (const ir::Value* v : fwd.inputs()) to_f[v] = p.forward->AddInput(v->name(), v->type());
+  for (const auto& n : fwd.nodes()) {
+    std::vector<ir::Value*> in;
+    for (const ir::Value* v : n->inputs()) in.push_back(to_f.at(v));
+    ir::Node* c = p.forward->AddNode(n->op(), std::move(in), n->attrs());
+    for (size_t i = 0; i < n->outputs().size(); ++i) to_f[n->output(static_cast<int>(i))] = c->output(static_cast<int>(i));
+  }
+  std::vector<ir::Value*> fouts;
+  for (const ir::Value* v : fwd.outputs()) fouts.push_back(to_f.at(v));
+  for (const ir::Value* v : saved) fouts.push_back(to_f.at(from_g.at(v)));
+  p.forward->SetOutputs(fouts);
+  return p;
+}
+
 void CallGraphKernel(const KernelArgs& a) { RunPlan(*GetEntry(a.attrs.Int("graph_id"))->forward, a); }
 
 void CallGraphBackwardKernel(const KernelArgs& a) {
   std::shared_ptr<Entry> e = GetEntry(a.attrs.Int("graph_id"));
-  std::call_once(e->backward_once, [&] { e->backward = MakePlan(BackwardGraph(*e->forward->graph), a.device); });
+  std::call_once(e->backward_once, [&] {
+    if (!e->backward) e->backward = MakePlan(BackwardGraph(*e->forward->graph), a.device);
+  });
   RunPlan(*e->backward, a);
 }
 
@@ -344,12 +437,15 @@ std::shared_ptr<CachedGraph> TraceScope::Finish(const std::vector<Tensor>& outpu
 
 // ---- calls -------------------------------------------------------------------------------------
 
-int64_t CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device) {
+int64_t CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device, std::unique_ptr<ir::Graph> backward,
+                              int num_grad_outputs) {
   ir::GraphSignature sig;
   for (const ir::Value* v : graph->inputs()) sig.inputs.push_back(v->type());
   for (const ir::Value* v : graph->outputs()) sig.outputs.push_back(v->type());
+  sig.num_grad_outputs = num_grad_outputs;
   auto entry = std::make_shared<Entry>();
   entry->forward = MakePlan(std::move(graph), device);
+  if (backward) entry->backward = MakePlan(std::move(backward), device);
   sig.random_numel = entry->forward->random_numel;
   std::lock_guard<std::mutex> g(g_entries_mu);  // ids and entries advance together
   int64_t id = ir::RegisterGraphSignature(std::move(sig));
@@ -390,9 +486,20 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
     KILN_THROW(ValueError) << "hybridized call: expected " << num_data_ << " inputs, found " << data_inputs.size();
   std::vector<Tensor> in(data_inputs);
   in.insert(in.end(), captured_.begin(), captured_.end());
+  int64_t id = id_;
   int n_out = num_outputs_ + static_cast<int>(assigns_.size());
+  if (!trace::Active() && autograd::NeedsRecord(in)) {
+    // Training: the variant that saves what its backward reads (no forward recomputation).
+    std::shared_ptr<Entry> e = GetEntry(id_);
+    std::call_once(e->training_once, [&] {
+      TrainingPair p = MakeTrainingPair(*e->forward->graph);
+      e->training_id = Register(std::move(p.forward), device_, std::move(p.backward), p.num_grad_outputs);
+    });
+    id = e->training_id;
+    n_out = static_cast<int>(ir::GetGraphSignature(id).outputs.size());
+  }
   std::vector<Tensor> out = Invoke(ir::FindOp("call_graph"), in,
-                                   {{"graph_id", id_}, {"num_outputs", static_cast<int64_t>(n_out)}}, device_);
+                                   {{"graph_id", id}, {"num_outputs", static_cast<int64_t>(n_out)}}, device_);
   for (const Assign& a : assigns_) {
     const Tensor& src = out[static_cast<size_t>(a.output)];
     if (trace::Active()) trace::RecordAssign(src, a.dst);

@@ -63,7 +63,10 @@ void RegisterGraphOps(OpTable& t) {
     // (zeros where the output did not reach the heads).
     const Node& n = g.node();
     std::vector<Value*> in(n.inputs().begin(), n.inputs().end());
-    for (size_t i = 0; i < n.outputs().size(); ++i)
+    GraphSignature sig = GetGraphSignature(g.attrs().Int("graph_id"));
+    size_t k = sig.num_grad_outputs < 0 ? n.outputs().size() : static_cast<size_t>(sig.num_grad_outputs);
+    for (size_t i = k; i < n.outputs().size(); ++i) in.push_back(n.output(static_cast<int>(i)));  // saved
+    for (size_t i = 0; i < k; ++i)
       in.push_back(g.has_out_grad(static_cast<int>(i)) ? g.out_grad(static_cast<int>(i))
                                                         : g.ZerosLike(n.output(static_cast<int>(i))));
     Attrs a{{"graph_id", g.attrs().Int("graph_id")}};
@@ -88,11 +91,15 @@ void RegisterGraphOps(OpTable& t) {
   bwd.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     GraphSignature sig = GetGraphSignature(a.Int("graph_id"));
     CheckInputs(op, sig, in, sig.inputs.size() + sig.outputs.size());
-    for (size_t i = 0; i < sig.outputs.size(); ++i)
-      if (!(in[sig.inputs.size() + i] == sig.outputs[i]))
-        KILN_THROW(ShapeError) << op.name << ": gradient of output " << i << " is "
-                               << in[sig.inputs.size() + i].shape.str() << ", expected "
-                               << sig.outputs[i].shape.str();
+    // After the forward inputs: saved outputs [k, n), then gradients of outputs [0, k).
+    size_t n = sig.outputs.size(), k = sig.num_grad_outputs < 0 ? n : static_cast<size_t>(sig.num_grad_outputs);
+    for (size_t j = 0; j < n; ++j) {
+      size_t out = j < n - k ? k + j : j - (n - k);
+      if (!(in[sig.inputs.size() + j] == sig.outputs[out]))
+        KILN_THROW(ShapeError) << op.name << ": input " << sig.inputs.size() + j << " is "
+                               << in[sig.inputs.size() + j].shape.str() << ", expected "
+                               << sig.outputs[out].shape.str() << " (output " << out << " of the graph)";
+    }
     return sig.inputs;
   };
   t.Add(std::move(bwd));

@@ -87,7 +87,8 @@ class CachedGraph {
 
  private:
   friend class trace::TraceScope;
-  static int64_t Register(std::unique_ptr<ir::Graph> graph, Device device);
+  static int64_t Register(std::unique_ptr<ir::Graph> graph, Device device,
+                          std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1);
   int64_t id_ = -1;
   int num_data_ = 0, num_outputs_ = 0;
   Device device_;

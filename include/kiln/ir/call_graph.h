@@ -16,6 +16,11 @@ struct GraphSignature {
   std::vector<TensorType> inputs;
   std::vector<TensorType> outputs;
   int64_t random_numel = 0;  ///< generator counter space one call consumes (random ops inside)
+  /// -1: every output is differentiable and the backward recomputes the forward (inputs: the
+  /// forward inputs, then one gradient per output). k >= 0: outputs [k, n) are values the forward
+  /// saved for its backward, whose inputs are then the forward inputs, the saved values, and the
+  /// gradients of outputs [0, k).
+  int num_grad_outputs = -1;
 };
 
 /// Registers a signature; returns its id (never reused).
