@@ -343,11 +343,31 @@ bool SmallRowsMatmul(const TensorView& a, const TensorView& b, const TensorView&
   // Split across threads only when there is enough to do: waking the pool costs tens of us.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(k * m, 1));
   if (p.transpose_b) {  // b is (n, k): each output is a dot product of two contiguous rows
+    // Four rows of b at a time: four independent accumulator chains (one would wait on the FMA
+    // latency every step) sharing each load of a.
+    constexpr int kRows = 4, kLanes = 16;
     ParallelFor(n, grain, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const float* bj = B + j * k;
-        for (int64_t i = 0; i < m; ++i) {
-          const float* ai = A + i * k;
+      for (int64_t i = 0; i < m; ++i) {
+        const float* ai = A + i * k;
+        int64_t j = j0;
+        for (; j + kRows <= j1; j += kRows) {
+          float acc[kRows][kLanes] = {};
+          int64_t t = 0;
+          for (; t + kLanes <= k; t += kLanes)
+            for (int r = 0; r < kRows; ++r) {
+              const float* br = B + (j + r) * k + t;
+#pragma omp simd
+              for (int l = 0; l < kLanes; ++l) acc[r][l] += ai[t + l] * br[l];
+            }
+          for (int r = 0; r < kRows; ++r) {
+            float sum = 0.f;
+            for (int l = 0; l < kLanes; ++l) sum += acc[r][l];
+            for (int64_t u = t; u < k; ++u) sum += ai[u] * B[(j + r) * k + u];
+            C[i * n + j + r] = sum;
+          }
+        }
+        for (; j < j1; ++j) {
+          const float* bj = B + j * k;
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
           for (int64_t t = 0; t < k; ++t) acc += ai[t] * bj[t];
