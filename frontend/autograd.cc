@@ -10,6 +10,7 @@
 
 #include "kiln/frontend/dispatch.h"
 #include "kiln/passes/autodiff.h"
+#include "kiln/passes/dce.h"
 
 namespace kiln {
 
@@ -165,7 +166,14 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     return jt->second;
   };
   Device dev = heads[0].device();
+  // Only the gradient nodes the requested gradients depend on run (not, e.g., the gradient of a
+  // convolution's data input).
+  std::vector<ir::Value*> roots;
+  for (ir::Value* gv : grads)
+    if (gv) roots.push_back(gv);
+  std::vector<bool> live = passes::LiveNodes(g, roots);
   for (size_t i = mark_nodes; i < g.nodes().size(); ++i) {
+    if (!live[i]) continue;
     const ir::Node& n = *g.nodes()[i];
     std::vector<Tensor> in;
     for (ir::Value* v : n.inputs()) in.push_back(lookup(v));

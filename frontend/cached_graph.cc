@@ -11,6 +11,7 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
+#include "kiln/passes/dce.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/error.h"
 
@@ -56,14 +57,23 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
     if (s.kind == Slot::kNone) s = {Slot::kOutput, static_cast<int64_t>(k)};
     else p->out_of_place.push_back(static_cast<int>(k));  // an input, or an output listed twice
   }
+  std::vector<bool> live = passes::LiveNodes(graph, graph.outputs());
   std::vector<int> last_use(p->slots.size(), -1);
   for (size_t i = 0; i < graph.nodes().size(); ++i)
-    for (const ir::Value* v : graph.nodes()[i]->inputs()) last_use[v->id()] = static_cast<int>(i);
+    if (live[i])
+      for (const ir::Value* v : graph.nodes()[i]->inputs()) last_use[v->id()] = static_cast<int>(i);
   std::multimap<size_t, size_t> free_blocks;  // size -> offset
   size_t end = 0;
   uint64_t rnd = 0;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& n = *graph.nodes()[i];
+    if (!live[i]) {  // nothing reads its result: not run (random ops still advance the counter)
+      p->kernels.push_back(nullptr);
+      p->random_offsets.push_back(rnd);
+      if (n.def().random)
+        for (const ir::Value* o : n.outputs()) rnd += static_cast<uint64_t>((o->shape().numel() + 3) / 4 * 4);
+      continue;
+    }
     const KernelBinding* kb = KernelTable::Get().Find(n.op(), device.type);
     if (!kb || !kb->fn)
       KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
@@ -143,6 +153,7 @@ void RunPlan(const Plan& p, const KernelArgs& a) {
   };
   std::vector<TensorView> in, out;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (!p.kernels[i]) continue;  // dead
     const ir::Node& n = *g.nodes()[i];
     in.clear(), out.clear();
     for (const ir::Value* v : n.inputs()) in.push_back(view(v));
