@@ -130,3 +130,22 @@ TEST_CASE("hybridize: a call with the wrong input shape is a ShapeError naming b
 }
 
 }  // namespace
+
+namespace {
+
+TEST_CASE("hybridize: the traced graph of a dense layer, golden text") {
+  Tensor w = nd::ones({3, 4}), b = nd::zeros({3});
+  trace::TraceScope scope;
+  Tensor x = scope.Input("data", {2, 4}, DType::kFloat32, cpu());
+  auto g = scope.Finish({nd::relu(nd::linear(x, w, b))});
+  CHECK(g->graph().str() ==
+        "%0 = input \"data\" : float32(2, 4)\n"
+        "%1 = input \"captured0\" : float32(3, 4)\n"
+        "%2 = input \"captured1\" : float32(3,)\n"
+        "%3 = matmul(%0, %1) {transpose_a=false, transpose_b=true} : float32(2, 3)\n"
+        "%4 = add(%3, %2) : float32(2, 3)\n"
+        "%5 = relu(%4) : float32(2, 3)\n"
+        "return %5\n");
+}
+
+}  // namespace

@@ -276,3 +276,42 @@ def test_wrong_input_shape_at_call(exported):
         back(nd.zeros((3, 20)))
     with pytest.raises(kiln.ArgumentError, match="expected 1 input"):
         back(x, x)
+
+
+def _kiln_run():
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(kiln._C.__file__))))
+    return os.path.join(build, "tools", "kiln-run")
+
+
+def test_a_python_export_runs_the_same_in_cpp_through_kiln_run(tmp_path):
+    """The exported files leave Python behind: kiln-run (plain C++, kiln::load) computes the same."""
+    import subprocess
+    tool = _kiln_run()
+    assert os.path.exists(tool), f"{tool} is built with the project (tools/); build it first"
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(4, kernel_size=3, activation="relu"), nn.MaxPool2D(2), nn.Flatten(), nn.Dense(5))
+    net.initialize(kiln.init.Xavier())
+    x = nd.random.normal(shape=(2, 1, 8, 8))
+    net.hybridize()
+    want = net(x).asnumpy()
+    sym, params = net.export(str(tmp_path / "cnn"))
+    np.save(tmp_path / "x.npy", x.asnumpy())
+    out = subprocess.run([tool, sym, "--params", params, "--input", f"data={tmp_path / 'x.npy'}",
+                          "--output-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = np.load(tmp_path / "out" / "output0.npy")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_call_is_one_engine_task():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(64, activation="relu"), nn.Dense(64, activation="relu"), nn.Dense(4))
+    net.initialize()
+    x = nd.random.normal(shape=(3, 200))
+    net(x)
+    net.hybridize()
+    net(x)
+    kiln.waitall()
+    before = kiln._C.engine_stats()["pushed"]
+    net(x)
+    assert kiln._C.engine_stats()["pushed"] - before == 1  # 8 ops eagerly, one task compiled
