@@ -18,8 +18,8 @@ How it works and what it does not do (kiln is not MXNet's symbolic engine):
   shapes, so every var needs a shape; infer_shape() with other shapes traces the recipe again.
 - The block must be initialized (net.initialize()); a deferred shape is completed by one eager
   call on zeros of the vars' shapes.
-- Only blocks compose Symbols: the F.* / nd functions (sym.relu(s), s + 1) do not accept a Symbol.
-  Wrap such code in a HybridBlock.
+- The nd functions here and Symbol's operators also compose Symbols (sym.relu(s), s * 2 + 1):
+  each such call becomes a small block in the recipe.
 - Parameters are named by their structural names in the block (collect_params()); when several
   blocks are composed and their names clash, each is prefixed by the block's position in call
   order ('0.', '1.', ...). Captured tensors that are no parameter are named 'const0', ...
@@ -255,3 +255,48 @@ def _trace(s, shapes):
                                         f"return NDArrays (or lists/tuples of them)")
             graph = scope.finish(arrays)
     return _Graph(graph, list(types), _param_names(blocks, graph.captured), _structure_indices(structure)[0])
+
+
+# ---- ops on Symbols -----------------------------------------------------------------------------
+
+import operator as _operator
+
+from . import nd as _nd
+
+
+def _op_block(fn, name, kwargs):
+    from .nn.block import HybridBlock
+
+    class _Op(HybridBlock):
+        """One kiln.nd function applied to its inputs, as a block of a Symbol's recipe."""
+
+        def forward(self, *args):
+            return fn(*args, **kwargs)
+
+    _Op.__name__ = name
+    return _Op()
+
+
+def _symbolic(fn, name):
+    def op(*args, **kwargs):
+        if any(isinstance(a, Symbol) for a in args):
+            return Symbol(name, call=(_op_block(fn, name, kwargs), list(args)))
+        return fn(*args, **kwargs)  # arrays (symbolic while tracing, or concrete): the nd function
+    op.__name__ = name
+    op.__doc__ = fn.__doc__
+    return op
+
+
+_CREATION = {"NDArray", "array", "zeros", "ones", "full", "arange", "empty", "invoke", "waitall", "random",
+             "zeros_like", "ones_like"}
+for _name in dir(_nd):
+    _fn = getattr(_nd, _name)
+    if _name.startswith("_") or _name in _CREATION or not callable(_fn) or isinstance(_fn, type):
+        continue
+    globals()[_name] = _symbolic(_fn, _name)
+
+for _dunder, _fn in {"__add__": _operator.add, "__sub__": _operator.sub, "__mul__": _operator.mul,
+                     "__truediv__": _operator.truediv, "__pow__": _operator.pow, "__neg__": _operator.neg,
+                     "__radd__": lambda a, b: b + a, "__rsub__": lambda a, b: b - a,
+                     "__rmul__": lambda a, b: b * a, "__rtruediv__": lambda a, b: b / a}.items():
+    setattr(Symbol, _dunder, _symbolic(_fn, _dunder.strip("_")))

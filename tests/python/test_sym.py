@@ -120,5 +120,20 @@ def test_mixing_symbols_and_arrays_is_an_error():
 
 
 def test_f_ops_are_the_nd_ops():
-    assert sym.relu is nd.relu
+    x = nd.array([-1.0, 3.0])
+    np.testing.assert_array_equal(sym.relu(x).asnumpy(), nd.relu(x).asnumpy())
     np.testing.assert_array_equal(sym.ones((2,)).asnumpy(), np.ones(2))
+
+
+def test_nd_functions_and_operators_compose_symbols():
+    net = nn.Dense(4)
+    net.initialize()
+    data = sym.var("data", shape=(2, 3))
+    out = sym.relu(net(data)) * 2 + 1
+    assert isinstance(out, sym.Symbol)
+    assert out.list_arguments()[:3] == ["data", "weight", "bias"]
+    arg_shapes, out_shapes, _ = out.infer_shape(data=(5, 3))
+    assert out_shapes == [(5, 4)]
+    import json
+    doc = json.loads(out.tojson())
+    assert [n["op"] for n in doc["nodes"]][-3:] == ["relu", "mul", "add"]
