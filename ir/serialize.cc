@@ -64,31 +64,6 @@ std::string DTypeNames() {
   return s;
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string ClosestOp(std::string_view name) {
-  const OpTable& t = OpTable::Get();
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (size_t i = 0; i < t.size(); ++i) {
-    size_t d = EditDistance(name, t[static_cast<OpId>(i)].name);
-    if (d < best_d) best_d = d, best = t[static_cast<OpId>(i)].name;
-  }
-  return best;
-}
 
 // ---- checked reading ---------------------------------------------------------------------------
 
@@ -346,7 +321,7 @@ LoadedGraph FromJson(std::string_view text, const std::string& source) {
     std::string op_name = r.String(r.Key(n, "op", where), where + ".op");
     std::optional<OpId> op = OpTable::Get().TryFind(op_name);
     if (!op)
-      r.Fail(where, "unknown op \"" + op_name + "\"; did you mean \"" + ClosestOp(op_name) +
+      r.Fail(where, "unknown op \"" + op_name + "\"; did you mean \"" + ClosestOpName(op_name) +
                         "\"? (a newer kiln may know it)");
     const OpDef& def = GetOp(*op);
     where += " (" + op_name + ")";

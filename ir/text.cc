@@ -260,32 +260,6 @@ private:
   bool peeked_ = false;
 };
 
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string ClosestOp(std::string_view name) {
-  const OpTable& t = OpTable::Get();
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (size_t i = 0; i < t.size(); ++i) {
-    const std::string& op = t[static_cast<OpId>(i)].name;
-    size_t d = EditDistance(name, op);
-    if (d < best_d) best_d = d, best = op;
-  }
-  return best;
-}
 
 const char* Article(AttrKind k) { return k == AttrKind::kInt || k == AttrKind::kInts ? "an" : "a"; }
 
@@ -466,7 +440,7 @@ private:
 
   void Node(const std::vector<Token>& results, const Token& op_tok) {
     std::optional<OpId> id = OpTable::Get().TryFind(op_tok.text);
-    if (!id) Fail(op_tok, "unknown op '" + op_tok.text + "'; did you mean '" + ClosestOp(op_tok.text) + "'?");
+    if (!id) Fail(op_tok, "unknown op '" + op_tok.text + "'; did you mean '" + ClosestOpName(op_tok.text) + "'?");
     const OpDef& def = GetOp(*id);
     Expect("(");
     std::vector<Value*> operands;

@@ -99,6 +99,8 @@ class OpTable {
 
 /// Shorthand for OpTable::Get().Find(name).
 inline OpId FindOp(std::string_view name) { return OpTable::Get().Find(name); }
+/// The op whose name is closest to `name` (edit distance), for "did you mean" messages.
+std::string ClosestOpName(std::string_view name);
 inline const OpDef& GetOp(OpId id) { return OpTable::Get()[id]; }
 
 // One registration function per group of ops (ir/ops_<group>.cc).
