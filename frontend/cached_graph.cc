@@ -2,6 +2,7 @@
 #include "kiln/frontend/cached_graph.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -103,8 +104,10 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
     }
     for (const ir::Value* v : n.inputs()) {
       const Slot& s = p->slots[v->id()];
-      if (s.kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i))
+      if (s.kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i)) {
         free_blocks.emplace(Bytes(v), static_cast<size_t>(s.index));
+        last_use[v->id()] = -2;  // freed once, even when the node reads it twice (a * a)
+      }
     }
     for (const ir::Value* o : n.outputs())  // outputs nobody reads
       if (p->slots[o->id()].kind == Slot::kArena && last_use[o->id()] < 0)
@@ -116,14 +119,18 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
   return p;
 }
 
-// A per-thread arena, grown as needed and kept between calls.
+// Per-thread arenas, grown as needed and kept between calls; one per nesting depth, since a
+// plan may run another (a call_graph node inside a compiled graph) while its own values live.
+thread_local int tls_plan_depth = 0;
 uint8_t* Arena(size_t bytes) {
   struct Buf {
     uint8_t* p = nullptr;
     size_t n = 0;
     ~Buf() { std::free(p); }
   };
-  thread_local Buf buf;
+  thread_local std::vector<std::unique_ptr<Buf>> bufs;
+  while (static_cast<int>(bufs.size()) <= tls_plan_depth) bufs.push_back(std::make_unique<Buf>());
+  Buf& buf = *bufs[static_cast<size_t>(tls_plan_depth)];
   if (buf.n < bytes) {
     std::free(buf.p);
     buf.n = (bytes + 4095) / 4096 * 4096;
@@ -136,6 +143,10 @@ uint8_t* Arena(size_t bytes) {
 void RunPlan(const Plan& p, const KernelArgs& a) {
   const ir::Graph& g = *p.graph;
   uint8_t* arena = p.arena_bytes ? Arena(p.arena_bytes) : nullptr;
+  struct Depth {  // nested plans take the next arena
+    Depth() { ++tls_plan_depth; }
+    ~Depth() { --tls_plan_depth; }
+  } depth;
   auto view = [&](const ir::Value* v) {
     const Slot& s = p.slots[v->id()];
     switch (s.kind) {
@@ -324,6 +335,7 @@ void BindGraphKernels(KernelTable& t) {
 namespace trace {
 
 struct TraceScope::State {
+  uint64_t id = 0;  // symbolic tensors carry it: one from another trace is refused
   std::unique_ptr<ir::Graph> graph = std::make_unique<ir::Graph>();
   std::vector<ir::Value*> data_inputs;
   std::vector<std::pair<ir::Value*, Tensor>> captured;           // value, concrete tensor
@@ -349,8 +361,11 @@ void CheckDevice(TraceScope::State& s, Device d) {
                             << "); a compiled graph runs on one device: move the inputs and parameters first";
 }
 
+std::atomic<uint64_t> g_trace_ids{0};
+
 Tensor Symbolic(ir::Value* v, Device device) {
   auto impl = std::make_shared<TensorImpl>();
+  impl->trace_id = tls_state->id;
   impl->storage = std::make_shared<Storage>(0, device);
   impl->shape = v->shape();
   impl->strides = v->shape().ContiguousStrides();
@@ -363,7 +378,9 @@ ir::Value* ValueOf(TraceScope::State& s, const Tensor& t) {
   if (!t.defined()) KILN_THROW(ValueError) << "hybridize: an undefined tensor was passed to an op while tracing";
   CheckDevice(s, t.device());
   if (ir::Value* v = t.impl()->symbol) {
-    KILN_CHECK(v->id() < s.graph->num_values()) << "symbolic tensor of another trace";
+    if (t.impl()->trace_id != s.id)
+      KILN_THROW(StateError) << "hybridize: a symbolic tensor of an earlier trace was used in this one (kept "
+                                "in an attribute or a global during forward?); compute it again inside forward";
     return v;
   }
   auto it = s.captured_by_impl.find(t.impl());
@@ -408,6 +425,7 @@ void RecordAssign(const Tensor& src, const Tensor& dst) {
 
 TraceScope::TraceScope() : state_(std::make_unique<State>()), prev_(tls_state) {
   if (prev_) KILN_THROW(StateError) << "hybridize: a trace is already active on this thread";
+  state_->id = ++g_trace_ids;
   tls_state = state_.get();
 }
 

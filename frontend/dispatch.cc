@@ -197,6 +197,8 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
       KILN_THROW(ValueError) << def.name << ": input " << i << " is an undefined tensor";
   ir::Attrs attrs = def.attrs.empty() && given.empty() ? ir::Attrs() : def.Resolve(given);
   if (trace::Active()) return trace::RecordOp(op, inputs, attrs, device);  // hybridize: record, don't run
+  for (const Tensor& t : inputs)
+    if (t.impl()->symbol) trace::ThrowSymbolicRead(def.name.c_str());  // kept from a trace: it has no data
   Device dev = CommonDevice(def, inputs, device);
 
   ir::TensorType in_types[16];
@@ -266,6 +268,10 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
     for (size_t i = 0; i < out.size() && i < outputs.size(); ++i) trace::RecordAssign(out[i], outputs[i]);
     return;
   }
+  for (const Tensor& t : inputs)
+    if (t.impl()->symbol) trace::ThrowSymbolicRead(def.name.c_str());
+  for (const Tensor& t : outputs)
+    if (t.impl()->symbol) trace::ThrowSymbolicRead(def.name.c_str());
   Device dev = CommonDevice(def, inputs, inputs.empty() ? std::optional<Device>(outputs[0].device())
                                                         : std::nullopt);
   std::vector<ir::TensorType> types;

@@ -187,3 +187,79 @@ def test_training_loop_is_unchanged_by_hybridize():
     for a, b in zip(ph, pe):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
     assert le[-1] < le[0]
+
+
+# Regressions found by review: each gave wrong numbers or read memory that was not there.
+
+class _Square(nn.HybridBlock):
+    def forward(self, x):
+        a = x + 1
+        b = a * a  # one node reading a value twice: its arena block must be freed once
+        return (b + 1) * (b + 2)
+
+
+def test_a_value_read_twice_by_one_node_keeps_its_own_memory():
+    net = _Square()
+    x = nd.ones((2, 3))
+    want = net(x).asnumpy()
+    net.hybridize()
+    for _ in range(2):
+        np.testing.assert_allclose(net(x).asnumpy(), want)
+
+
+def test_a_compiled_graph_called_inside_another_keeps_the_outer_values(tmp_path):
+    mlp = nn.HybridSequential()
+    mlp.add(nn.Dense(64, activation="relu"), nn.Dense(64, activation="relu"), nn.Dense(8))
+    mlp.initialize()
+    x = nd.random.normal(shape=(4, 8))
+    mlp.hybridize()
+    mlp(x)
+    sym_file, params_file = mlp.export(str(tmp_path / "mlp"))
+    inner = nn.SymbolBlock.imports(sym_file, ["data"], params_file)
+
+    class Outer(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            a = x * 2 + 1  # lives in the outer plan's arena across the inner call
+            return self.inner(a) + a
+
+    net = Outer()
+    want = net(x).asnumpy()
+    net.hybridize()
+    for _ in range(2):
+        np.testing.assert_allclose(net(x).asnumpy(), want, rtol=1e-5, atol=1e-5)
+
+
+class _KeepsFeature(nn.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(5, in_units=3)
+
+    def forward(self, x):
+        self.feat = self.dense(x)
+        return self.feat
+
+
+def test_a_symbolic_tensor_kept_from_a_trace_cannot_be_computed_with():
+    net = _KeepsFeature()
+    net.initialize()
+    net.hybridize()
+    net(nd.ones((2, 3)))
+    with pytest.raises(kiln.StateError, match="symbolic tensor"):
+        (net.feat * 2).asnumpy()
+
+
+def test_replaced_parameter_arrays_reach_the_compiled_graph():
+    net = nn.Dense(3, in_units=4)
+    net.initialize()
+    net.hybridize()
+    x = nd.ones((2, 4))
+    net(x)
+    net.cast("float64")  # replaces every parameter's arrays
+    net.cast("float32")
+    net.weight.set_data(nd.zeros((3, 4)))
+    net.bias.set_data(nd.ones((3,)))
+    np.testing.assert_allclose(net(x).asnumpy(), np.ones((2, 3)))

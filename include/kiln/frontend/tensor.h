@@ -31,6 +31,7 @@ struct TensorImpl {
   std::shared_ptr<AutogradMeta> autograd;
   /// Set on a symbolic tensor of a trace (hybridize): its value in the traced graph; no data.
   ir::Value* symbol = nullptr;
+  uint64_t trace_id = 0;  ///< the trace `symbol` belongs to
 };
 
 class Tensor {

@@ -295,6 +295,10 @@ class HybridBlock(Block):
             self._eager_specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray)
                                       else a for a in args)
             return out
+        from . import parameter as _parameter
+        if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
+            self._cache = {}  # some Parameter's arrays were replaced: the graphs captured the old ones
+        self._cache_generation = _parameter._generation
         key = self._signature(args)
         entry = self._cache.get(key)
         if entry is None:

@@ -20,6 +20,11 @@ __all__ = ["Parameter", "ParameterDict", "DeferredInitializationError"]
 _GRAD_REQS = ("write", "add", "null")
 
 
+
+# Bumped whenever a Parameter's arrays are replaced (not refilled): cached compiled graphs read
+# the arrays they captured, so a HybridBlock drops its cache when this changes.
+_generation = 0
+
 class DeferredInitializationError(StateError):
     """A parameter's data was asked for before the forward pass that completes its shape."""
 
@@ -156,9 +161,11 @@ class Parameter:
         self._set_copies([first] + [first.to_device(d) for d in devices[1:]])
 
     def _set_copies(self, arrays):
+        global _generation
         for arr in arrays:
             arr.attach_grad(self._grad_req)
         self._data = arrays
+        _generation += 1  # compiled graphs captured the old arrays: HybridBlock retraces
 
     def _infer_shape(self, shape):
         """Fills the unknown dimensions from the first input and runs a pending initialization."""
@@ -255,7 +262,7 @@ class Parameter:
                 self._deferred = (self._deferred[0], devices)
             return
         first = self._data[0]
-        self._set_copies([first.to_device(d) if first.device != d else first.copy() for d in devices])
+        self._set_copies([first.to_device(d) if first.device != d else first for d in devices])
 
     reset_ctx = reset_device
 
