@@ -68,18 +68,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
   uint64_t rnd = 0;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& n = *graph.nodes()[i];
-    if (!live[i]) {  // nothing reads its result: not run (random ops still advance the counter)
-      p->kernels.push_back(nullptr);
-      p->random_offsets.push_back(rnd);
-      if (n.def().random)
-        for (const ir::Value* o : n.outputs()) rnd += static_cast<uint64_t>((o->shape().numel() + 3) / 4 * 4);
-      continue;
-    }
-    const KernelBinding* kb = KernelTable::Get().Find(n.op(), device.type);
-    if (!kb || !kb->fn)
-      KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
-                              << (device.is_cpu() ? "CPU" : "GPU") << " devices in a compiled graph";
-    p->kernels.push_back(kb);
+    // Random ops advance the generator counter whether they run or not, the same way in every
+    // plan of a graph (a backward that recomputes the forward draws what the forward drew).
     p->random_offsets.push_back(rnd);
     if (n.def().random) {
       int64_t numel = 0;
@@ -88,6 +78,15 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
         for (const ir::Value* o : n.outputs()) numel += o->shape().numel();
       rnd += static_cast<uint64_t>((numel + 3) / 4 * 4);
     }
+    if (!live[i]) {  // nothing reads its result: not run
+      p->kernels.push_back(nullptr);
+      continue;
+    }
+    const KernelBinding* kb = KernelTable::Get().Find(n.op(), device.type);
+    if (!kb || !kb->fn)
+      KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
+                              << (device.is_cpu() ? "CPU" : "GPU") << " devices in a compiled graph";
+    p->kernels.push_back(kb);
     for (const ir::Value* o : n.outputs()) {
       Slot& s = p->slots[o->id()];
       if (s.kind != Slot::kNone) continue;
