@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -118,27 +119,30 @@ constexpr int kMaxDevices = 64;
 }  // namespace
 
 Allocator& GetAllocator(const Device& d) {
-  // Leaked on purpose: engine workers may still free memory while the process exits.
+  // Leaked on purpose: engine workers may still free memory while the process exits. The slots
+  // are read without a lock (every Storage asks, twice); only creating one takes it.
   static std::mutex& mu = *new std::mutex();
   struct Pools {
-    std::unique_ptr<Allocator> slots[2][kMaxDevices];
+    std::atomic<Allocator*> slots[2][kMaxDevices] = {};
   };
   static Pools& pools = *new Pools();
   if (d.index < 0 || d.index >= kMaxDevices)
     KILN_THROW(DeviceError) << "device " << d.str() << " is out of range: kiln supports indices 0.."
                             << kMaxDevices - 1;
+  std::atomic<Allocator*>& slot = pools.slots[static_cast<int>(d.type)][d.index];
+  if (Allocator* a = slot.load(std::memory_order_acquire)) return *a;
   std::lock_guard<std::mutex> g(mu);
-  auto& slot = pools.slots[static_cast<int>(d.type)][d.index];
-  if (!slot) {
-    if (d.is_cpu()) {
-      slot = std::make_unique<CachingAllocator>(HostAlloc, [](void* p) { std::free(p); });
-    } else {
-      CheckDeviceExists(d);
-      slot = std::make_unique<CachingAllocator>([d](size_t n) { return cuda::DeviceMalloc(d, n); },
-                                                [d](void* p) { cuda::DeviceFree(d, p); });
-    }
+  if (Allocator* a = slot.load(std::memory_order_acquire)) return *a;
+  Allocator* a;
+  if (d.is_cpu()) {
+    a = new CachingAllocator(HostAlloc, [](void* p) { std::free(p); });
+  } else {
+    CheckDeviceExists(d);
+    a = new CachingAllocator([d](size_t n) { return cuda::DeviceMalloc(d, n); },
+                             [d](void* p) { cuda::DeviceFree(d, p); });
   }
-  return *slot;
+  slot.store(a, std::memory_order_release);
+  return *a;
 }
 
 Allocator& GetPinnedAllocator() {

@@ -574,7 +574,7 @@ class ThreadedEngine final : public EngineBase {
     CountPushed(t);
     int granted = 1;  // the guard: nothing schedules `t` before every variable has seen it
     {
-      std::lock_guard<std::mutex> order(push_mu_);
+      std::lock_guard<SpinLock> order(push_mu_);
       for (size_t i = 0; i < t->reads.size(); ++i) {
         Var* r = t->reads[i];
         r->refs.fetch_add(1, std::memory_order_relaxed);
@@ -744,7 +744,8 @@ class ThreadedEngine final : public EngineBase {
   static constexpr int kMaxDevices = 64;
   int cpu_workers_;
   std::atomic<Task*> graveyard_{nullptr};
-  std::mutex push_mu_, pool_mu_;
+  SpinLock push_mu_;  // held for a few loads and stores per variable: a sleeping mutex costs more
+  std::mutex pool_mu_;
   std::atomic<WorkerPool*> pools_[2 * kMaxDevices * 4] = {};
 };
 
