@@ -1,0 +1,293 @@
+// The graph passes and the pass manager (passes/pass.h): golden before/after text for each pass,
+// each followed by a second run that must report no change and print the same text; the pipeline's
+// environment switches (KILN_DISABLE_PASS, KILN_DUMP_IR) and its verifier naming a broken pass.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "kiln/ir/text.h"
+#include "kiln/ir/verify.h"
+#include "kiln/passes/pass.h"
+#include "kiln/runtime/error.h"
+
+using namespace kiln;
+
+namespace {
+
+/// Parses `input`, runs `pass`, checks it reports a change and prints `expected`; then runs it
+/// again on the result, which must report no change and leave the text identical.
+void CheckGolden(passes::PassFn pass, const std::string& input, const std::string& expected) {
+  std::unique_ptr<ir::Graph> g = ir::ParseGraph(input);
+  CHECK(pass(g) == (ir::PrintGraph(*ir::ParseGraph(input)) != expected));
+  ir::Verify(*g);
+  std::string text = ir::PrintGraph(*g);
+  CHECK(text == expected);
+  CHECK_FALSE(pass(g));
+  ir::Verify(*g);
+  CHECK(ir::PrintGraph(*g) == text);
+}
+
+/// Sets an environment variable for the life of the object, then restores it.
+class ScopedEnv {
+public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// The message of the exception of type E that `f` throws ("" when none).
+template <class E, class F> std::string ErrorOf(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("pass dce: drops dead nodes and a dead random op, keeps unused graph inputs") {
+  CheckGolden(passes::RunDCE,
+              "%x = input \"x\" : float32(2, 3)\n"
+              "%unused = input \"unused\" : float32(4,)\n"
+              "%a = neg(%x) : float32(2, 3)\n"
+              "%dead = exp(%x) : float32(2, 3)\n"
+              "%r = random_uniform() {shape=[2, 3]} : float32(2, 3)\n"
+              "%b = add(%a, %dead) : float32(2, 3)\n"
+              "%c = relu(%a) : float32(2, 3)\n"
+              "return %c, %x\n",
+              "%0 = input \"x\" : float32(2, 3)\n"
+              "%1 = input \"unused\" : float32(4,)\n"
+              "%2 = neg(%0) : float32(2, 3)\n"
+              "%3 = relu(%2) : float32(2, 3)\n"
+              "return %3, %0\n");
+}
+
+TEST_CASE("pass dce: a graph with nothing dead is unchanged") {
+  const std::string text = "%0 = input \"x\" : float32(2,)\n"
+                           "%1 = neg(%0) : float32(2,)\n"
+                           "return %1\n";
+  CheckGolden(passes::RunDCE, text, text);
+}
+
+TEST_CASE("pass cse: merges equal nodes and constants, transitively; not random ops") {
+  CheckGolden(passes::RunCSE,
+              "%x = input \"x\" : float32(2, 3)\n"
+              "%a1 = exp(%x) : float32(2, 3)\n"
+              "%a2 = exp(%x) : float32(2, 3)\n"
+              "%b1 = add(%a1, %x) : float32(2, 3)\n"
+              "%b2 = add(%a2, %x) : float32(2, 3)\n"
+              "%s1 = sum(%b1) {axes=[1]} : float32(2,)\n"
+              "%s2 = sum(%b2) {axes=[0]} : float32(3,)\n"
+              "%c1 = full() {shape=[], value=2.0} : float32()\n"
+              "%c2 = full() {shape=[], value=2.0} : float32()\n"
+              "%c3 = full() {shape=[], value=3.0} : float32()\n"
+              "%r1 = random_uniform() {shape=[2, 3]} : float32(2, 3)\n"
+              "%r2 = random_uniform() {shape=[2, 3]} : float32(2, 3)\n"
+              "%m1 = mul(%b1, %c1) : float32(2, 3)\n"
+              "%m2 = mul(%b2, %c2) : float32(2, 3)\n"
+              "%m3 = mul(%b2, %c3) : float32(2, 3)\n"
+              "return %m1, %m2, %m3, %s1, %s2, %r1, %r2\n",
+              "%0 = input \"x\" : float32(2, 3)\n"
+              "%1 = exp(%0) : float32(2, 3)\n"
+              "%2 = add(%1, %0) : float32(2, 3)\n"
+              "%3 = sum(%2) {axes=[1], keepdims=false} : float32(2,)\n"
+              "%4 = sum(%2) {axes=[0], keepdims=false} : float32(3,)\n"
+              "%5 = full() {shape=[], value=2.0, dtype=float32} : float32()\n"
+              "%6 = full() {shape=[], value=3.0, dtype=float32} : float32()\n"
+              "%7 = random_uniform() {shape=[2, 3], low=0.0, high=1.0, dtype=float32} : float32(2, 3)\n"
+              "%8 = random_uniform() {shape=[2, 3], low=0.0, high=1.0, dtype=float32} : float32(2, 3)\n"
+              "%9 = mul(%2, %5) : float32(2, 3)\n"
+              "%10 = mul(%2, %6) : float32(2, 3)\n"
+              "return %9, %9, %10, %3, %4, %7, %8\n");
+}
+
+TEST_CASE("pass simplify: identities with unit constants, only where the type is unchanged") {
+  CheckGolden(passes::RunSimplify,
+              "%x = input \"x\" : float32(2, 3)\n"
+              "%i = input \"i\" : int32(2, 3)\n"
+              "%one = full() {shape=[], value=1.0} : float32()\n"
+              "%zero = full() {shape=[], value=0.0} : float32()\n"
+              "%big1 = full() {shape=[4, 2, 3], value=1.0} : float32(4, 2, 3)\n"
+              "%a = mul(%x, %one) : float32(2, 3)\n"
+              "%b = mul(%one, %a) : float32(2, 3)\n"
+              "%c = add(%b, %zero) : float32(2, 3)\n"
+              "%d = add(%zero, %c) : float32(2, 3)\n"
+              "%e = sub(%d, %zero) : float32(2, 3)\n"
+              "%f = div(%e, %one) : float32(2, 3)\n"
+              "%keep_sub = sub(%zero, %f) : float32(2, 3)\n"
+              "%keep_bcast = mul(%f, %big1) : float32(4, 2, 3)\n"
+              "%ione = full() {shape=[1, 3], value=1.0, dtype=int32} : int32(1, 3)\n"
+              "%j = mul(%i, %ione) : int32(2, 3)\n"
+              "return %f, %keep_sub, %keep_bcast, %j\n",
+              "%0 = input \"x\" : float32(2, 3)\n"
+              "%1 = input \"i\" : int32(2, 3)\n"
+              "%2 = full() {shape=[], value=1.0, dtype=float32} : float32()\n"
+              "%3 = full() {shape=[], value=0.0, dtype=float32} : float32()\n"
+              "%4 = full() {shape=[4, 2, 3], value=1.0, dtype=float32} : float32(4, 2, 3)\n"
+              "%5 = sub(%3, %0) : float32(2, 3)\n"
+              "%6 = mul(%0, %4) : float32(4, 2, 3)\n"
+              "%7 = full() {shape=[1, 3], value=1.0, dtype=int32} : int32(1, 3)\n"
+              "return %0, %5, %6, %1\n");
+}
+
+TEST_CASE("pass simplify: neg pairs, transposes, reshapes and casts") {
+  CheckGolden(passes::RunSimplify,
+              "%x = input \"x\" : float32(2, 3, 4)\n"
+              "%n1 = neg(%x) : float32(2, 3, 4)\n"
+              "%n2 = neg(%n1) : float32(2, 3, 4)\n"
+              "%n3 = neg(%n2) : float32(2, 3, 4)\n"
+              "%t1 = transpose(%x) {axes=[1, 2, 0]} : float32(3, 4, 2)\n"
+              "%t2 = transpose(%t1) {axes=[-1, 0, 1]} : float32(2, 3, 4)\n"
+              "%t3 = transpose(%t1) : float32(2, 4, 3)\n"
+              "%r1 = reshape(%x) {shape=[6, 4]} : float32(6, 4)\n"
+              "%r2 = reshape(%r1) {shape=[-1]} : float32(24,)\n"
+              "%r3 = reshape(%r1) {shape=[2, 3, 4]} : float32(2, 3, 4)\n"
+              "%r4 = reshape(%x) {shape=[2, -1, 4]} : float32(2, 3, 4)\n"
+              "%c1 = cast(%x) {dtype=float32} : float32(2, 3, 4)\n"
+              "%c2 = cast(%x) {dtype=float16} : float16(2, 3, 4)\n"
+              "return %n2, %n3, %t2, %t3, %r2, %r3, %r4, %c1, %c2\n",
+              "%0 = input \"x\" : float32(2, 3, 4)\n"
+              "%1 = neg(%0) : float32(2, 3, 4)\n"
+              "%2 = neg(%0) : float32(2, 3, 4)\n"
+              "%3 = transpose(%0) {axes=[1, 2, 0]} : float32(3, 4, 2)\n"
+              "%4 = transpose(%3) {axes=[]} : float32(2, 4, 3)\n"
+              "%5 = reshape(%0) {shape=[6, 4]} : float32(6, 4)\n"
+              "%6 = reshape(%0) {shape=[-1]} : float32(24,)\n"
+              "%7 = cast(%0) {dtype=float16} : float16(2, 3, 4)\n"
+              "return %0, %2, %0, %4, %6, %0, %0, %0, %7\n");
+}
+
+TEST_CASE("pass pipeline: default pipeline cleans up what simplify leaves, with a report") {
+  std::unique_ptr<ir::Graph> g = ir::ParseGraph("%x = input \"x\" : float32(2, 3)\n"
+                                                "%one = full() {shape=[], value=1.0} : float32()\n"
+                                                "%a = mul(%x, %one) : float32(2, 3)\n"
+                                                "%b = exp(%a) : float32(2, 3)\n"
+                                                "%c = exp(%x) : float32(2, 3)\n"
+                                                "%d = add(%b, %c) : float32(2, 3)\n"
+                                                "return %d\n");
+  passes::PipelineReport report;
+  g = passes::RunPipeline(std::move(g), passes::DefaultPipeline(), {.verify = true}, &report);
+  CHECK(ir::PrintGraph(*g) == "%0 = input \"x\" : float32(2, 3)\n"
+                              "%1 = exp(%0) : float32(2, 3)\n"
+                              "%2 = add(%1, %1) : float32(2, 3)\n"
+                              "return %2\n");
+  CHECK(report.str() == "simplify: changed, 5 -> 4 nodes\n"
+                        "cse: changed, 4 -> 3 nodes\n"
+                        "dce: changed, 3 -> 2 nodes\n");
+}
+
+TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass; unknown names suggest the closest") {
+  const std::string input = "%x = input \"x\" : float32(2,)\n"
+                            "%a = exp(%x) : float32(2,)\n"
+                            "%b = exp(%x) : float32(2,)\n"
+                            "%c = add(%a, %b) : float32(2,)\n"
+                            "return %c\n";
+  {
+    ScopedEnv env("KILN_DISABLE_PASS", " cse ,");
+    passes::PipelineReport report;
+    std::unique_ptr<ir::Graph> g =
+        passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline(), {.verify = true}, &report);
+    CHECK(ir::PrintGraph(*g) == ir::PrintGraph(*ir::ParseGraph(input)));
+    CHECK(report.str() == "simplify: unchanged, 3 -> 3 nodes\n"
+                          "cse: disabled\n"
+                          "dce: unchanged, 3 -> 3 nodes\n");
+  }
+  {
+    ScopedEnv env("KILN_DISABLE_PASS", "dce,csee");
+    CHECK(
+        ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
+        "KILN_DISABLE_PASS: unknown pass 'csee'; did you mean 'cse'? The default pipeline's passes are: "
+        "simplify, cse, dce");
+  }
+  {
+    ScopedEnv env("KILN_DUMP_IR", "simplfy");
+    CHECK(
+        ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
+        "KILN_DUMP_IR: unknown pass 'simplfy'; did you mean 'simplify'? The default pipeline's passes "
+        "are: simplify, cse, dce");
+  }
+  // Once restored, the full pipeline runs again.
+  std::unique_ptr<ir::Graph> g = passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());
+  CHECK(g->nodes().size() == 2);
+}
+
+namespace {
+/// A deliberately broken pass: makes the graph output a value of another graph.
+bool BreakGraph(std::unique_ptr<ir::Graph>& g) {
+  static ir::Graph other;
+  static ir::Value* foreign = other.AddInput("foreign", {Shape{2}, DType::kFloat32});
+  g->SetOutputs({foreign});
+  return true;
+}
+/// Changes the graph but says it did not.
+bool LyingPass(std::unique_ptr<ir::Graph>& g) {
+  passes::RunDCE(g);
+  return false;
+}
+} // namespace
+
+TEST_CASE("pass pipeline: the verifier names the pass that broke the graph") {
+  const std::string input = "%x = input \"x\" : float32(2,)\n"
+                            "%a = exp(%x) : float32(2,)\n"
+                            "%b = neg(%x) : float32(2,)\n"
+                            "return %a\n";
+  const passes::Pass broken[] = {{"dce", passes::RunDCE}, {"break_graph", BreakGraph}};
+  std::string msg =
+      ErrorOf<InternalError>([&] { passes::RunPipeline(ir::ParseGraph(input), broken, {.verify = true}); });
+  CHECK(msg.find("after pass 'break_graph'") != std::string::npos);
+  CHECK(msg.find("invariant 9") != std::string::npos);
+
+  const passes::Pass lying[] = {{"lying", LyingPass}};
+  msg = ErrorOf<InternalError>([&] { passes::RunPipeline(ir::ParseGraph(input), lying, {.verify = true}); });
+  CHECK(msg.find("pass 'lying' reported no change but changed the graph") != std::string::npos);
+
+  // A pipeline's own pass names are valid in the switches.
+  ScopedEnv env("KILN_DISABLE_PASS", "break_graph");
+  std::unique_ptr<ir::Graph> g = passes::RunPipeline(ir::ParseGraph(input), broken, {.verify = true});
+  CHECK(g->nodes().size() == 1);
+}
+
+TEST_CASE("pass pipeline: KILN_DUMP_IR prints the graph after the named pass") {
+  const std::string input = "%x = input \"x\" : float32(2,)\n"
+                            "%a = exp(%x) : float32(2,)\n"
+                            "%b = exp(%x) : float32(2,)\n"
+                            "%c = add(%a, %b) : float32(2,)\n"
+                            "return %c\n";
+  ScopedEnv env("KILN_DUMP_IR", "cse");
+  std::fflush(stderr);
+  FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  int saved = dup(2);
+  dup2(fileno(capture), 2);
+  passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::string dumped;
+  std::rewind(capture);
+  for (int ch; (ch = std::fgetc(capture)) != EOF;) dumped += static_cast<char>(ch);
+  std::fclose(capture);
+  CHECK(dumped == "# after pass cse (changed, 3 -> 2 nodes)\n"
+                  "%0 = input \"x\" : float32(2,)\n"
+                  "%1 = exp(%0) : float32(2,)\n"
+                  "%2 = add(%1, %1) : float32(2,)\n"
+                  "return %2\n");
+}
