@@ -13,6 +13,7 @@
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
 #include "kiln/passes/dce.h"
+#include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/error.h"
 
@@ -467,6 +468,9 @@ std::shared_ptr<CachedGraph> TraceScope::Finish(const std::vector<Tensor>& outpu
 
 int64_t CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device, std::unique_ptr<ir::Graph> backward,
                               int num_grad_outputs) {
+  // The optimizing pipeline (passes/pass.h): inputs and outputs keep their order and types.
+  graph = passes::RunPipeline(std::move(graph), passes::DefaultPipeline());
+  if (backward) backward = passes::RunPipeline(std::move(backward), passes::DefaultPipeline());
   ir::GraphSignature sig;
   for (const ir::Value* v : graph->inputs()) sig.inputs.push_back(v->type());
   for (const ir::Value* v : graph->outputs()) sig.outputs.push_back(v->type());
