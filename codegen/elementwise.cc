@@ -1,0 +1,154 @@
+// Expr helpers, the kernel cache of CompileElementwise and the threaded Run. No LLVM here: the
+// lowering is in llvm_jit.cc.
+#include "kiln/codegen/elementwise.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "kiln/codegen/llvm_jit.h"
+#include "kiln/runtime/cpu/loops.h"
+
+namespace kiln::codegen {
+namespace {
+
+uint64_t Mix(uint64_t h, uint64_t v) {  // splitmix64 step folded into h
+  v += 0x9e3779b97f4a7c15ULL + h;
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
+  return v ^ (v >> 31);
+}
+
+const char* UnaryName(UnaryFn f) {
+  static const char* names[] = {"neg",  "abs", "sign",  "square", "sqrt",  "rsqrt", "reciprocal",
+                                "exp",  "log", "log1p", "expm1",  "sin",   "cos",   "tanh",
+                                "erf",  "relu", "floor", "ceil",  "round", "logical_not", "identity"};
+  auto i = static_cast<size_t>(f);
+  return i < std::size(names) ? names[i] : "unary?";
+}
+
+const char* BinaryName(BinaryFn f) {
+  static const char* names[] = {"add",   "sub",       "mul",  "div",        "pow",
+                                "maximum", "minimum", "equal", "not_equal", "less",
+                                "less_equal", "greater", "greater_equal"};
+  auto i = static_cast<size_t>(f);
+  return i < std::size(names) ? names[i] : "binary?";
+}
+
+struct ExprHash {
+  size_t operator()(const Expr& e) const { return static_cast<size_t>(e.Hash()); }
+};
+
+struct Cache {
+  std::mutex mu;  // held while compiling, so one expression is never built twice
+  std::unordered_map<Expr, std::shared_ptr<CompiledKernel>, ExprHash> kernels;
+  CodegenStats stats;
+  std::string last_ir;
+};
+
+Cache& GetCache() {
+  static Cache* cache = new Cache;  // leaked: kernels may be used during static destruction
+  return *cache;
+}
+
+}  // namespace
+
+int Expr::NumInputs() const {
+  int n = 0;
+  for (const Node& node : nodes)
+    if (node.kind == Kind::kInput) n = std::max(n, node.input + 1);
+  return n;
+}
+
+uint64_t Expr::Hash() const {
+  uint64_t h = Mix(0, nodes.size());
+  for (const Node& n : nodes) {
+    h = Mix(h, static_cast<uint64_t>(n.kind));
+    switch (n.kind) {
+      case Kind::kInput: h = Mix(h, static_cast<uint64_t>(n.input)); break;
+      case Kind::kConst: {
+        uint64_t bits;
+        std::memcpy(&bits, &n.value, sizeof bits);
+        h = Mix(h, bits);
+        break;
+      }
+      case Kind::kUnary: h = Mix(Mix(h, static_cast<uint64_t>(n.unary)), static_cast<uint64_t>(n.a)); break;
+      case Kind::kBinary:
+        h = Mix(Mix(Mix(h, static_cast<uint64_t>(n.binary)), static_cast<uint64_t>(n.a)),
+                static_cast<uint64_t>(n.b));
+        break;
+    }
+  }
+  return Mix(h, static_cast<uint64_t>(Output()));
+}
+
+void Expr::Validate() const {
+  if (nodes.empty()) throw UnsupportedError("codegen: empty elementwise expression");
+  int out = Output();
+  if (out < 0 || out >= static_cast<int>(nodes.size()))
+    KILN_THROW(codegen::UnsupportedError) << "codegen: root " << out << " is not a node of an expression with "
+                                 << nodes.size() << " nodes";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    auto bad = [&](int32_t x) { return x < 0 || x >= static_cast<int32_t>(i); };
+    if ((n.kind == Kind::kInput && n.input < 0) || (n.kind == Kind::kUnary && bad(n.a)) ||
+        (n.kind == Kind::kBinary && (bad(n.a) || bad(n.b))))
+      KILN_THROW(codegen::UnsupportedError) << "codegen: node " << i << " refers to a negative input or to a node "
+                                   << "that does not come before it; nodes must be in topological order";
+  }
+}
+
+std::string Expr::ToString() const {
+  std::vector<std::string> s(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    std::ostringstream os;
+    switch (n.kind) {
+      case Kind::kInput: os << "in" << n.input; break;
+      case Kind::kConst: os << n.value; break;
+      case Kind::kUnary: os << UnaryName(n.unary) << "(" << s.at(n.a) << ")"; break;
+      case Kind::kBinary: os << BinaryName(n.binary) << "(" << s.at(n.a) << ", " << s.at(n.b) << ")"; break;
+    }
+    s[i] = os.str();
+  }
+  return nodes.empty() ? "<empty>" : s.at(Output());
+}
+
+void CompiledKernel::Run(const float* const* ins, float* out, int64_t n) const {
+  // 32K floats per chunk at least: below that the fork-join costs more than the loop.
+  host::ParallelFor(n, int64_t{1} << 15, [&](int64_t b, int64_t e) { fn_(ins, out, b, e); });
+}
+
+std::shared_ptr<CompiledKernel> CompileElementwise(const Expr& e) {
+  e.Validate();
+  Cache& cache = GetCache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  if (auto it = cache.kernels.find(e); it != cache.kernels.end()) {
+    ++cache.stats.cache_hits;
+    return it->second;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  CompiledKernel::Fn fn = detail::JitElementwise(e, &cache.last_ir);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto kernel = std::make_shared<CompiledKernel>(fn, e.NumInputs(), ms, e.ToString());
+  cache.kernels.emplace(e, kernel);
+  ++cache.stats.compiles;
+  return kernel;
+}
+
+CodegenStats GetCodegenStats() {
+  Cache& cache = GetCache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  return cache.stats;
+}
+
+std::string LastOptimizedIR() {
+  Cache& cache = GetCache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  return cache.last_ir;
+}
+
+}  // namespace kiln::codegen

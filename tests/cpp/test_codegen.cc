@@ -1,0 +1,249 @@
+// codegen/: fused elementwise kernels JIT-compiled through LLVM, checked against a scalar reference
+// computed in double: the chain relu(a*b + c) * 0.5 + a, every unary and binary function alone,
+// odd lengths (tails of the vector loop, ranges split across threads) and the kernel cache.
+// Compiled only when kiln_tests links kiln_codegen (LLVM found): KILN_WITH_CODEGEN.
+#ifdef KILN_WITH_CODEGEN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/codegen/elementwise.h"
+
+namespace {
+
+using kiln::BinaryFn;
+using kiln::UnaryFn;
+using kiln::codegen::CompileElementwise;
+using kiln::codegen::Expr;
+
+double RefUnary(UnaryFn f, double x) {
+  switch (f) {
+    case UnaryFn::kNeg: return -x;
+    case UnaryFn::kAbs: return std::fabs(x);
+    case UnaryFn::kSign: return (0 < x) - (x < 0);
+    case UnaryFn::kSquare: return x * x;
+    case UnaryFn::kSqrt: return std::sqrt(x);
+    case UnaryFn::kRsqrt: return 1 / std::sqrt(x);
+    case UnaryFn::kReciprocal: return 1 / x;
+    case UnaryFn::kExp: return std::exp(x);
+    case UnaryFn::kLog: return std::log(x);
+    case UnaryFn::kLog1p: return std::log1p(x);
+    case UnaryFn::kExpm1: return std::expm1(x);
+    case UnaryFn::kSin: return std::sin(x);
+    case UnaryFn::kCos: return std::cos(x);
+    case UnaryFn::kTanh: return std::tanh(x);
+    case UnaryFn::kErf: return std::erf(x);
+    case UnaryFn::kRelu: return x > 0 ? x : 0;
+    case UnaryFn::kFloor: return std::floor(x);
+    case UnaryFn::kCeil: return std::ceil(x);
+    case UnaryFn::kRound: return std::round(x);
+    case UnaryFn::kLogicalNot: return x == 0;
+    case UnaryFn::kIdentity: return x;
+  }
+  return NAN;
+}
+
+double RefBinary(BinaryFn f, double a, double b) {
+  switch (f) {
+    case BinaryFn::kAdd: return a + b;
+    case BinaryFn::kSub: return a - b;
+    case BinaryFn::kMul: return a * b;
+    case BinaryFn::kDiv: return a / b;
+    case BinaryFn::kPow: return std::pow(a, b);
+    case BinaryFn::kMaximum: return (a != a || a > b) ? a : b;
+    case BinaryFn::kMinimum: return (a != a || a < b) ? a : b;
+    case BinaryFn::kEqual: return a == b;
+    case BinaryFn::kNotEqual: return a != b;
+    case BinaryFn::kLess: return a < b;
+    case BinaryFn::kLessEqual: return a <= b;
+    case BinaryFn::kGreater: return a > b;
+    case BinaryFn::kGreaterEqual: return a >= b;
+  }
+  return NAN;
+}
+
+/// The expression evaluated in double on float inputs: the reference for the generated kernel.
+double RefEval(const Expr& e, const std::vector<std::vector<float>>& ins, size_t i) {
+  std::vector<double> v(e.nodes.size());
+  for (size_t n = 0; n < e.nodes.size(); ++n) {
+    const Expr::Node& node = e.nodes[n];
+    switch (node.kind) {
+      case Expr::Kind::kInput: v[n] = ins[static_cast<size_t>(node.input)][i]; break;
+      case Expr::Kind::kConst: v[n] = static_cast<float>(node.value); break;
+      case Expr::Kind::kUnary: v[n] = RefUnary(node.unary, v[static_cast<size_t>(node.a)]); break;
+      case Expr::Kind::kBinary:
+        v[n] = RefBinary(node.binary, v[static_cast<size_t>(node.a)], v[static_cast<size_t>(node.b)]);
+        break;
+    }
+  }
+  return v[static_cast<size_t>(e.Output())];
+}
+
+std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+/// Runs the compiled `e` on `ins` and checks every element against RefEval within
+/// atol + rtol * |ref|; returns the number of mismatches (reported for the first few).
+int CheckKernel(const Expr& e, const std::vector<std::vector<float>>& ins, double rtol = 1e-5, double atol = 1e-6) {
+  auto kernel = CompileElementwise(e);
+  size_t n = ins.empty() ? 0 : ins[0].size();
+  std::vector<const float*> ptrs;
+  for (const auto& in : ins) ptrs.push_back(in.data());
+  std::vector<float> out(n, -12345.f);
+  kernel->Run(ptrs.data(), out.data(), static_cast<int64_t>(n));
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double ref = RefEval(e, ins, i);
+    double got = out[i];
+    bool ok = std::isnan(ref) ? std::isnan(got) : std::fabs(got - ref) <= atol + rtol * std::fabs(ref);
+    if (!ok && ++bad <= 3)
+      MESSAGE(e.ToString() << " at " << i << " of " << n << ": got " << got << ", expected " << ref);
+  }
+  return bad;
+}
+
+Expr Chain() {  // relu(a*b + c) * 0.5 + a
+  Expr e;
+  int a = e.Input(0), b = e.Input(1), c = e.Input(2);
+  e.Add(e.Mul(e.Relu(e.Add(e.Mul(a, b), c)), e.Const(0.5)), a);
+  return e;
+}
+
+/// Inputs in the domain of f; values that hit rounding boundaries exactly are kept for round/floor.
+std::vector<float> DomainOf(UnaryFn f, size_t n, uint32_t seed) {
+  switch (f) {
+    case UnaryFn::kSqrt:
+    case UnaryFn::kRsqrt:
+    case UnaryFn::kLog: return Random(n, 0.01f, 100.f, seed);
+    case UnaryFn::kLog1p: return Random(n, -0.9f, 10.f, seed);
+    case UnaryFn::kReciprocal: return Random(n, 0.1f, 10.f, seed);
+    case UnaryFn::kExp:
+    case UnaryFn::kExpm1: return Random(n, -20.f, 20.f, seed);
+    default: break;
+  }
+  auto v = Random(n, -6.f, 6.f, seed);
+  for (size_t i = 0; i < n; i += 5) v[i] = std::round(v[i] * 2) / 2;  // exact halves, integers and zeros
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("codegen: relu(a*b + c) * 0.5 + a matches the double reference at odd lengths") {
+  Expr e = Chain();
+  CHECK(e.ToString() == "add(mul(relu(add(mul(in0, in1), in2)), 0.5), in0)");
+  CHECK(e.NumInputs() == 3);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{1000003}}) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> ins = {Random(n, -2, 2, 1), Random(n, -2, 2, 2), Random(n, -2, 2, 3)};
+    CHECK(CheckKernel(e, ins) == 0);
+  }
+}
+
+TEST_CASE("codegen: the chain kernel is vectorized for the host") {
+  // Compile a fresh variant (different constant) so that LastOptimizedIR is its IR.
+  Expr e;
+  int a = e.Input(0), b = e.Input(1), c = e.Input(2);
+  e.Add(e.Mul(e.Relu(e.Add(e.Mul(a, b), c)), e.Const(0.375)), a);
+  auto kernel = CompileElementwise(e);
+  std::string ir = kiln::codegen::LastOptimizedIR();
+  CHECK(ir.find("x float>") != std::string::npos);
+  MESSAGE("chain kernel compiled in " << kernel->compile_ms() << " ms");
+}
+
+TEST_CASE("codegen: every unary function alone") {
+  for (int k = 0; k <= static_cast<int>(UnaryFn::kIdentity); ++k) {
+    auto f = static_cast<UnaryFn>(k);
+    Expr e;
+    e.Unary(f, e.Input(0));
+    CAPTURE(e.ToString());
+    for (size_t n : {size_t{1}, size_t{7}, size_t{100003}}) {
+      CAPTURE(n);
+      // libm / libmvec float functions are within a few ulp of the double result.
+      CHECK(CheckKernel(e, {DomainOf(f, n, 10 + k)}, 2e-6, 1e-6) == 0);
+    }
+  }
+}
+
+TEST_CASE("codegen: every binary function alone") {
+  for (int k = 0; k <= static_cast<int>(BinaryFn::kGreaterEqual); ++k) {
+    auto f = static_cast<BinaryFn>(k);
+    Expr e;
+    e.Binary(f, e.Input(0), e.Input(1));
+    CAPTURE(e.ToString());
+    for (size_t n : {size_t{1}, size_t{7}, size_t{100003}}) {
+      CAPTURE(n);
+      bool pow = f == BinaryFn::kPow;
+      std::vector<float> a = pow ? Random(n, 0.1f, 4, 20 + k) : Random(n, -3, 3, 20 + k);
+      std::vector<float> b = f == BinaryFn::kDiv ? Random(n, 0.5f, 3, 40 + k) : Random(n, -3, 3, 40 + k);
+      for (size_t i = 0; i < n; i += 4) b[i] = a[i];  // ties for comparisons, maximum, minimum
+      if (!pow && n > 3) a[3] = NAN;                  // NaN propagation of maximum / minimum
+      CHECK(CheckKernel(e, {a, b}, pow ? 4e-6 : 1e-6, 1e-6) == 0);
+    }
+  }
+}
+
+TEST_CASE("codegen: a DAG with a shared subexpression and a root that is not last") {
+  Expr e;
+  int x = e.Input(0), y = e.Input(1);
+  int t = e.Unary(UnaryFn::kTanh, e.Sub(x, y));  // shared
+  int r = e.Binary(BinaryFn::kMaximum, e.Mul(t, t), e.Unary(UnaryFn::kExp, t));
+  e.Add(r, e.Const(1));  // a trailing node that the root skips
+  e.root = r;
+  CHECK(CheckKernel(e, {Random(4099, -2, 2, 7), Random(4099, -2, 2, 8)}) == 0);
+}
+
+TEST_CASE("codegen: the second compile of an equal expression hits the cache") {
+  Expr e;
+  e.Mul(e.Add(e.Input(0), e.Const(3.25)), e.Input(1));
+  auto before = kiln::codegen::GetCodegenStats();
+  auto k1 = CompileElementwise(e);
+  auto mid = kiln::codegen::GetCodegenStats();
+  Expr same;
+  same.Mul(same.Add(same.Input(0), same.Const(3.25)), same.Input(1));
+  CHECK(same.Hash() == e.Hash());
+  auto k2 = CompileElementwise(same);
+  auto after = kiln::codegen::GetCodegenStats();
+  CHECK(k1 == k2);
+  CHECK(mid.compiles == before.compiles + 1);
+  CHECK(after.compiles == mid.compiles);
+  CHECK(after.cache_hits == mid.cache_hits + 1);
+  Expr other;  // a different constant is a different kernel
+  other.Mul(other.Add(other.Input(0), other.Const(3.5)), other.Input(1));
+  CHECK(other.Hash() != e.Hash());
+  CHECK(CompileElementwise(other) != k1);
+}
+
+TEST_CASE("codegen: malformed expressions throw UnsupportedError") {
+  Expr empty;
+  CHECK_THROWS_AS(CompileElementwise(empty), kiln::codegen::UnsupportedError);
+  Expr forward;
+  forward.Unary(UnaryFn::kExp, 1);  // refers to a node that does not exist yet
+  forward.Input(0);
+  CHECK_THROWS_WITH_AS(CompileElementwise(forward),
+                       doctest::Contains("topological order"), kiln::codegen::UnsupportedError);
+  Expr bad_fn;
+  bad_fn.Unary(static_cast<UnaryFn>(200), bad_fn.Input(0));
+  CHECK_THROWS_WITH_AS(CompileElementwise(bad_fn), doctest::Contains("no LLVM lowering"),
+                       kiln::codegen::UnsupportedError);
+}
+
+TEST_CASE("codegen: in place (out is an input) gives the same result") {
+  Expr e = Chain();
+  const size_t n = 70001;
+  std::vector<std::vector<float>> ins = {Random(n, -2, 2, 4), Random(n, -2, 2, 5), Random(n, -2, 2, 6)};
+  std::vector<float> expect(n), a = ins[0];
+  const float* ptrs[] = {a.data(), ins[1].data(), ins[2].data()};
+  CompileElementwise(e)->Run(ptrs, expect.data(), static_cast<int64_t>(n));
+  CompileElementwise(e)->Run(ptrs, a.data(), static_cast<int64_t>(n));
+  CHECK(a == expect);
+}
+#endif  // KILN_WITH_CODEGEN
