@@ -87,7 +87,7 @@ TEST_CASE("pass dce: a graph with nothing dead is unchanged") {
   CheckGolden(passes::RunDCE, text, text);
 }
 
-TEST_CASE("pass cse: merges equal nodes and constants, transitively; not random ops") {
+TEST_CASE("pass cse: merges equal nodes and constants, transitively, not random ops") {
   CheckGolden(passes::RunCSE,
               "%x = input \"x\" : float32(2, 3)\n"
               "%a1 = exp(%x) : float32(2, 3)\n"
@@ -194,7 +194,7 @@ TEST_CASE("pass pipeline: default pipeline cleans up what simplify leaves, with 
                         "dce: changed, 3 -> 2 nodes\n");
 }
 
-TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass; unknown names suggest the closest") {
+TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest the closest") {
   const std::string input = "%x = input \"x\" : float32(2,)\n"
                             "%a = exp(%x) : float32(2,)\n"
                             "%b = exp(%x) : float32(2,)\n"
