@@ -1,6 +1,8 @@
 // kiln::nd wrappers over Invoke, with dtype promotion for binary ops (see ops.h).
 #include "kiln/frontend/ops.h"
 
+#include "kiln/frontend/cached_graph.h"
+
 #include <cmath>
 
 #include "kiln/frontend/dispatch.h"
@@ -38,13 +40,19 @@ Tensor Binary(ir::OpId op, const Tensor& a, const Tensor& b) {
   auto [x, y] = Promote(a, b);
   return Call1(op, {x, y});
 }
+// A Python number as an operand: a 0-d tensor. While tracing it is a `full` node, so the graph
+// holds the value (the compiler folds it into fused kernels) rather than a captured tensor.
+Tensor ScalarOperand(double v, DType t, Device d) {
+  if (trace::Active()) return Invoke1("full", {}, {{"shape", std::vector<int64_t>{}}, {"value", v}, {"dtype", t}}, d);
+  return Tensor::Scalar(v, t, d);
+}
 Tensor Binary(ir::OpId op, const Tensor& a, double b) {
   DType t = ScalarDType(a, b);
-  return Call1(op, {a.AsType(t), Tensor::Scalar(b, t, a.device())});
+  return Call1(op, {a.AsType(t), ScalarOperand(b, t, a.device())});
 }
 Tensor Binary(ir::OpId op, double a, const Tensor& b) {
   DType t = ScalarDType(b, a);
-  return Call1(op, {Tensor::Scalar(a, t, b.device()), b.AsType(t)});
+  return Call1(op, {ScalarOperand(a, t, b.device()), b.AsType(t)});
 }
 }  // namespace
 

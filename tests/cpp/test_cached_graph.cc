@@ -89,6 +89,11 @@ TEST_CASE("hybridize: intermediates share an arena planned by liveness") {
   auto g = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
   CHECK(g->arena_bytes() <= 2 * 1024 * sizeof(float));
   CheckClose(g->Call({x})[0], f(x));
+#if KILN_WITH_CODEGEN
+  // The whole chain (tanh, add with a scalar, six times) is one generated kernel.
+  CHECK(g->num_fused_groups() == 1);
+  CHECK(g->num_fused_ops() == 12);
+#endif
 }
 
 TEST_CASE("hybridize: copies into captured tensors happen on every call") {

@@ -72,6 +72,9 @@ class CachedGraph {
   int64_t graph_id() const { return id_; }
   /// Bytes of the arena that holds every intermediate (planned by liveness).
   size_t arena_bytes() const;
+  /// Groups of elementwise ops running as one generated kernel, and the ops in them.
+  int num_fused_groups() const;
+  int num_fused_ops() const;
   /// Runs the graph on `data_inputs` (shapes and dtypes as traced): one engine task.
   std::vector<Tensor> Call(const std::vector<Tensor>& data_inputs) const;
 
