@@ -68,7 +68,10 @@ uint64_t Expr::Hash() const {
   for (const Node& n : nodes) {
     h = Mix(h, static_cast<uint64_t>(n.kind));
     switch (n.kind) {
-      case Kind::kInput: h = Mix(h, static_cast<uint64_t>(n.input)); break;
+      case Kind::kInput:
+        h = Mix(Mix(Mix(h, static_cast<uint64_t>(n.input)), static_cast<uint64_t>(n.inner)),
+                static_cast<uint64_t>(n.outer));
+        break;
       case Kind::kConst: {
         uint64_t bits;
         std::memcpy(&bits, &n.value, sizeof bits);
@@ -94,7 +97,7 @@ void Expr::Validate() const {
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     auto bad = [&](int32_t x) { return x < 0 || x >= static_cast<int32_t>(i); };
-    if ((n.kind == Kind::kInput && n.input < 0) || (n.kind == Kind::kUnary && bad(n.a)) ||
+    if ((n.kind == Kind::kInput && (n.input < 0 || n.inner < 1 || n.outer < 0)) || (n.kind == Kind::kUnary && bad(n.a)) ||
         (n.kind == Kind::kBinary && (bad(n.a) || bad(n.b))))
       KILN_THROW(codegen::UnsupportedError) << "codegen: node " << i << " refers to a negative input or to a node "
                                    << "that does not come before it; nodes must be in topological order";
@@ -107,7 +110,10 @@ std::string Expr::ToString() const {
     const Node& n = nodes[i];
     std::ostringstream os;
     switch (n.kind) {
-      case Kind::kInput: os << "in" << n.input; break;
+      case Kind::kInput:
+        os << "in" << n.input;
+        if (n.outer > 0) os << "[i/" << n.inner << "%" << n.outer << "]";
+        break;
       case Kind::kConst: os << n.value; break;
       case Kind::kUnary: os << UnaryName(n.unary) << "(" << s.at(n.a) << ")"; break;
       case Kind::kBinary: os << BinaryName(n.binary) << "(" << s.at(n.a) << ", " << s.at(n.b) << ")"; break;

@@ -118,9 +118,15 @@ class Lowering {
     for (size_t n = 0; n < e.nodes.size(); ++n) {
       const Expr::Node& node = e.nodes[n];
       switch (node.kind) {
-        case Expr::Kind::kInput:
-          v[n] = b_.CreateLoad(f32, b_.CreateInBoundsGEP(f32, in_ptrs[static_cast<size_t>(node.input)], i));
+        case Expr::Kind::kInput: {
+          llvm::Value* at = i;
+          if (node.outer > 0) {  // broadcast: (i / inner) % outer
+            if (node.inner > 1) at = b_.CreateUDiv(at, b_.getInt64(static_cast<uint64_t>(node.inner)));
+            at = b_.CreateURem(at, b_.getInt64(static_cast<uint64_t>(node.outer)));
+          }
+          v[n] = b_.CreateLoad(f32, b_.CreateInBoundsGEP(f32, in_ptrs[static_cast<size_t>(node.input)], at));
           break;
+        }
         case Expr::Kind::kConst: v[n] = llvm::ConstantFP::get(f32, node.value); break;
         case Expr::Kind::kUnary: v[n] = LowerUnary(node.unary, v[static_cast<size_t>(node.a)]); break;
         case Expr::Kind::kBinary:

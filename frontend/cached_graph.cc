@@ -74,6 +74,28 @@ bool Fusable(const ir::Node& n) {
   return true;
 }
 
+// How an operand of shape `in` is read along an output of shape `out`: {inner, outer} with
+// element i reading in[(i / inner) % outer] (outer 0: the same shape), when its dimensions other
+// than 1 are one contiguous block equal to the output's there (a bias); nullopt otherwise.
+std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const Shape& out) {
+  if (in == out) return std::pair<int64_t, int64_t>{1, 0};
+  int r = out.rank(), pad = r - in.rank();
+  if (pad < 0) return std::nullopt;
+  int lo = r, hi = -1;
+  for (int d = 0; d < in.rank(); ++d)
+    if (in[d] != 1) {
+      if (in[d] != out[d + pad]) return std::nullopt;
+      lo = std::min(lo, d + pad), hi = std::max(hi, d + pad);
+    }
+  if (hi < 0) return std::pair<int64_t, int64_t>{1, 1};  // one element
+  for (int d = lo; d <= hi; ++d)
+    if (in[d - pad] == 1 && out[d] != 1) return std::nullopt;  // not one contiguous block
+  int64_t outer = 1, inner = 1;
+  for (int d = lo; d <= hi; ++d) outer *= out[d];
+  for (int d = hi + 1; d < r; ++d) inner *= out[d];
+  return std::pair<int64_t, int64_t>{inner, outer};
+}
+
 // The value of a scalar `full` constant, if `v` is one.
 std::optional<double> ScalarConst(const ir::Value* v) {
   if (!v->node() || v->node()->def().name != "full" || v->shape().numel() != 1) return std::nullopt;
@@ -94,7 +116,7 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
     if (!live[i] || !Fusable(n)) continue;
     const Shape& shape = n.output()->shape();
     bool ok = true;
-    for (const ir::Value* v : n.inputs()) ok &= v->shape() == shape || ScalarConst(v).has_value();
+    for (const ir::Value* v : n.inputs()) ok &= ScalarConst(v).has_value() || BroadcastIndex(v->shape(), shape).has_value();
     if (!ok) continue;
     int join = -1;
     for (const ir::Value* v : n.inputs()) {
@@ -102,7 +124,8 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
       size_t j = static_cast<size_t>(v->node()->id());
       if (!live[j] || !Fusable(*v->node()) || v->shape() != shape) continue;
       bool producer_ok = true;
-      for (const ir::Value* w : v->node()->inputs()) producer_ok &= w->shape() == shape || ScalarConst(w).has_value();
+      for (const ir::Value* w : v->node()->inputs())
+        producer_ok &= ScalarConst(w).has_value() || BroadcastIndex(w->shape(), shape).has_value();
       if (!producer_ok) continue;
       if (group_of[j] < 0) {
         group_of[j] = static_cast<int>(groups.size());
@@ -129,6 +152,7 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
     codegen::Expr e;
     std::unordered_map<const ir::Value*, int> at;  // value -> expression node
     auto fused = std::make_unique<Plan::Fused>();
+    const Shape& out_shape = graph.nodes()[static_cast<size_t>(g.members.back())]->output()->shape();
     auto operand = [&](const ir::Value* v) {
       auto it = at.find(v);
       if (it != at.end()) return it->second;
@@ -136,7 +160,9 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
       if (auto c = ScalarConst(v)) {
         k = e.Const(*c);
       } else {
-        k = e.Input(static_cast<int>(fused->inputs.size()));
+        auto [inner, outer] = *BroadcastIndex(v->shape(), out_shape);
+        k = outer == 0 ? e.Input(static_cast<int>(fused->inputs.size()))
+                       : e.InputBroadcast(static_cast<int>(fused->inputs.size()), inner, outer);
         fused->inputs.push_back(v);
       }
       at.emplace(v, k);

@@ -154,3 +154,24 @@ TEST_CASE("hybridize: the traced graph of a dense layer, golden text") {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_CASE("hybridize: a bias add and its activation fuse, the bias read by broadcast") {
+  // conv-style bias (C, 1, 1) over NCHW and a dense-style bias (N,) over rows.
+  Tensor x = nd::random::normal(0, 1, {2, 3, 4, 5}), cb = nd::random::normal(0, 1, {3, 1, 1});
+  Tensor y = nd::random::normal(0, 1, {6, 7}), db = nd::random::normal(0, 1, {7});
+  auto f = [&](const Tensor& a, const Tensor& b) {
+    return std::vector<Tensor>{nd::relu(nd::add(a, cb)), nd::tanh(nd::add(b, db))};
+  };
+  auto g = Trace([&](const std::vector<Tensor>& in) { return f(in[0], in[1]); }, {x, y});
+  std::vector<Tensor> got = g->Call({x, y}), want = f(x, y);
+  CheckClose(got[0], want[0]);
+  CheckClose(got[1], want[1]);
+#if KILN_WITH_CODEGEN
+  CHECK(g->num_fused_groups() == 2);
+  CHECK(g->num_fused_ops() == 4);
+#endif
+}
+
+}  // namespace

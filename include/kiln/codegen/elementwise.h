@@ -40,6 +40,9 @@ struct Expr {
     UnaryFn unary = UnaryFn::kIdentity;
     BinaryFn binary = BinaryFn::kAdd;
     int32_t a = -1, b = -1;  ///< operands (node indices) of kUnary (a) and kBinary (a, b)
+    /// kInput broadcast along the output (a bias): element i reads input[(i / inner) % outer];
+    /// outer == 0: the input has the output's size and element i reads input[i].
+    int64_t inner = 1, outer = 0;
     bool operator==(const Node&) const = default;
   };
 
@@ -47,6 +50,10 @@ struct Expr {
   int32_t root = -1;
 
   int Input(int i) { return Push({.kind = Kind::kInput, .input = i}); }
+  /// An input broadcast along the output: element i reads input[(i / inner) % outer].
+  int InputBroadcast(int i, int64_t inner, int64_t outer) {
+    return Push({.kind = Kind::kInput, .input = i, .inner = inner, .outer = outer});
+  }
   int Const(double v) { return Push({.kind = Kind::kConst, .value = v}); }
   int Unary(UnaryFn f, int x) { return Push({.kind = Kind::kUnary, .unary = f, .a = x}); }
   int Binary(BinaryFn f, int x, int y) { return Push({.kind = Kind::kBinary, .binary = f, .a = x, .b = y}); }
