@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/ir/op.h"
+#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::ir {
@@ -114,22 +115,6 @@ OpId OpTable::Find(std::string_view name) const {
                          << (os.tellp() ? "; similar ops:" + os.str() : std::string());
 }
 
-namespace {
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-}  // namespace
 
 std::string ClosestOpName(std::string_view name) {
   const OpTable& t = OpTable::Get();
@@ -137,7 +122,7 @@ std::string ClosestOpName(std::string_view name) {
   size_t best_d = SIZE_MAX;
   for (size_t i = 0; i < t.size(); ++i) {
     const std::string& op = t[static_cast<OpId>(i)].name;
-    size_t d = EditDistance(name, op);
+    size_t d = env::EditDistance(name, op);
     if (d < best_d) best_d = d, best = op;
   }
   return best;

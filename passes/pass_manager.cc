@@ -25,17 +25,6 @@ constexpr Pass kDefaultPipeline[] = {
     {"dce", RunDCE},
 };
 
-size_t Distance(std::string_view a, std::string_view b) { // Levenshtein, for suggestions
-  std::vector<size_t> row(b.size() + 1), last(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) last[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      row[j] = std::min({last[j] + 1, row[j - 1] + 1, last[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(row, last);
-  }
-  return last[b.size()];
-}
 
 /// The names in a comma-separated switch value, spaces trimmed, empty items skipped. Each must
 /// be a known pass (or `all` where `allow_all`); otherwise ValueError with the closest name.
@@ -58,7 +47,7 @@ std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeli
     if (!ok) {
       std::string_view best = known.front();
       for (std::string_view k : known)
-        if (Distance(item, k) < Distance(item, best)) best = k;
+        if (env::EditDistance(item, k) < env::EditDistance(item, best)) best = k;
       std::string list;
       for (const Pass& p : kDefaultPipeline) list += (list.empty() ? "" : ", ") + std::string(p.name);
       KILN_THROW(ValueError) << var << ": unknown pass '" << item << "'; did you mean '" << best

@@ -30,17 +30,6 @@ constexpr Switch kSwitches[] = {
     {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
 };
 
-size_t Distance(std::string_view a, std::string_view b) {  // Levenshtein, for suggestions
-  std::vector<size_t> row(b.size() + 1), last(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) last[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      row[j] = std::min({last[j] + 1, row[j - 1] + 1, last[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(row, last);
-  }
-  return last[b.size()];
-}
 }  // namespace
 
 const Switch* Table(int* count) {
@@ -79,13 +68,25 @@ void CheckEnvironment() {
     size_t best_d = SIZE_MAX;
     for (const Switch& s : kSwitches) {
       if (name == s.name) known = true;
-      size_t d = Distance(name, s.name);
+      size_t d = EditDistance(name, s.name);
       if (d < best_d) best_d = d, best = s.name;
     }
     if (!known)
       KILN_THROW(ValueError) << "unknown environment variable " << name << ": did you mean " << best
                              << "? The switches are listed in kiln's README";
   }
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1), last(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) last[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      row[j] = std::min({last[j] + 1, row[j - 1] + 1, last[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(row, last);
+  }
+  return last[b.size()];
 }
 
 }  // namespace kiln::env

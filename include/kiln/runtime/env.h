@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace kiln::env {
 
@@ -22,5 +23,8 @@ std::string Get(const char* name);
 int64_t GetInt(const char* name);
 /// Throws ValueError when the environment holds a KILN_* name that is not declared.
 void CheckEnvironment();
+
+/// Levenshtein distance, for "did you mean" suggestions (switches, ops, passes).
+size_t EditDistance(std::string_view a, std::string_view b);
 
 }  // namespace kiln::env
