@@ -2,6 +2,7 @@
 // tasks surfacing at sync points, promotion, printing and host access.
 #include <doctest/doctest.h>
 
+#include "test_util.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/engine.h"
@@ -9,17 +10,9 @@
 using namespace kiln;
 
 namespace {
-template <class E, class F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected exception");
-  return {};
-}
-bool Has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 }  // namespace
 
 TEST_CASE("dispatch: shape mismatch is a ShapeError at the call naming op and shapes") {

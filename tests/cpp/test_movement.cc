@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "test_util.h"
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 
@@ -15,6 +16,9 @@ using namespace kiln;
 using V = std::vector<int64_t>;
 
 namespace {
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 
 std::vector<float> Iota(int64_t n, float start = 0) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -26,20 +30,7 @@ Tensor Op(std::string_view op, std::initializer_list<Tensor> in, const ir::Attrs
   return Invoke1(op, in, attrs);
 }
 
-template <class E>
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("expected a different error type, got: " << e.what());
-  }
-  FAIL("expected an error, none was thrown");
-  return "";
-}
 
-bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

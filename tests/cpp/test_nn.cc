@@ -9,12 +9,16 @@
 #include <string>
 #include <typeinfo>
 
+#include "test_util.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/runtime/cpu/onednn.h"
 
 using namespace kiln;
 
 namespace {
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 
 std::vector<float> Random(int64_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
@@ -33,14 +37,6 @@ double MaxError(const std::vector<float>& a, const std::vector<double>& b, doubl
   return worst;
 }
 
-template <class E> std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no " + std::string(typeid(E).name()) + " thrown)";
-}
 
 } // namespace
 

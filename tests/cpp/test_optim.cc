@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gpu_skip.h"
+#include "test_util.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/frontend/optim.h"
 #include "kiln/runtime/engine.h"
@@ -14,18 +15,10 @@
 using namespace kiln;
 
 namespace {
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 
-template <class E, class F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected exception");
-  return {};
-}
-bool Has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 // Sizes chosen so one ParallelFor chunk covers several parameters and one parameter several chunks.
 const std::vector<int64_t> kSizes = {3, 1, 70001, 0, 17};

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "test_util.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verify.h"
 #include "kiln/passes/pass.h"
@@ -18,6 +19,9 @@
 using namespace kiln;
 
 namespace {
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 
 /// Parses `input`, runs `pass`, checks it reports a change and prints `expected`; then runs it
 /// again on the result, which must report no change and leave the text identical.
@@ -52,14 +56,6 @@ private:
 };
 
 /// The message of the exception of type E that `f` throws ("" when none).
-template <class E, class F> std::string ErrorOf(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
-}
 
 } // namespace
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "test_util.h"
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 
@@ -17,6 +18,9 @@ using namespace kiln;
 using V = std::vector<int64_t>;
 
 namespace {
+using kiln::testing::ErrorOf;
+using kiln::testing::Has;
+using kiln::testing::Contains;
 
 std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1, float hi = 1) {
   std::mt19937 gen(seed);
@@ -72,14 +76,6 @@ void CheckClose(const std::vector<float>& got, const Ref& want, double rtol) {
   CHECK(bad == 0);
 }
 
-template <class E> std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 } // namespace
 
