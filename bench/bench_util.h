@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kiln::bench {
@@ -55,6 +56,23 @@ inline std::vector<double> TimeEachMs(int warmup, int repeats, const std::functi
     ms.push_back(t.Ms());
   }
   return ms;
+}
+
+/// Median milliseconds per call of `kiln` and of `reference` (a library called directly), timed
+/// in alternating blocks so both see the same machine load. Both run once first: kiln's kernels
+/// run on an engine worker whose OpenMP team coexists with the main thread's, and libgomp
+/// spin-waits much longer while only one team exists (~8 ms per call on a loaded 2-core machine).
+inline std::pair<double, double> AlternatingMedianMs(int rounds, int warmup, int per_round,
+                                                     const std::function<void()>& kiln,
+                                                     const std::function<void()>& reference) {
+  kiln();
+  reference();
+  std::vector<double> a, b;
+  for (int r = 0; r < rounds; ++r) {
+    for (double t : TimeEachMs(warmup, per_round, kiln)) a.push_back(t);
+    for (double t : TimeEachMs(warmup, per_round, reference)) b.push_back(t);
+  }
+  return {Median(std::move(a)), Median(std::move(b))};
 }
 
 /// True when `flag` (for example "--quick") is among the arguments.

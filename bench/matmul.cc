@@ -57,18 +57,8 @@ int main(int argc, char** argv) {
     stream.wait();
   };
 
-  // Both thread teams exist before any timing: kiln's kernels run on an engine worker whose
-  // OpenMP team coexists with the main thread's, and libgomp spin-waits much longer while only
-  // one team exists, which on a loaded 2-core machine costs either side ~8 ms per call.
-  run_kiln();
-  run_onednn();
-  // Alternate short blocks so both see the same machine load.
-  std::vector<double> kiln_ms, onednn_ms;
-  for (int r = 0; r < rounds; ++r) {
-    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_kiln)) kiln_ms.push_back(t);
-    for (double t : kiln::bench::TimeEachMs(warmup, per_round, run_onednn)) onednn_ms.push_back(t);
-  }
-  double k = Median(kiln_ms), o = Median(onednn_ms), gflop = 2.0 * M * N * K * 1e-9;
+  auto [k, o] = kiln::bench::AlternatingMedianMs(rounds, warmup, per_round, run_kiln, run_onednn);
+  double gflop = 2.0 * M * N * K * 1e-9;
   Emit("kiln", "ms", k, "ms");
   Emit("onednn", "ms", o, "ms");
   Emit("kiln", "gflops", gflop / (k * 1e-3), "GFLOP/s");
