@@ -210,7 +210,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
   p->fused.resize(graph.nodes().size());
   p->fused_member.assign(graph.nodes().size(), false);
 #if KILN_WITH_CODEGEN
-  if (device.is_cpu()) Fuse(graph, live, p.get());
+  if (device.is_cpu() && !passes::PassDisabled("fusion")) Fuse(graph, live, p.get());
 #endif
   // What node i reads: a fused group's root reads the group's inputs; members read nothing.
   auto reads = [&](size_t i) -> std::vector<const ir::Value*> {

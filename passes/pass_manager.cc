@@ -25,13 +25,21 @@ constexpr Pass kDefaultPipeline[] = {
     {"dce", RunDCE},
 };
 
+constexpr const char* kPlanSteps[] = {
+    // Elementwise chains and trees into one generated kernel each (codegen/).
+    "fusion",
+};
+
 
 /// The names in a comma-separated switch value, spaces trimmed, empty items skipped. Each must
 /// be a known pass (or `all` where `allow_all`); otherwise ValueError with the closest name.
-std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeline, bool allow_all) {
+/// `plan_steps`: the plan steps are names too (KILN_DISABLE_PASS; KILN_DUMP_IR has no graph to print there).
+std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeline, bool allow_all, bool plan_steps) {
   std::vector<std::string_view> known;
   for (const Pass& p : pipeline) known.push_back(p.name);
   for (const Pass& p : kDefaultPipeline) known.push_back(p.name);
+  if (plan_steps)
+    for (const char* step : kPlanSteps) known.push_back(step);
   std::string value = env::Get(var);
   std::vector<std::string> names;
   size_t pos = 0;
@@ -50,8 +58,10 @@ std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeli
         if (env::EditDistance(item, k) < env::EditDistance(item, best)) best = k;
       std::string list;
       for (const Pass& p : kDefaultPipeline) list += (list.empty() ? "" : ", ") + std::string(p.name);
+      if (plan_steps)
+        for (const char* step : kPlanSteps) list += ", " + std::string(step);
       KILN_THROW(ValueError) << var << ": unknown pass '" << item << "'; did you mean '" << best
-                             << "'? The default pipeline's passes are: " << list;
+                             << "'? The passes are: " << list;
     }
     names.push_back(std::move(item));
   }
@@ -65,6 +75,10 @@ bool Named(const std::vector<std::string>& names, std::string_view name) {
 } // namespace
 
 std::span<const Pass> DefaultPipeline() { return kDefaultPipeline; }
+
+std::span<const char* const> PlanSteps() { return kPlanSteps; }
+
+bool PassDisabled(std::string_view name) { return Named(PassNames("KILN_DISABLE_PASS", {}, false, true), name); }
 
 std::string PipelineReport::str() const {
   std::string s;
@@ -82,8 +96,8 @@ std::string PipelineReport::str() const {
 std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<const Pass> pipeline,
                                        const PipelineOptions& options, PipelineReport* report) {
   KILN_CHECK(g) << "RunPipeline: null graph";
-  std::vector<std::string> disabled = PassNames("KILN_DISABLE_PASS", pipeline, false);
-  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true);
+  std::vector<std::string> disabled = PassNames("KILN_DISABLE_PASS", pipeline, false, true);
+  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true, false);
   bool verify = options.verify || env::GetInt("KILN_VERIFY") != 0;
   if (verify) {
     try {

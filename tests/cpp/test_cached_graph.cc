@@ -11,10 +11,14 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/engine.h"
+#include "test_util.h"
 
 namespace {
 
 using namespace kiln;
+using kiln::testing::ScopedEnv;
+using kiln::testing::ErrorOf;
+using kiln::testing::Contains;
 
 void CheckClose(const Tensor& a, const Tensor& b, double tol = 1e-5) {
   REQUIRE(a.shape() == b.shape());
@@ -94,6 +98,24 @@ TEST_CASE("hybridize: intermediates share an arena planned by liveness") {
   CHECK(g->num_fused_groups() == 1);
   CHECK(g->num_fused_ops() == 12);
 #endif
+}
+
+TEST_CASE("hybridize: KILN_DISABLE_PASS=fusion runs every op unfused, with the same result") {
+  Tensor x = nd::random::normal(0, 1, {1024});
+  auto f = [](const Tensor& a) { return nd::multiply(nd::relu(nd::add(nd::tanh(a), 1.0)), a); };
+  auto trace = [&] { return Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x}); };
+  std::shared_ptr<CachedGraph> unfused;
+  {
+    ScopedEnv env("KILN_DISABLE_PASS", "fusion");
+    unfused = trace();
+  }
+  CHECK(unfused->num_fused_groups() == 0);
+  CheckClose(unfused->Call({x})[0], f(x));
+#if KILN_WITH_CODEGEN
+  CHECK(trace()->num_fused_groups() == 1);
+#endif
+  ScopedEnv typo("KILN_DISABLE_PASS", "fuson");
+  CHECK(Contains(ErrorOf<ValueError>([&] { trace(); }), "did you mean 'fusion'?"));
 }
 
 TEST_CASE("hybridize: copies into captured tensors happen on every call") {

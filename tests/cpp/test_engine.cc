@@ -23,6 +23,7 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
+#include "test_util.h"
 
 namespace {
 
@@ -30,24 +31,8 @@ using kiln::engine::CreateEngine;
 using kiln::engine::Engine;
 using kiln::engine::TaskOptions;
 using kiln::engine::Var;
+using kiln::testing::ScopedEnv;
 using namespace std::chrono_literals;
-
-// Sets an environment variable for a scope and restores the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // KILN_CPU_WORKERS is read when the engine is constructed.
 std::unique_ptr<Engine> MakeThreaded(int workers) {

@@ -3,7 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -25,5 +27,24 @@ std::string ErrorOf(F&& f) {
 
 inline bool Has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 inline bool Contains(std::string_view s, std::string_view part) { return Has(s, part); }
+
+/// Sets an environment variable for the life of the object, then restores the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace kiln::testing

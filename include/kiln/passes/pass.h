@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -56,6 +57,15 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
 
 /// The standard graph-level pipeline: simplify, cse, dce (see pass_manager.cc for why each).
 std::span<const Pass> DefaultPipeline();
+
+/// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
+/// (elementwise groups into generated kernels). They are not graph-to-graph passes, but
+/// KILN_DISABLE_PASS and the compile report name them like passes.
+std::span<const char* const> PlanSteps();
+
+/// Whether KILN_DISABLE_PASS names `name` (a pass of the default pipeline or a plan step).
+/// A misspelled name in the switch is a ValueError naming the closest pass.
+bool PassDisabled(std::string_view name);
 
 // ---- the passes (one file each) ----------------------------------------------------------------
 
