@@ -9,6 +9,8 @@
 #include "kiln/codegen/llvm_jit.h"
 
 #include <llvm/Analysis/TargetLibraryInfo.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
@@ -20,6 +22,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/DynamicLibrary.h>
+#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -49,7 +52,7 @@ struct Jit {
   llvm::Triple triple;
   std::string cpu, features;
   bool have_libmvec = false;
-  int64_t next_id = 0;
+  std::string key;  // TargetKey()
 
   Jit() {
     llvm::InitializeNativeTarget();
@@ -63,6 +66,9 @@ struct Jit {
     lljit = Unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(),
                    "codegen: creating the ORC LLJIT");
     have_libmvec = !llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");
+    // libmvec changes the code (vector math calls), so it is part of the key.
+    key = "llvm " LLVM_VERSION_STRING "; " + triple.str() + "; " + cpu + "; " + features +
+          (have_libmvec ? "; libmvec" : "");
     auto& dylib = lljit->getMainJITDylib();
     dylib.addGenerator(Unwrap(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                                   lljit->getDataLayout().getGlobalPrefix()),
@@ -239,28 +245,36 @@ void Optimize(llvm::Module& m, Jit& jit) {
 
 }  // namespace
 
-CompiledKernel::Fn JitElementwise(const Expr& e, std::string* ir) {
+std::string CompileObject(const Expr& e, const std::string& name, std::string* ir) {
   Jit& jit = GetJit();
-  std::string name = "kiln_ew_" + std::to_string(jit.next_id++);
-  auto ctx = std::make_unique<llvm::LLVMContext>();
-  auto m = std::make_unique<llvm::Module>(name, *ctx);
-  m->setDataLayout(jit.lljit->getDataLayout());
-  m->setTargetTriple(jit.triple.str());
-  Lowering(*m, jit).Build(e, name);
+  llvm::LLVMContext ctx;
+  llvm::Module m(name, ctx);
+  m.setDataLayout(jit.lljit->getDataLayout());
+  m.setTargetTriple(jit.triple.str());
+  Lowering(m, jit).Build(e, name);
   std::string verify_msg;
   llvm::raw_string_ostream verify_os(verify_msg);
-  KILN_CHECK(!llvm::verifyModule(*m, &verify_os)) << "codegen produced invalid IR for " << e.ToString()
-                                                  << ": " << verify_os.str();
-  Optimize(*m, jit);
+  KILN_CHECK(!llvm::verifyModule(m, &verify_os)) << "codegen produced invalid IR for " << e.ToString() << ": "
+                                                 << verify_os.str();
+  Optimize(m, jit);
   if (ir) {
     ir->clear();
     llvm::raw_string_ostream os(*ir);
-    m->print(os, nullptr);
+    m.print(os, nullptr);
   }
-  Check(jit.lljit->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))),
-        "codegen: adding a module to the JIT");
-  auto addr = Unwrap(jit.lljit->lookup(name), "codegen: looking up the compiled kernel");
+  // The same target machine LLJIT compiles with, so the object links as its own would.
+  auto object = Unwrap(llvm::orc::SimpleCompiler(*jit.tm)(m), "codegen: emitting object code");
+  return std::string(object->getBuffer());
+}
+
+CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name) {
+  Jit& jit = GetJit();
+  Check(jit.lljit->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(object.data(), object.size()), name)),
+        "codegen: adding an object file to the JIT");
+  auto addr = Unwrap(jit.lljit->lookup(name), "codegen: linking the compiled kernel");
   return addr.toPtr<CompiledKernel::Fn>();
 }
+
+const std::string& TargetKey() { return GetJit().key; }
 
 }  // namespace kiln::codegen::detail

@@ -7,13 +7,14 @@
 """
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
-                 StateError, OutOfMemoryError, InternalError, NDArray, cpu, gpu, num_gpus, waitall)
+                 StateError, OutOfMemoryError, InternalError, NDArray, cpu, gpu, num_gpus, waitall,
+                 codegen_stats)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
 
 __all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpus", "waitall",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
-           "StateError", "OutOfMemoryError", "InternalError"]
+           "StateError", "OutOfMemoryError", "InternalError", "codegen_stats"]
 
 
 def _drain_at_exit():

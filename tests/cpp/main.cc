@@ -4,11 +4,24 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
 #include "kiln/runtime/engine.h"
 
 int main(int argc, char** argv) {
+  // Tests compile kernels into a disk cache of their own, removed at the end: cold compiles are
+  // what the tests see, and the user's ~/.cache/kiln is left alone.
+  char dir[] = "/tmp/kiln-test-cache-XXXXXX";
+  bool own_cache = mkdtemp(dir) != nullptr;
+  if (own_cache) setenv("KILN_CACHE_DIR", dir, 1);
   doctest::Context context(argc, argv);
   int result = context.run();
+  if (own_cache) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
   try {
     kiln::engine::Engine::Get().WaitForAll();
   } catch (const std::exception&) {  // an error no test waited for; the tests already reported

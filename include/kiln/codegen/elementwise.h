@@ -5,9 +5,12 @@
 // loop `out[i] = expr(in0[i], in1[i], ...)`, optimizes it at O3 for the host CPU (so it vectorizes
 // for AVX2 / AVX-512), JITs it through one process-wide ORC LLJIT and caches it by structure.
 //
-// Deliberately not here (first version): broadcasting or strides (every input and the output are
-// contiguous arrays of the same n elements), dtypes other than float32, reductions, the disk cache
-// and PTX. Functions returning bool (comparisons, logical_not) yield 1.0f / 0.0f.
+// Compiled kernels are also kept on disk (KILN_CACHE_DIR, see elementwise.cc), so a later process
+// loads them instead of compiling.
+//
+// Deliberately not here (first version): strides (every input and the output are contiguous;
+// an input may be broadcast like a bias), dtypes other than float32, reductions and PTX.
+// Functions returning bool (comparisons, logical_not) yield 1.0f / 0.0f.
 // This header includes no LLVM header: only codegen/*.cc does.
 #pragma once
 
@@ -88,8 +91,8 @@ class CompiledKernel {
   /// The generated function: out[i] = expr(ins[0][i], ...) for i in [begin, end).
   using Fn = void (*)(const float* const* ins, float* out, int64_t begin, int64_t end);
 
-  CompiledKernel(Fn fn, int num_inputs, double compile_ms, std::string expr)
-      : fn_(fn), num_inputs_(num_inputs), compile_ms_(compile_ms), expr_(std::move(expr)) {}
+  CompiledKernel(Fn fn, int num_inputs, double compile_ms, std::string expr, bool from_disk = false)
+      : fn_(fn), num_inputs_(num_inputs), compile_ms_(compile_ms), expr_(std::move(expr)), from_disk_(from_disk) {}
 
   /// Computes out[0, n) split across kiln's CPU threads (host::ParallelFor). `ins` holds
   /// NumInputs() pointers to n floats each; `out` may be one of them (in place).
@@ -97,29 +100,43 @@ class CompiledKernel {
   /// The raw function, for callers that split the range themselves.
   Fn fn() const { return fn_; }
   int num_inputs() const { return num_inputs_; }
-  /// Wall time of IR building, O3 and code emission for this kernel.
+  /// Wall time of IR building, O3 and code emission for this kernel (or of loading it from disk).
   double compile_ms() const { return compile_ms_; }
   const std::string& expr() const { return expr_; }
+  /// Loaded from the disk cache rather than compiled.
+  bool from_disk() const { return from_disk_; }
 
  private:
   Fn fn_;
   int num_inputs_;
   double compile_ms_;
   std::string expr_;
+  bool from_disk_;
 };
 
-/// Compiles `e` (or returns the cached kernel of a structurally equal expression). Thread-safe.
-/// Throws UnsupportedError for expressions it cannot lower.
+/// Compiles `e`, or returns the kernel of a structurally equal expression from the memory cache,
+/// or loads it from the disk cache. Thread-safe. Throws UnsupportedError for expressions it
+/// cannot lower.
 std::shared_ptr<CompiledKernel> CompileElementwise(const Expr& e);
 
 /// Counters of the process-wide kernel cache.
 struct CodegenStats {
-  int64_t compiles = 0;    ///< kernels built by LLVM
-  int64_t cache_hits = 0;  ///< CompileElementwise calls answered from the cache
+  int64_t compiles = 0;     ///< kernels built by LLVM
+  int64_t cache_hits = 0;   ///< CompileElementwise calls answered from the memory cache
+  int64_t disk_hits = 0;    ///< kernels loaded from the disk cache instead of compiled
+  int64_t disk_writes = 0;  ///< kernels stored in the disk cache
+  double compile_ms = 0;    ///< wall time spent compiling and loading kernels
 };
 CodegenStats GetCodegenStats();
 
-/// The optimized LLVM IR text of the most recently compiled kernel (empty before the first);
+/// The disk cache's directory (KILN_CACHE_DIR, or $XDG_CACHE_HOME/kiln, or ~/.cache/kiln), or
+/// "" when it is off (KILN_CACHE_DIR=off).
+std::string DiskCacheDir();
+/// The file of the disk cache that holds (or would hold) the kernel of `e`; "" when it is off.
+std::string DiskCacheFile(const Expr& e);
+
+/// The optimized LLVM IR text of the most recently compiled kernel (empty before the first, and
+/// after a kernel came from the disk cache);
 /// for tests and debugging (for example checking that the loop was vectorized).
 std::string LastOptimizedIR();
 
