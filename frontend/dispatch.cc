@@ -2,10 +2,13 @@
 #include "kiln/frontend/dispatch.h"
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/cached_graph.h"
+#include "kiln/passes/pass.h"
+#include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 
@@ -26,6 +29,41 @@ const KernelTable& KernelTable::Get() {
   }();
   return *table;
 }
+
+// ---- constant folding's evaluator -----------------------------------------------------------------
+
+namespace {
+
+// Runs elementwise node `n`'s CPU kernel on one element per input (passes::ScalarEvaluator), so
+// that a folded constant is bit for bit what running the node gives.
+std::optional<double> EvalScalar(const ir::Node& n, std::span<const double> in) {
+  const KernelBinding* kb = KernelTable::Get().Find(n.op(), DeviceType::kCPU);
+  if (!kb || !kb->fn || n.outputs().size() != 1 || in.size() != n.inputs().size() || in.size() > 3) return std::nullopt;
+  alignas(16) unsigned char bytes[5][16] = {};  // three inputs, the output, and its re-encoding
+  std::vector<TensorView> ins;
+  for (size_t k = 0; k < in.size(); ++k) {
+    ins.push_back(TensorView{bytes[k], n.input(static_cast<int>(k))->dtype(), Shape{}, Strides{}});
+    host::Fill(ins.back(), in[k]);  // as the `full` kernel writes it
+  }
+  TensorView out{bytes[3], n.output()->dtype(), Shape{}, Strides{}};
+  try {
+    kb->fn(KernelArgs{n.def(), ins, std::span<const TensorView>(&out, 1), n.attrs(), cpu()});
+  } catch (const std::exception&) {  // e.g. an integer division by zero: left to fail when run
+    return std::nullopt;
+  }
+  double r = 0;
+  KILN_DISPATCH_ALL(out.dtype, r = static_cast<double>(static_cast<compute_t<scalar_t>>(*out.ptr<scalar_t>())));
+  // A `full` of r must write exactly these bytes (an int64 beyond 2^53 would not).
+  TensorView again{bytes[4], out.dtype, Shape{}, Strides{}};
+  host::Fill(again, r);
+  if (std::memcmp(bytes[3], bytes[4], DTypeSize(out.dtype)) != 0) return std::nullopt;
+  return r;
+}
+
+// Installed before main: any pipeline that runs sees it (this file is part of every kiln program).
+const bool kScalarEvaluatorInstalled = (passes::SetScalarEvaluator(&EvalScalar), true);
+
+}  // namespace
 
 const KernelBinding* KernelTable::Find(ir::OpId op, DeviceType device) const {
   const auto& v = table_[static_cast<int>(device)];

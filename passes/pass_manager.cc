@@ -17,7 +17,10 @@ namespace kiln::passes {
 namespace {
 
 constexpr Pass kDefaultPipeline[] = {
-    // Rewrite algebraic identities first: they expose duplicates to CSE and leave dead nodes.
+    // Fold computations on constants first: the folded values (x * (2 * 0.5) -> x * 1) expose
+    // identities to simplify.
+    {"constant_fold", RunConstantFold},
+    // Rewrite algebraic identities: they expose duplicates to CSE and leave dead nodes.
     {"simplify", RunSimplify},
     // Merge repeated computations (after simplify, which makes more of them look alike).
     {"cse", RunCSE},

@@ -153,9 +153,56 @@ TEST_CASE("pass simplify: neg pairs, transposes, reshapes and casts") {
               "return %0, %2, %0, %4, %6, %0, %0, %0, %7\n");
 }
 
+TEST_CASE("pass constant_fold: arithmetic on fills through the kernels, data movement of fills") {
+  CheckGolden(passes::RunConstantFold,
+              "%x = input \"x\" : float32(2, 3)\n"
+              "%a = full() {shape=[], value=0.5} : float32()\n"
+              "%b = full() {shape=[2, 3], value=3.0} : float32(2, 3)\n"
+              "%c = mul(%a, %b) : float32(2, 3)\n"           // 1.5, broadcast to (2, 3)
+              "%d = exp(%c) : float32(2, 3)\n"               // expf(1.5f), rounded to float32
+              "%e = transpose(%c) : float32(3, 2)\n"
+              "%f = reshape(%e) {shape=[6]} : float32(6,)\n"
+              "%g = less(%a, %b) : bool(2, 3)\n"
+              "%h = cast(%c) {dtype=int32} : int32(2, 3)\n"  // truncation: 1
+              "%w = where(%g, %d, %x) : float32(2, 3)\n"    // x is not a constant: stays
+              "%y = add(%x, %d) : float32(2, 3)\n"
+              "return %w, %y, %f, %h\n",
+              "%0 = input \"x\" : float32(2, 3)\n"
+              "%1 = full() {shape=[], value=0.5, dtype=float32} : float32()\n"
+              "%2 = full() {shape=[2, 3], value=3.0, dtype=float32} : float32(2, 3)\n"
+              "%3 = full() {shape=[2, 3], value=1.5, dtype=float32} : float32(2, 3)\n"
+              "%4 = full() {shape=[2, 3], value=4.481688976287842, dtype=float32} : float32(2, 3)\n"
+              "%5 = full() {shape=[3, 2], value=1.5, dtype=float32} : float32(3, 2)\n"
+              "%6 = full() {shape=[6], value=1.5, dtype=float32} : float32(6,)\n"
+              "%7 = full() {shape=[2, 3], value=1.0, dtype=bool} : bool(2, 3)\n"
+              "%8 = full() {shape=[2, 3], value=1.0, dtype=int32} : int32(2, 3)\n"
+              "%9 = where(%7, %4, %0) : float32(2, 3)\n"
+              "%10 = add(%0, %4) : float32(2, 3)\n"
+              "return %9, %10, %6, %8\n");
+}
+
+TEST_CASE("pass constant_fold: leaves what would fail, lose precision or draw random numbers") {
+  const std::string text = "%0 = full() {shape=[2], value=7.0, dtype=int32} : int32(2,)\n"
+                           "%1 = full() {shape=[], value=0.0, dtype=int32} : int32()\n"
+                           "%2 = div(%0, %1) : int32(2,)\n"  // fails when run: not folded
+                           "%3 = full() {shape=[], value=9007199254740992.0, dtype=int64} : int64()\n"
+                           "%4 = full() {shape=[], value=1.0, dtype=int64} : int64()\n"
+                           "%5 = add(%3, %4) : int64()\n"     // 2^53 + 1: a double cannot hold it
+                           "%6 = full() {shape=[2], value=1.0, dtype=float16} : float16(2,)\n"
+                           "%7 = exp(%6) : float16(2,)\n"    // 16-bit floats are left to the kernels
+                           "%8 = random_uniform() {shape=[2], low=0.0, high=1.0, dtype=float32} : float32(2,)\n"
+                           "%9 = full() {shape=[2], value=2.0, dtype=float32} : float32(2,)\n"
+                           "%10 = mul(%8, %9) : float32(2,)\n"
+                           "return %2, %5, %7, %10\n";
+  CheckGolden(passes::RunConstantFold, text, text);
+}
+
 TEST_CASE("pass pipeline: default pipeline cleans up what simplify leaves, with a report") {
+  // 0.5 * 2 folds to 1, which simplify then removes.
   std::unique_ptr<ir::Graph> g = ir::ParseGraph("%x = input \"x\" : float32(2, 3)\n"
-                                                "%one = full() {shape=[], value=1.0} : float32()\n"
+                                                "%half = full() {shape=[], value=0.5} : float32()\n"
+                                                "%two = full() {shape=[], value=2.0} : float32()\n"
+                                                "%one = mul(%half, %two) : float32()\n"
                                                 "%a = mul(%x, %one) : float32(2, 3)\n"
                                                 "%b = exp(%a) : float32(2, 3)\n"
                                                 "%c = exp(%x) : float32(2, 3)\n"
@@ -167,9 +214,10 @@ TEST_CASE("pass pipeline: default pipeline cleans up what simplify leaves, with 
                               "%1 = exp(%0) : float32(2, 3)\n"
                               "%2 = add(%1, %1) : float32(2, 3)\n"
                               "return %2\n");
-  CHECK(report.str() == "simplify: changed, 5 -> 4 nodes\n"
-                        "cse: changed, 4 -> 3 nodes\n"
-                        "dce: changed, 3 -> 2 nodes\n");
+  CHECK(report.str() == "constant_fold: changed, 7 -> 7 nodes\n"
+                        "simplify: changed, 7 -> 6 nodes\n"
+                        "cse: changed, 6 -> 5 nodes\n"
+                        "dce: changed, 5 -> 2 nodes\n");
 }
 
 TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest the closest") {
@@ -184,7 +232,8 @@ TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest 
     std::unique_ptr<ir::Graph> g =
         passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline(), {.verify = true}, &report);
     CHECK(ir::PrintGraph(*g) == ir::PrintGraph(*ir::ParseGraph(input)));
-    CHECK(report.str() == "simplify: unchanged, 3 -> 3 nodes\n"
+    CHECK(report.str() == "constant_fold: unchanged, 3 -> 3 nodes\n"
+                          "simplify: unchanged, 3 -> 3 nodes\n"
                           "cse: disabled\n"
                           "dce: unchanged, 3 -> 3 nodes\n");
   }
@@ -193,14 +242,14 @@ TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest 
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DISABLE_PASS: unknown pass 'csee'; did you mean 'cse'? The passes are: "
-        "simplify, cse, dce, fusion");
+        "constant_fold, simplify, cse, dce, fusion");
   }
   {
     ScopedEnv env("KILN_DUMP_IR", "simplfy");
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DUMP_IR: unknown pass 'simplfy'; did you mean 'simplify'? The passes are: "
-        "simplify, cse, dce");
+        "constant_fold, simplify, cse, dce");
   }
   // Once restored, the full pipeline runs again.
   std::unique_ptr<ir::Graph> g = passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());

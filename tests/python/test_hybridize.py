@@ -207,6 +207,23 @@ def test_a_value_read_twice_by_one_node_keeps_its_own_memory():
         np.testing.assert_allclose(net(x).asnumpy(), want)
 
 
+class _Constants(nn.HybridBlock):
+    def forward(self, x):
+        scale = nd.exp(nd.ones((3,)) * 0.5).reshape((1, 3))  # computed from constants only
+        mask = (nd.ones((2, 3)) * 2 > 1).astype("float32")
+        return x * scale * mask + (nd.full((2, 3), 7, dtype="int32") / 2).astype("float32")
+
+
+def test_computations_on_constants_fold_and_give_the_eager_numbers():
+    net = _Constants()
+    x = nd.array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    want = net(x).asnumpy()
+    net.hybridize()
+    got = net(x).asnumpy()
+    np.testing.assert_array_equal(got, want)  # folding runs the same kernels: bit for bit
+    np.testing.assert_allclose(got, np.arange(6).reshape(2, 3) * np.exp(0.5) + 3.5, rtol=1e-6)
+
+
 def test_a_compiled_graph_called_inside_another_keeps_the_outer_values(tmp_path):
     mlp = nn.HybridSequential()
     mlp.add(nn.Dense(64, activation="relu"), nn.Dense(64, activation="relu"), nn.Dense(8))

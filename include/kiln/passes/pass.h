@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -55,7 +56,7 @@ struct PipelineReport {
 std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<const Pass> pipeline,
                                        const PipelineOptions& options = {}, PipelineReport* report = nullptr);
 
-/// The standard graph-level pipeline: simplify, cse, dce (see pass_manager.cc for why each).
+/// The standard graph-level pipeline: constant_fold, simplify, cse, dce (see pass_manager.cc for why each).
 std::span<const Pass> DefaultPipeline();
 
 /// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
@@ -76,6 +77,17 @@ bool RunSimplify(std::unique_ptr<ir::Graph>& g);
 bool RunCSE(std::unique_ptr<ir::Graph>& g);
 /// dce_pass.cc: drops nodes the graph outputs do not depend on; keeps every graph input.
 bool RunDCE(std::unique_ptr<ir::Graph>& g);
+/// constant_fold.cc: a node whose inputs are all `full` constants becomes a `full` (data movement
+/// of a fill; elementwise arithmetic through the ScalarEvaluator). Leaves the producers for DCE.
+bool RunConstantFold(std::unique_ptr<ir::Graph>& g);
+
+/// Computes the output element of elementwise node `n` (unary, binary, cast, where) from one
+/// element per input (`in[k]` of input k's dtype, as a double), exactly as the op's kernel would;
+/// nullopt when it cannot (the kernel fails, or a double cannot hold the result exactly). The
+/// frontend supplies it (passes/ do not run kernels, DESIGN.md section 2); without one, constant
+/// folding only moves fills.
+using ScalarEvaluator = std::optional<double> (*)(const ir::Node& n, std::span<const double> in);
+void SetScalarEvaluator(ScalarEvaluator f);
 
 // ---- for writing passes ------------------------------------------------------------------------
 
