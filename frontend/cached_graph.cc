@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 
 #include "kiln/frontend/autograd.h"
@@ -19,6 +22,7 @@
 #include "kiln/passes/dce.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/copy.h"
+#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln {
@@ -26,6 +30,11 @@ namespace kiln {
 // ---- plans -------------------------------------------------------------------------------------
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 // Where a value lives while a plan runs.
 struct Slot {
@@ -54,6 +63,7 @@ struct Plan {
   std::vector<std::unique_ptr<Fused>> fused;   // per node: set at a group's root
   std::vector<bool> fused_member;              // per node: a non-root member of a group
   int num_fused_groups = 0, num_fused_nodes = 0;
+  CompileReport::PlanReport report;            // what building it did
 };
 
 #if KILN_WITH_CODEGEN
@@ -175,11 +185,19 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
                          : e.Binary(*d.binary_fn, operand(n.input(0)), operand(n.input(1)));
       at[n.output()] = k;
     }
+    auto t0 = Clock::now();
     try {
       fused->kernel = codegen::CompileElementwise(e);
     } catch (const codegen::UnsupportedError&) {
-      continue;  // runs unfused
+      fused->kernel = nullptr;
     }
+    p->report.codegen_ms += MsSince(t0);
+    if (!fused->kernel) continue;  // runs unfused
+    CompileReport::Group& r = p->report.groups.emplace_back();
+    for (int m : g.members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
+    r.num_inputs = static_cast<int>(fused->inputs.size());
+    r.expr = fused->kernel->expr();
+    r.compile_ms = fused->kernel->compile_ms();
     p->fused[static_cast<size_t>(g.members.back())] = std::move(fused);
     for (size_t k = 0; k + 1 < g.members.size(); ++k) p->fused_member[static_cast<size_t>(g.members[k])] = true;
     ++p->num_fused_groups;
@@ -188,16 +206,55 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, Plan* p) {
 }
 #endif
 
-size_t Bytes(const ir::Value* v) {
-  return (static_cast<size_t>(v->shape().numel()) * DTypeSize(v->dtype()) + 63) / 64 * 64;
+// The fusion step when it applies; returns what it did, in the report's words.
+std::string RunFusion(const ir::Graph& graph, const std::vector<bool>& live, Device device, Plan* p) {
+#if KILN_WITH_CODEGEN
+  if (passes::PassDisabled("fusion")) return "disabled";
+  if (!device.is_cpu()) return "not on GPU devices yet (elementwise ops run unfused)";
+  Fuse(graph, live, p);
+  if (p->num_fused_groups == 0) return "no fusable group";
+  return std::to_string(p->num_fused_groups) + (p->num_fused_groups == 1 ? " group of " : " groups of ") +
+         std::to_string(p->num_fused_nodes) + " ops";
+#else
+  (void)graph, (void)live, (void)device, (void)p;
+  return "unavailable (built without LLVM)";
+#endif
+}
+
+// The codegen kernel cache's counters by the report's names: one line per CodegenStats field.
+std::vector<std::pair<std::string, int64_t>> CodegenCounters() {
+#if KILN_WITH_CODEGEN
+  const codegen::CodegenStats s = codegen::GetCodegenStats();
+  return {{"compiled", s.compiles}, {"cache hits", s.cache_hits}, {"disk hits", s.disk_hits}};
+#else
+  return {};
+#endif
+}
+
+int64_t DataBytes(const ir::Value* v) {
+  return v->shape().numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
+}
+size_t Bytes(const ir::Value* v) { return (static_cast<size_t>(DataBytes(v)) + 63) / 64 * 64; }
+
+// What a kernel reading `in` and writing `out` moves through memory (the report's estimate).
+int64_t Traffic(std::span<const ir::Value* const> in, std::span<const ir::Value* const> out) {
+  int64_t b = 0;
+  for (const ir::Value* v : in) b += DataBytes(v);
+  for (const ir::Value* v : out) b += DataBytes(v);
+  return b;
 }
 
 // Lays out the intermediates: a value takes the smallest free block that fits once its producer
-// runs, and frees its block after its last reader. A node's outputs never share memory with its
-// inputs (blocks are freed after the node's outputs are placed).
-std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
+// runs, and frees its block after its last reader. An elementwise node's output may instead take
+// the block of an input that dies there (in place); other blocks are freed only after the node's
+// outputs are placed, so no other node's output overlaps its inputs.
+std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name) {
+  const Clock::time_point t0 = Clock::now();
   auto p = std::make_unique<Plan>();
   p->device = device;
+  CompileReport::PlanReport& r = p->report;
+  r.name = std::move(name);
+  const auto cache_before = CodegenCounters();
   const ir::Graph& graph = *g;
   p->slots.resize(static_cast<size_t>(graph.num_values()));
   for (size_t i = 0; i < graph.inputs().size(); ++i) p->slots[graph.inputs()[i]->id()] = {Slot::kInput, static_cast<int64_t>(i)};
@@ -209,9 +266,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
   std::vector<bool> live = passes::LiveNodes(graph, graph.outputs());
   p->fused.resize(graph.nodes().size());
   p->fused_member.assign(graph.nodes().size(), false);
-#if KILN_WITH_CODEGEN
-  if (device.is_cpu() && !passes::PassDisabled("fusion")) Fuse(graph, live, p.get());
-#endif
+  r.fusion = RunFusion(graph, live, device, p.get());
   // What node i reads: a fused group's root reads the group's inputs; members read nothing.
   auto reads = [&](size_t i) -> std::vector<const ir::Value*> {
     if (p->fused[i]) return p->fused[i]->inputs;
@@ -223,6 +278,27 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
   for (size_t i = 0; i < graph.nodes().size(); ++i)
     if (live[i])
       for (const ir::Value* v : reads(i)) last_use[v->id()] = static_cast<int>(i);
+  // No reader left once fusion ran: a scalar constant that generated kernels have built in.
+  auto unread = [&](size_t i) {
+    for (const ir::Value* o : graph.nodes()[i]->outputs())
+      if (last_use[o->id()] >= 0 || p->slots[o->id()].kind == Slot::kOutput) return false;
+    return true;
+  };
+  // In place: an elementwise kernel (CPU kernels and generated ones alike) reads element k of
+  // each operand before it writes element k of its output, so the output may take the block of
+  // an input of its size and dtype that no later node reads. Not copies (a memcpy onto itself),
+  // nor ops that read other elements than the one they write (matmul, transpose, reductions).
+  auto dying_input = [&](size_t i, const ir::Value* o) -> const ir::Value* {
+    const ir::Node& n = *graph.nodes()[i];
+    const ir::OpDef& d = n.def();
+    bool elementwise = p->fused[i] || d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity);
+    if (!device.is_cpu() || !elementwise || n.outputs().size() != 1) return nullptr;
+    for (const ir::Value* v : reads(i))
+      if (p->slots[v->id()].kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i) &&
+          v->dtype() == o->dtype() && v->shape().numel() == o->shape().numel())
+        return v;
+    return nullptr;
+  };
   std::multimap<size_t, size_t> free_blocks;  // size -> offset
   size_t end = 0;
   uint64_t rnd = 0;
@@ -238,7 +314,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
         for (const ir::Value* o : n.outputs()) numel += o->shape().numel();
       rnd += static_cast<uint64_t>((numel + 3) / 4 * 4);
     }
-    if (!live[i] || p->fused_member[i]) {  // nothing reads its result, or its group computes it
+    if (live[i]) ++r.kernels_before, r.bytes_before += Traffic(n.inputs(), n.outputs());
+    if (!live[i] || p->fused_member[i] || unread(i)) {  // not needed, or its group computes it
       p->kernels.push_back(nullptr);
       continue;
     }
@@ -247,10 +324,18 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
       KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
                               << (device.is_cpu() ? "CPU" : "GPU") << " devices in a compiled graph";
     p->kernels.push_back(kb);
+    ++r.kernels_after, r.bytes_after += Traffic(reads(i), n.outputs());
     for (const ir::Value* o : n.outputs()) {
       Slot& s = p->slots[o->id()];
       if (s.kind != Slot::kNone) continue;
       size_t need = Bytes(o);
+      ++r.intermediates, r.unshared_bytes += need;
+      if (const ir::Value* v = dying_input(i, o)) {
+        s = p->slots[v->id()];
+        last_use[v->id()] = -2;  // its block now belongs to `o`: not freed here
+        ++r.in_place;
+        continue;
+      }
       auto it = free_blocks.lower_bound(need);
       if (it != free_blocks.end()) {
         s = {Slot::kArena, static_cast<int64_t>(it->second)};
@@ -272,9 +357,26 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device) {
       if (p->slots[o->id()].kind == Slot::kArena && last_use[o->id()] < 0)
         free_blocks.emplace(Bytes(o), static_cast<size_t>(p->slots[o->id()].index));
   }
-  p->arena_bytes = end;
+  p->arena_bytes = r.arena_bytes = end;
   p->random_numel = static_cast<int64_t>(rnd);
   p->graph = std::move(g);
+  r.codegen_cache = CodegenCounters();
+  for (size_t k = 0; k < r.codegen_cache.size(); ++k) r.codegen_cache[k].second -= cache_before[k].second;
+  r.plan_ms = MsSince(t0) - r.codegen_ms;
+  return p;
+}
+
+// The optimizing pipeline (passes/pass.h), then the plan; inputs and outputs keep their order
+// and types. Both steps go into the plan's report.
+std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device device, std::string name) {
+  passes::PipelineReport passes_run;
+  const Clock::time_point t0 = Clock::now();
+  g = passes::RunPipeline(std::move(g), passes::DefaultPipeline(), {}, &passes_run);
+  const double ms = MsSince(t0);
+  std::unique_ptr<Plan> p = MakePlan(std::move(g), device, std::move(name));
+  p->report.pipeline_ran = true;
+  p->report.pipeline = std::move(passes_run);
+  p->report.pipeline_ms = ms;
   return p;
 }
 
@@ -349,9 +451,20 @@ struct Entry {
   std::unique_ptr<Plan> forward;
   std::once_flag backward_once;
   std::unique_ptr<Plan> backward;  // built on first use, or with the entry (training variants)
+  std::atomic<bool> has_backward{false};  // set once `backward` is: the report reads it from any thread
   std::once_flag training_once;
-  int64_t training_id = -1;        // the variant that saves what its backward reads
+  std::atomic<int64_t> training_id{-1};   // the variant that saves what its backward reads
 };
+
+// KILN_REPORT=1: the report of plans just built, on stderr.
+void PrintReport(int64_t graph_id, std::initializer_list<const Plan*> plans) {
+  if (!env::GetInt("KILN_REPORT")) return;
+  CompileReport r;
+  r.graph_id = graph_id;
+  for (const Plan* p : plans)
+    if (p) r.plans.push_back(p->report);
+  std::fprintf(stderr, "%s", r.str().c_str());
+}
 
 std::mutex g_entries_mu;
 std::vector<std::shared_ptr<Entry>>& Entries() {
@@ -488,7 +601,12 @@ void CallGraphKernel(const KernelArgs& a) { RunPlan(*GetEntry(a.attrs.Int("graph
 void CallGraphBackwardKernel(const KernelArgs& a) {
   std::shared_ptr<Entry> e = GetEntry(a.attrs.Int("graph_id"));
   std::call_once(e->backward_once, [&] {
-    if (!e->backward) e->backward = MakePlan(BackwardGraph(*e->forward->graph), a.device);
+    if (e->backward) return;
+    // Not through the pipeline: its DCE could drop a random op the recomputed forward draws
+    // from, and later random ops would then draw what the forward did not.
+    e->backward = MakePlan(BackwardGraph(*e->forward->graph), a.device, "backward");
+    e->has_backward.store(true, std::memory_order_release);
+    PrintReport(a.attrs.Int("graph_id"), {e->backward.get()});
   });
   RunPlan(*e->backward, a);
 }
@@ -638,21 +756,27 @@ std::shared_ptr<CachedGraph> TraceScope::Finish(const std::vector<Tensor>& outpu
 
 int64_t CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device, std::unique_ptr<ir::Graph> backward,
                               int num_grad_outputs) {
-  // The optimizing pipeline (passes/pass.h): inputs and outputs keep their order and types.
-  graph = passes::RunPipeline(std::move(graph), passes::DefaultPipeline());
-  if (backward) backward = passes::RunPipeline(std::move(backward), passes::DefaultPipeline());
-  ir::GraphSignature sig;
-  for (const ir::Value* v : graph->inputs()) sig.inputs.push_back(v->type());
-  for (const ir::Value* v : graph->outputs()) sig.outputs.push_back(v->type());
-  sig.num_grad_outputs = num_grad_outputs;
+  const bool training = backward != nullptr;  // a training variant comes with its backward
   auto entry = std::make_shared<Entry>();
-  entry->forward = MakePlan(std::move(graph), device);
-  if (backward) entry->backward = MakePlan(std::move(backward), device);
+  entry->forward = OptimizeAndPlan(std::move(graph), device, training ? "training forward" : "forward");
+  if (backward) {
+    entry->backward = OptimizeAndPlan(std::move(backward), device, "training backward");
+    entry->has_backward = true;
+  }
+  const ir::Graph& planned = *entry->forward->graph;
+  ir::GraphSignature sig;
+  for (const ir::Value* v : planned.inputs()) sig.inputs.push_back(v->type());
+  for (const ir::Value* v : planned.outputs()) sig.outputs.push_back(v->type());
+  sig.num_grad_outputs = num_grad_outputs;
   sig.random_numel = entry->forward->random_numel;
-  std::lock_guard<std::mutex> g(g_entries_mu);  // ids and entries advance together
-  int64_t id = ir::RegisterGraphSignature(std::move(sig));
-  KILN_CHECK(id == static_cast<int64_t>(Entries().size())) << "graph ids out of step";
-  Entries().push_back(entry);
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> g(g_entries_mu);  // ids and entries advance together
+    id = ir::RegisterGraphSignature(std::move(sig));
+    KILN_CHECK(id == static_cast<int64_t>(Entries().size())) << "graph ids out of step";
+    Entries().push_back(entry);
+  }
+  PrintReport(id, {entry->forward.get(), entry->backward.get()});
   return id;
 }
 
@@ -685,6 +809,83 @@ size_t CachedGraph::arena_bytes() const { return GetEntry(id_)->forward->arena_b
 int CachedGraph::num_fused_groups() const { return GetEntry(id_)->forward->num_fused_groups; }
 int CachedGraph::num_fused_ops() const { return GetEntry(id_)->forward->num_fused_nodes; }
 
+CompileReport CachedGraph::compile_report() const {
+  CompileReport r;
+  r.graph_id = id_;
+  auto add = [&](const Entry& e) {
+    r.plans.push_back(e.forward->report);
+    if (e.has_backward.load(std::memory_order_acquire)) r.plans.push_back(e.backward->report);
+  };
+  std::shared_ptr<Entry> e = GetEntry(id_);
+  add(*e);
+  if (int64_t t = e->training_id.load(); t >= 0) add(*GetEntry(t));
+  return r;
+}
+
+// ---- the compile report's text -----------------------------------------------------------------
+
+namespace {
+std::string HumanBytes(int64_t b) {
+  char buf[32];
+  if (b < 10 * 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else if (b < 10 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024 * 1024));
+  return buf;
+}
+
+std::string Ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f ms", ms);
+  return buf;
+}
+}  // namespace
+
+double CompileReport::total_ms() const {
+  double ms = 0;
+  for (const PlanReport& p : plans) ms += p.total_ms();
+  return ms;
+}
+
+std::string CompileReport::str() const {
+  std::ostringstream os;
+  os << "compile report, graph " << graph_id << " (" << plans.size()
+     << (plans.size() == 1 ? " plan, " : " plans, ") << Ms(total_ms()) << "):\n";
+  for (const PlanReport& p : plans) {
+    os << p.name << ":\n  passes:";
+    if (p.pipeline_ran) {
+      std::istringstream lines(p.pipeline.str());
+      os << "\n";
+      for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
+    } else {
+      os << " none (built from the optimized forward)\n";
+    }
+    os << "    fusion: " << p.fusion << "\n";
+    for (size_t k = 0; k < p.groups.size(); ++k) {
+      const Group& g = p.groups[k];
+      os << "  group " << k << ": ";
+      for (size_t m = 0; m < g.ops.size(); ++m) os << (m ? ", " : "") << g.ops[m];
+      os << " -> 1 kernel (";
+      for (int i = 0; i < g.num_inputs; ++i) os << (i ? ", in" : "in") << i;
+      os << "), " << g.ops.size() << " ops\n    " << g.expr << "  [LLVM " << Ms(g.compile_ms) << "]\n";
+    }
+    os << "  kernels: " << p.kernels_before << " before fusion, " << p.kernels_after << " after\n"
+       << "  bytes moved: " << HumanBytes(p.bytes_before) << " before fusion, " << HumanBytes(p.bytes_after)
+       << " after\n"
+       << "  memory: arena " << HumanBytes(static_cast<int64_t>(p.arena_bytes)) << " at peak ("
+       << HumanBytes(static_cast<int64_t>(p.unshared_bytes)) << " unshared); " << p.in_place << " of "
+       << p.intermediates << " intermediates in place\n"
+       << "  time: " << Ms(p.total_ms()) << " (pipeline " << Ms(p.pipeline_ms) << ", planning "
+       << Ms(p.plan_ms) << ", codegen " << Ms(p.codegen_ms) << ")\n";
+    if (!p.codegen_cache.empty()) {
+      os << "  codegen cache:";
+      for (size_t k = 0; k < p.codegen_cache.size(); ++k)
+        os << (k ? ", " : " ") << p.codegen_cache[k].second << " " << p.codegen_cache[k].first;
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
 std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) const {
   if (static_cast<int>(data_inputs.size()) != num_data_)
     KILN_THROW(ValueError) << "hybridized call: expected " << num_data_ << " inputs, found " << data_inputs.size();
@@ -699,7 +900,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       TrainingPair p = MakeTrainingPair(*e->forward->graph);
       e->training_id = Register(std::move(p.forward), device_, std::move(p.backward), p.num_grad_outputs);
     });
-    id = e->training_id;
+    id = e->training_id.load();
     n_out = static_cast<int>(ir::GetGraphSignature(id).outputs.size());
   }
   std::vector<Tensor> out = Invoke(ir::FindOp("call_graph"), in,

@@ -27,7 +27,7 @@ pyb::object FromStructure(const ir::OutputStructure& s) {
   if (s.is_leaf()) return pyb::int_(s.index);
   pyb::list l;
   for (const auto& x : s.items) l.append(FromStructure(x));
-  return std::move(l);
+  return l;
 }
 
 pyb::list Types(const std::vector<ir::Value*>& vs, size_t begin, size_t end) {
@@ -38,6 +38,34 @@ pyb::list Types(const std::vector<ir::Value*>& vs, size_t begin, size_t end) {
     out.append(pyb::make_tuple(shape, DTypeName(vs[i]->dtype())));
   }
   return out;
+}
+
+// The compile report as plain Python values (CompileReport's fields, same names).
+pyb::dict ReportDict(const CompileReport& r) {
+  pyb::list plans;
+  for (const CompileReport::PlanReport& p : r.plans) {
+    pyb::list passes, groups;
+    for (const passes::PassRecord& x : p.pipeline.passes)
+      passes.append(pyb::dict(pyb::arg("name") = x.name, pyb::arg("ran") = x.ran,
+                              pyb::arg("changed") = x.changed, pyb::arg("nodes_before") = x.nodes_before,
+                              pyb::arg("nodes_after") = x.nodes_after));
+    for (const CompileReport::Group& g : p.groups)
+      groups.append(pyb::dict(pyb::arg("ops") = g.ops, pyb::arg("num_inputs") = g.num_inputs,
+                              pyb::arg("expr") = g.expr, pyb::arg("compile_ms") = g.compile_ms));
+    pyb::dict cache;
+    for (const auto& [name, count] : p.codegen_cache) cache[pyb::str(name)] = count;
+    pyb::dict d;
+    d["name"] = p.name, d["pipeline_ran"] = p.pipeline_ran, d["passes"] = passes, d["fusion"] = p.fusion;
+    d["groups"] = groups, d["kernels_before"] = p.kernels_before, d["kernels_after"] = p.kernels_after;
+    d["bytes_before"] = p.bytes_before, d["bytes_after"] = p.bytes_after;
+    d["arena_bytes"] = p.arena_bytes, d["unshared_bytes"] = p.unshared_bytes;
+    d["intermediates"] = p.intermediates, d["in_place"] = p.in_place;
+    d["pipeline_ms"] = p.pipeline_ms, d["plan_ms"] = p.plan_ms, d["codegen_ms"] = p.codegen_ms;
+    d["total_ms"] = p.total_ms(), d["codegen_cache"] = cache;
+    plans.append(d);
+  }
+  return pyb::dict(pyb::arg("graph_id") = r.graph_id, pyb::arg("total_ms") = r.total_ms(),
+                   pyb::arg("plans") = plans);
 }
 
 ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::vector<std::string>& params,
@@ -63,6 +91,12 @@ KILN_PY_BIND(50) {
       .def_property_readonly("graph_id", &CachedGraph::graph_id)
       .def_property_readonly("num_nodes", [](const CachedGraph& g) { return g.graph().nodes().size(); })
       .def("graph_text", [](const CachedGraph& g) { return ir::PrintGraph(g.graph()); })
+      .def("compile_report", [](const CachedGraph& g, bool as_dict) -> pyb::object {
+        CompileReport r = g.compile_report();
+        if (as_dict) return ReportDict(r);
+        return pyb::str(r.str());
+      }, pyb::arg("as_dict") = false,
+         "What compiling did, per plan built so far: the text KILN_REPORT=1 prints, or its fields as a dict.")
       .def("to_json", [](const CachedGraph& g, const std::vector<std::string>& inputs,
                          const std::vector<std::string>& params, pyb::handle structure) {
         return ir::GraphToJson(g.graph(), Manifest(inputs, params, structure));

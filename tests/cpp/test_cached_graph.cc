@@ -1,10 +1,13 @@
 // Hybridize's machinery: a traced graph runs compiled with the same results, forward and
 // gradients, as eager execution of the same code; captured parameters are read live; in-place
 // copies into captured tensors (batch norm statistics) happen on every call; reading a symbolic
-// tensor is refused.
+// tensor is refused. The compile report names passes and fused groups and counts kernels, bytes
+// and memory; elementwise outputs run in place, other ops never do.
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/cached_graph.h"
@@ -194,6 +197,146 @@ TEST_CASE("hybridize: a bias add and its activation fuse, the bias read by broad
   CHECK(g->num_fused_groups() == 2);
   CHECK(g->num_fused_ops() == 4);
 #endif
+}
+
+}  // namespace
+
+namespace {
+
+using Names = std::vector<std::string>;
+
+Names PassNames(const CompileReport::PlanReport& p) {
+  Names names;
+  for (const passes::PassRecord& r : p.pipeline.passes) names.push_back(r.name);
+  return names;
+}
+
+Names DefaultPipelineNames() {
+  Names names;
+  for (const passes::Pass& p : passes::DefaultPipeline()) names.push_back(p.name);
+  return names;
+}
+
+Names PlanNames(const CompileReport& r) {
+  Names names;
+  for (const CompileReport::PlanReport& p : r.plans) names.push_back(p.name);
+  return names;
+}
+
+// tanh, add, relu, mul fuse; the sum after them does not.
+Tensor FusableChain(const Tensor& a) { return nd::sum(nd::multiply(nd::relu(nd::add(nd::tanh(a), 1.0)), a)); }
+
+TEST_CASE("compile report: passes, the fused group by op name, fewer kernels and bytes, the arena") {
+  Tensor x = nd::random::normal(0, 1, {1024});
+  auto g = Trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{FusableChain(in[0])}; }, {x});
+  CompileReport r = g->compile_report();
+  REQUIRE(PlanNames(r) == Names{"forward"});
+  const CompileReport::PlanReport& p = r.plans[0];
+  CHECK(p.pipeline_ran);
+  CHECK(PassNames(p) == DefaultPipelineNames());
+  CHECK(p.kernels_before == 6);  // tanh, full, add, relu, mul, sum
+  CHECK(p.arena_bytes <= p.unshared_bytes);
+  CHECK(p.total_ms() > 0);
+  std::string text = r.str();
+  CHECK(Contains(text, "simplify: unchanged, 6 -> 6 nodes"));
+  CHECK(Contains(text, "arena"));
+#if KILN_WITH_CODEGEN
+  CHECK(p.fusion == "1 group of 4 ops");
+  REQUIRE(p.groups.size() == 1);
+  CHECK(p.groups[0].ops == Names{"tanh", "add", "relu", "mul"});
+  CHECK(p.groups[0].num_inputs == 1);
+  CHECK(p.groups[0].expr == "mul(relu(add(tanh(in0), 1)), in0)");
+  CHECK(p.kernels_after == 2);  // the group (the constant is built into it) and the sum
+  CHECK(p.bytes_after < p.bytes_before);
+  CHECK(p.arena_bytes == 1024 * sizeof(float));  // the group's result, read by the sum
+  REQUIRE(!p.codegen_cache.empty());
+  CHECK(p.codegen_cache[0].first == "compiled");
+  int64_t lookups = 0;  // compiled now, or found in a cache
+  for (const auto& [name, count] : p.codegen_cache) lookups += count;
+  CHECK(lookups == 1);
+  CHECK(Contains(text, "fusion: 1 group of 4 ops"));
+  CHECK(Contains(text, "group 0: tanh, add, relu, mul -> 1 kernel (in0), 4 ops"));
+  CHECK(Contains(text, "mul(relu(add(tanh(in0), 1)), in0)"));
+  CHECK(Contains(text, "kernels: 6 before fusion, 2 after"));
+#else
+  CHECK(p.fusion == "unavailable (built without LLVM)");
+  CHECK(p.kernels_after == p.kernels_before);
+  CHECK(Contains(text, "fusion: unavailable (built without LLVM)"));
+#endif
+  CheckClose(g->Call({x})[0], FusableChain(x), 1e-4);
+}
+
+TEST_CASE("compile report: with KILN_DISABLE_PASS=fusion nothing is fused and nothing moves less") {
+  Tensor x = nd::random::normal(0, 1, {1024});
+  ScopedEnv env("KILN_DISABLE_PASS", "fusion");
+  auto g = Trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{FusableChain(in[0])}; }, {x});
+  const CompileReport::PlanReport p = g->compile_report().plans.at(0);
+  CHECK(p.groups.empty());
+  CHECK(p.kernels_after == p.kernels_before);
+  CHECK(p.bytes_after == p.bytes_before);
+  CHECK(p.arena_bytes <= p.unshared_bytes);
+#if KILN_WITH_CODEGEN
+  CHECK(p.fusion == "disabled");
+  CHECK(Contains(g->compile_report().str(), "fusion: disabled"));
+#endif
+  CheckClose(g->Call({x})[0], FusableChain(x), 1e-4);
+}
+
+TEST_CASE("compile report: training adds its forward and backward; a backward built on use is added") {
+  Tensor x = nd::random::normal(0, 1, {5, 8});
+  Mlp net;
+  auto inner = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{net(in[0])}; }, {x});
+  // Called inside another trace, `inner` is a call_graph node whose gradient is its own backward
+  // plan, built the first time the outer graph's training backward runs.
+  auto outer = Trace([&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{nd::multiply(inner->Call({in[0]})[0], 2.0)};
+  }, {x});
+  CHECK(PlanNames(inner->compile_report()) == Names{"forward"});
+  net.w1.AttachGrad();
+  {
+    autograd::RecordScope record;
+    nd::sum(outer->Call({x})[0]).Backward();
+  }
+  net.w1.grad().ToVector<float>();  // waits for the backward
+  CHECK(PlanNames(outer->compile_report()) == Names{"forward", "training forward", "training backward"});
+  CompileReport r = inner->compile_report();
+  REQUIRE(PlanNames(r) == Names{"forward", "backward"});
+  CHECK(!r.plans[1].pipeline_ran);
+  CHECK(Contains(r.str(), "backward:\n  passes: none (built from the optimized forward)"));
+}
+
+TEST_CASE("memory plan: an elementwise chain runs in place, in the arena of one intermediate") {
+  // Unfused, the 12 ops of the chain each write over the value they read: one block of 4 KiB
+  // (and the scalar constant) instead of two.
+  ScopedEnv env("KILN_DISABLE_PASS", "fusion");
+  Tensor x = nd::random::normal(0, 1, {1024});
+  auto f = [](const Tensor& a) {
+    Tensor t = a;
+    for (int i = 0; i < 6; ++i) t = nd::add(nd::tanh(t), 1.0);
+    return t;
+  };
+  auto g = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
+  const CompileReport::PlanReport p = g->compile_report().plans.at(0);
+  CHECK(g->arena_bytes() >= 1024 * sizeof(float));
+  CHECK(g->arena_bytes() < 2 * 1024 * sizeof(float));
+  CHECK(p.in_place == 10);  // all but the first tanh (it reads the graph input) and the last add (an output)
+  CHECK(p.unshared_bytes > 10 * 1024 * sizeof(float));
+  CheckClose(g->Call({x})[0], f(x));
+  CheckClose(g->Call({x})[0], f(x));  // the arena is reused by the next call
+}
+
+TEST_CASE("memory plan: ops that read other elements than they write never run in place") {
+  // transpose and matmul of a square matrix whose input dies there: same size and dtype as
+  // their output, yet writing over the input would corrupt what they have still to read.
+  ScopedEnv env("KILN_DISABLE_PASS", "fusion");
+  Tensor x = nd::random::normal(0, 1, {16, 16});
+  auto f = [](const Tensor& a) {
+    Tensor t = nd::transpose(nd::tanh(a));
+    return nd::add(nd::exp(nd::matmul(t, t)), 1.0);
+  };
+  auto g = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
+  CHECK(g->compile_report().plans.at(0).in_place == 1);  // only exp, over the matmul's result
+  CheckClose(g->Call({x})[0], f(x), 1e-4);
 }
 
 }  // namespace

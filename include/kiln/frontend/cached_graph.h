@@ -12,14 +12,21 @@
 // one arena by liveness), as the op `call_graph`, so a call is one engine task, is recorded by
 // autograd like any op (its gradient runs the graph's backward, built by the autodiff pass from
 // the traced graph, recomputing the forward), and can itself be traced.
+//
+// Memory: a node's output takes its own block of the arena, or, for an elementwise op, the block
+// of an input of the same size and dtype that dies at that node (in place). CompileReport says
+// what compiling did: passes, fused groups, kernels, bytes moved, memory, time, cache hits.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/frontend/tensor.h"
 #include "kiln/ir/graph.h"
+#include "kiln/passes/pass.h"
 
 namespace kiln {
 
@@ -60,6 +67,43 @@ void RecordAssign(const Tensor& src, const Tensor& dst);
 
 }  // namespace trace
 
+/// What compiling a graph did (DESIGN.md sections 8 and 9), one entry per plan that exists:
+/// the forward, the backward once built, and the training variant's pair once the graph was
+/// called under autograd. Kernel counts, bytes and memory are what the plan will do, worked out
+/// from the graph, not measured; the times are measured.
+struct CompileReport {
+  struct Group {
+    std::vector<std::string> ops;  ///< op names of the members, in graph order (the last is the root)
+    int num_inputs = 0;
+    std::string expr;              ///< the generated kernel's expression, e.g. "relu(add(in0, in1))"
+    double compile_ms = 0;         ///< LLVM time of the kernel, when it was first compiled
+  };
+  struct PlanReport {
+    std::string name;              ///< "forward", "backward", "training forward", "training backward"
+    bool pipeline_ran = false;     ///< false: built from an optimized graph (a backward made on first use)
+    passes::PipelineReport pipeline;
+    std::string fusion;            ///< "1 group of 3 ops", "no fusable group", "disabled"...
+    std::vector<Group> groups;
+    int kernels_before = 0;        ///< live nodes: one kernel each without fusion
+    int kernels_after = 0;         ///< kernels the plan launches
+    int64_t bytes_before = 0;      ///< bytes those kernels read (inputs) and write (outputs)
+    int64_t bytes_after = 0;
+    size_t arena_bytes = 0;        ///< planned peak: the one arena every intermediate lives in
+    size_t unshared_bytes = 0;     ///< the intermediates' blocks summed, as if none shared memory
+    int intermediates = 0;         ///< values placed in the arena
+    int in_place = 0;              ///< of those, outputs written over an input that dies there
+    double pipeline_ms = 0, plan_ms = 0, codegen_ms = 0;  ///< plan_ms excludes codegen_ms
+    /// Codegen kernel cache counters while this plan was built ("compiled", "cache hits"...).
+    std::vector<std::pair<std::string, int64_t>> codegen_cache;
+    double total_ms() const { return pipeline_ms + plan_ms + codegen_ms; }
+  };
+  int64_t graph_id = -1;
+  std::vector<PlanReport> plans;
+  double total_ms() const;
+  /// A readable multi-line text (what KILN_REPORT=1 prints).
+  std::string str() const;
+};
+
 class CachedGraph {
  public:
   /// The traced graph: data inputs first, then the captured tensors, in that order.
@@ -75,6 +119,8 @@ class CachedGraph {
   /// Groups of elementwise ops running as one generated kernel, and the ops in them.
   int num_fused_groups() const;
   int num_fused_ops() const;
+  /// What compiling this graph did, for every plan of it built so far.
+  CompileReport compile_report() const;
   /// Runs the graph on `data_inputs` (shapes and dtypes as traced): one engine task.
   std::vector<Tensor> Call(const std::vector<Tensor>& data_inputs) const;
 

@@ -232,6 +232,13 @@ _Spec = collections.namedtuple("_Spec", ["shape", "dtype", "device"])
 _Traced = collections.namedtuple("_Traced", ["graph", "structure", "input_names", "training", "specs"])
 
 
+class _ReportText(str):
+    """The compile report's text; shown as text, not as a quoted string, at the interactive prompt."""
+
+    def __repr__(self):
+        return str(self)
+
+
 def _user_frame(tb):
     """The innermost traceback frame outside the kiln package: the user's line."""
     import traceback
@@ -261,6 +268,7 @@ class HybridBlock(Block):
         self._flags = {}
         self._cache = {}
         self._last_trace = self._last_inference_trace = self._eager_specs = None
+        self._last_used_graph = None
 
     def hybridize(self, active=True, **kwargs):
         self._active = active
@@ -268,7 +276,28 @@ class HybridBlock(Block):
         self._cache = {}
         self._retrace_reported = False
         self._last_trace = self._last_inference_trace = self._eager_specs = None
+        self._last_used_graph = None
         super().hybridize(active, **kwargs)
+
+    def compile_report(self, as_dict=False):
+        """What compiling this block did, for the compiled graph its last call ran: per plan
+        (forward; backward and the training pair once built) the passes and what each changed,
+        the fused groups by the ops they came from, kernels and bytes moved before and after
+        fusion, the planned arena (peak) against the intermediates unshared, compile time and
+        codegen cache hits. The text KILN_REPORT=1 prints; as_dict=True gives the fields."""
+        graph = self._last_used_graph
+        if graph is None:
+            if not self._active:
+                what = "it is not hybridized: call hybridize(), run a batch through it (net(x)), then ask again"
+            elif self._eager_specs is not None:
+                what = ("its first call ran eagerly to find the parameters' shapes and the next call compiles: "
+                        "run another batch through it, then ask again")
+            else:
+                what = ("it has not run compiled yet: run a batch through it (net(x)), then ask again (a block "
+                        "inside a hybridized parent is compiled as part of the parent: ask the parent)")
+            raise StateError(f"{type(self).__name__}.compile_report(): there is no compiled graph to report "
+                             f"on; {what}")
+        return graph.compile_report(as_dict=True) if as_dict else _ReportText(graph.compile_report())
 
     def __call__(self, *args, **kwargs):
         from .. import _C
@@ -314,6 +343,7 @@ class HybridBlock(Block):
                               f"because the input signature changed: {'; '.join(diffs)}", stacklevel=3)
             self._cache[key] = entry
         graph, structure = entry
+        self._last_used_graph = graph
         outs = graph([a for a in args if isinstance(a, _NDArray)])
         return outs[0] if structure is None else _unflatten(outs, structure)[0]
 

@@ -158,6 +158,7 @@ class SymbolBlock(HybridBlock):
         if entry is None or len(entry[1]) != len(arrays) or any(a is not b for a, b in zip(entry[1], arrays)):
             graph = _C.parse_graph_json(self._graph_text).compile(arrays, device)
             entry = self._compiled[device] = (graph, arrays)
+        self._last_used_graph = entry[0]  # for compile_report()
         return entry[0]
 
     def forward(self, *args):
