@@ -288,7 +288,9 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   // each operand before it writes element k of its output, so the output may take the block of
   // an input of its size and dtype that no later node reads. Not copies (a memcpy onto itself),
   // nor ops that read other elements than the one they write (matmul, transpose, reductions).
+  const bool in_place = !passes::PassDisabled("inplace");
   auto dying_input = [&](size_t i, const ir::Value* o) -> const ir::Value* {
+    if (!in_place) return nullptr;
     const ir::Node& n = *graph.nodes()[i];
     const ir::OpDef& d = n.def();
     bool elementwise = p->fused[i] || d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity);

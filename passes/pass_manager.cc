@@ -31,6 +31,8 @@ constexpr Pass kDefaultPipeline[] = {
 constexpr const char* kPlanSteps[] = {
     // Elementwise chains and trees into one generated kernel each (codegen/).
     "fusion",
+    // Memory planning lets an elementwise output take the block of an input that dies there.
+    "inplace",
 };
 
 

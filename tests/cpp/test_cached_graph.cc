@@ -323,6 +323,12 @@ TEST_CASE("memory plan: an elementwise chain runs in place, in the arena of one 
   CHECK(p.unshared_bytes > 10 * 1024 * sizeof(float));
   CheckClose(g->Call({x})[0], f(x));
   CheckClose(g->Call({x})[0], f(x));  // the arena is reused by the next call
+
+  ScopedEnv off("KILN_DISABLE_PASS", "fusion,inplace");  // two blocks again, same numbers
+  auto g2 = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
+  CHECK(g2->compile_report().plans.at(0).in_place == 0);
+  CHECK(g2->arena_bytes() >= 2 * 1024 * sizeof(float));
+  CheckClose(g2->Call({x})[0], f(x));
 }
 
 TEST_CASE("memory plan: ops that read other elements than they write never run in place") {

@@ -60,7 +60,8 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
 std::span<const Pass> DefaultPipeline();
 
 /// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
-/// (elementwise groups into generated kernels). They are not graph-to-graph passes, but
+/// (elementwise groups into generated kernels) and `inplace` (an elementwise output reusing the
+/// memory of an input that dies there). They are not graph-to-graph passes, but
 /// KILN_DISABLE_PASS and the compile report name them like passes.
 std::span<const char* const> PlanSteps();
 
