@@ -103,6 +103,17 @@ TEST_CASE("hybridize: intermediates share an arena planned by liveness") {
 #endif
 }
 
+TEST_CASE("hybridize: a full constant of any shape is built into the fused kernel, never materialized") {
+  Tensor x = nd::random::normal(0, 1, {4, 256});
+  auto f = [](const Tensor& a) { return nd::relu(nd::add(nd::multiply(a, nd::full({4, 256}, 3.0)), nd::ones({256}))); };
+  auto g = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
+  CheckClose(g->Call({x})[0], f(x));
+#if KILN_WITH_CODEGEN
+  CHECK(g->num_fused_groups() == 1);
+  CHECK(g->arena_bytes() == 0);  // neither fill exists in memory
+#endif
+}
+
 TEST_CASE("hybridize: KILN_DISABLE_PASS=fusion runs every op unfused, with the same result") {
   Tensor x = nd::random::normal(0, 1, {1024});
   auto f = [](const Tensor& a) { return nd::multiply(nd::relu(nd::add(nd::tanh(a), 1.0)), a); };
