@@ -83,12 +83,18 @@ Jit& GetJit() {
 }
 
 /// Builds the host kernel function `name` in `m`: a loop over [begin, end) computing EmitExpr.
+///
+/// Broadcast inputs (a bias read at (i / inner) % outer) would cost a division per element and
+/// keep the loop from vectorizing. When they all share one (inner, outer), the range is walked in
+/// stretches over which their reads are simple: with inner > 1 each reads one value for up to
+/// `inner` elements (loaded once per stretch); with inner == 1 each reads consecutive elements for
+/// up to `outer` of them (a pointer moved to the stretch's start). The inner loop then vectorizes
+/// as the plain one does. One-element inputs are loaded once. Other mixes keep the division.
 class Lowering {
  public:
   Lowering(llvm::Module& m, const Jit& jit) : m_(m), ctx_(m.getContext()), b_(ctx_), jit_(jit) {}
 
   void Build(const Expr& e, const std::string& name) {
-    auto* f32 = b_.getFloatTy();
     auto* i64 = b_.getInt64Ty();
     auto* ptr = b_.getPtrTy();
     auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, ptr, i64, i64}, false);
@@ -97,41 +103,100 @@ class Lowering {
     fn->addFnAttr("target-cpu", jit_.cpu);
     fn->addFnAttr("target-features", jit_.features);
     llvm::Value* ins = fn->getArg(0);
-    llvm::Value* out = fn->getArg(1);
+    out_ = fn->getArg(1);
     llvm::Value* begin = fn->getArg(2);
-    llvm::Value* end = fn->getArg(3);
+    end_ = fn->getArg(3);
     fn->addParamAttr(0, llvm::Attribute::NoCapture);
     fn->addParamAttr(0, llvm::Attribute::ReadOnly);
     fn->addParamAttr(1, llvm::Attribute::NoCapture);
+    fn_ = fn;
 
     auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn);
-    auto* loop = llvm::BasicBlock::Create(ctx_, "loop", fn);
     auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn);
-
     b_.SetInsertPoint(entry);
-    std::vector<llvm::Value*> in_ptrs(static_cast<size_t>(e.NumInputs()));
-    for (size_t k = 0; k < in_ptrs.size(); ++k)
-      in_ptrs[k] = b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, ins, k), "in" + std::to_string(k));
-    b_.CreateCondBr(b_.CreateICmpSLT(begin, end), loop, exit);
-
-    b_.SetInsertPoint(loop);
-    auto* i = b_.CreatePHI(i64, 2, "i");
-    i->addIncoming(begin, entry);
-    llvm::Value* result = EmitExpr(b_, m_, e, MathLib::kHost, i, in_ptrs);
-    b_.CreateStore(result, b_.CreateInBoundsGEP(f32, out, i));
-    auto* next = b_.CreateAdd(i, b_.getInt64(1), "next", /*HasNUW=*/true, /*HasNSW=*/true);
-    i->addIncoming(next, loop);
-    b_.CreateCondBr(b_.CreateICmpSLT(next, end), loop, exit);
-
+    // How each input is read: per element, or once (one element), or by stretches (a bias).
+    std::vector<InputRead> reads(static_cast<size_t>(e.NumInputs()));
+    std::vector<int> bias;  // inputs read by stretches
+    int64_t inner = 0, outer = 0;
+    bool one_pattern = true;
+    for (size_t k = 0; k < reads.size(); ++k)
+      reads[k].ptr = b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, ins, k), "in" + std::to_string(k));
+    for (const Expr::Node& node : e.nodes) {
+      if (node.kind != Expr::Kind::kInput || node.outer == 0) continue;
+      InputRead& r = reads[static_cast<size_t>(node.input)];
+      if (node.outer == 1) {  // one element
+        r.kind = InputRead::kValue;
+        r.value = b_.CreateLoad(b_.getFloatTy(), r.ptr);
+        continue;
+      }
+      if (!bias.empty() && (node.inner != inner || node.outer != outer)) one_pattern = false;
+      inner = node.inner, outer = node.outer;
+      bias.push_back(node.input);
+    }
+    if (bias.empty() || !one_pattern) {  // per element (bias inputs, if any, by division)
+      b_.CreateCondBr(b_.CreateICmpSLT(begin, end_), Loop(e, begin, end_, reads, entry, exit), exit);
+    } else {
+      auto* stretch = llvm::BasicBlock::Create(ctx_, "stretch", fn, exit);
+      auto* next_stretch = llvm::BasicBlock::Create(ctx_, "next_stretch", fn, exit);
+      b_.CreateCondBr(b_.CreateICmpSLT(begin, end_), stretch, exit);
+      b_.SetInsertPoint(stretch);
+      auto* s = b_.CreatePHI(i64, 2, "s");
+      s->addIncoming(begin, entry);
+      llvm::Value* q = inner > 1 ? b_.CreateUDiv(s, b_.getInt64(static_cast<uint64_t>(inner))) : s;
+      llvm::Value* c = b_.CreateURem(q, b_.getInt64(static_cast<uint64_t>(outer)), "c");
+      llvm::Value* stop;
+      std::vector<InputRead> here = reads;
+      if (inner > 1) {  // the bias index changes when i / inner does
+        stop = b_.CreateMul(b_.CreateAdd(q, b_.getInt64(1)), b_.getInt64(static_cast<uint64_t>(inner)));
+        for (int k : bias) {
+          InputRead& r = here[static_cast<size_t>(k)];
+          r.kind = InputRead::kValue;
+          r.value = b_.CreateLoad(b_.getFloatTy(), b_.CreateInBoundsGEP(b_.getFloatTy(), r.ptr, c));
+        }
+      } else {  // the bias index wraps to 0 after outer - c elements
+        stop = b_.CreateAdd(s, b_.CreateSub(b_.getInt64(static_cast<uint64_t>(outer)), c));
+        for (int k : bias) {
+          InputRead& r = here[static_cast<size_t>(k)];
+          r.kind = InputRead::kDirect;
+          r.ptr = b_.CreateGEP(b_.getFloatTy(), r.ptr, b_.CreateSub(c, s));  // ptr[i] = bias[c + i - s]
+        }
+      }
+      stop = b_.CreateSelect(b_.CreateICmpSLT(stop, end_), stop, end_, "stop");
+      b_.CreateBr(Loop(e, s, stop, here, stretch, next_stretch));
+      b_.SetInsertPoint(next_stretch);
+      s->addIncoming(stop, next_stretch);
+      b_.CreateCondBr(b_.CreateICmpSLT(stop, end_), stretch, exit);
+    }
     b_.SetInsertPoint(exit);
     b_.CreateRetVoid();
   }
 
  private:
+  /// Emits `for (i = from; i < to; ++i) out[i] = e(i)` (from < to on entry), entered from `pred`,
+  /// leaving to `after`; returns its first block. The builder ends in `pred`'s block.
+  llvm::BasicBlock* Loop(const Expr& e, llvm::Value* from, llvm::Value* to, const std::vector<InputRead>& reads,
+                         llvm::BasicBlock* pred, llvm::BasicBlock* after) {
+    llvm::BasicBlock* back = b_.GetInsertBlock();
+    auto* loop = llvm::BasicBlock::Create(ctx_, "loop", fn_, after);
+    b_.SetInsertPoint(loop);
+    auto* i = b_.CreatePHI(b_.getInt64Ty(), 2, "i");
+    i->addIncoming(from, pred);
+    llvm::Value* result = EmitExpr(b_, m_, e, MathLib::kHost, i, reads);
+    b_.CreateStore(result, b_.CreateInBoundsGEP(b_.getFloatTy(), out_, i));
+    auto* next = b_.CreateAdd(i, b_.getInt64(1), "next", /*HasNUW=*/true, /*HasNSW=*/true);
+    i->addIncoming(next, loop);
+    b_.CreateCondBr(b_.CreateICmpSLT(next, to), loop, after);
+    b_.SetInsertPoint(back);
+    return loop;
+  }
+
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   const Jit& jit_;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value* out_ = nullptr;
+  llvm::Value* end_ = nullptr;
 };
 
 /// The default O3 pipeline with the host's cost model and, when loaded, libmvec's vector math.

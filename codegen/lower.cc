@@ -104,15 +104,19 @@ class Emitter {
 }  // namespace
 
 llvm::Value* EmitExpr(llvm::IRBuilder<>& b, llvm::Module& m, const Expr& e, MathLib lib, llvm::Value* i,
-                      const std::vector<llvm::Value*>& inputs) {
+                      const std::vector<InputRead>& inputs) {
   Emitter em(b, m, lib);
-  auto load = [&](const Expr::Node& node) {
+  auto load = [&](const Expr::Node& node) -> llvm::Value* {
+    const InputRead& in = inputs.at(static_cast<size_t>(node.input));
+    if (in.kind == InputRead::kValue) return in.value;
+    if (in.kind == InputRead::kDirect)  // ptr was moved back by the stretch's start: not inbounds
+      return b.CreateLoad(b.getFloatTy(), b.CreateGEP(b.getFloatTy(), in.ptr, i));
     llvm::Value* at = i;
     if (node.outer > 0) {  // broadcast: (i / inner) % outer
       if (node.inner > 1) at = b.CreateUDiv(at, b.getInt64(static_cast<uint64_t>(node.inner)));
       at = b.CreateURem(at, b.getInt64(static_cast<uint64_t>(node.outer)));
     }
-    return b.CreateLoad(b.getFloatTy(), b.CreateInBoundsGEP(b.getFloatTy(), inputs.at(static_cast<size_t>(node.input)), at));
+    return b.CreateLoad(b.getFloatTy(), b.CreateInBoundsGEP(b.getFloatTy(), in.ptr, at));
   };
   llvm::FastMathFlags fmf;
   fmf.setAllowContract();

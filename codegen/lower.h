@@ -18,11 +18,21 @@ enum class MathLib {
   kLibdevice,  ///< NVIDIA's libdevice (__nv_expf, ...), linked into the module afterwards
 };
 
-/// Emits the float32 value of element `i` (an i64) of `e`'s output at the builder's insert point;
-/// `inputs` holds one float pointer per input array (a broadcast input is read at
-/// (i / inner) % outer). Sets contraction on the builder (a*b + c may become one FMA, < 1 ulp
-/// from the unfused kernels). Throws UnsupportedError for a function it cannot lower.
+/// How a kernel reads input array k at element i of the output.
+struct InputRead {
+  enum Kind : uint8_t {
+    kIndexed,  ///< ptr[i], or ptr[(i / inner) % outer] for a broadcast input node
+    kDirect,   ///< ptr[i] whatever the node says (the caller has offset ptr for this stretch of i)
+    kValue,    ///< `value`, loaded by the caller (constant over the stretch of i being computed)
+  } kind = kIndexed;
+  llvm::Value* ptr = nullptr;
+  llvm::Value* value = nullptr;
+};
+
+/// Emits the float32 value of element `i` (an i64) of `e`'s output at the builder's insert point,
+/// reading input k as `inputs[k]` says. Sets contraction on the builder (a*b + c may become one
+/// FMA, < 1 ulp from the unfused kernels). Throws UnsupportedError for a function it cannot lower.
 llvm::Value* EmitExpr(llvm::IRBuilder<>& b, llvm::Module& m, const Expr& e, MathLib lib, llvm::Value* i,
-                      const std::vector<llvm::Value*>& inputs);
+                      const std::vector<InputRead>& inputs);
 
 }  // namespace kiln::codegen::detail

@@ -66,8 +66,8 @@ void BuildKernel(llvm::Module& m, const Expr& e, const std::string& name) {
                                     llvm::Function::ExternalLinkage, name, m);
   fn->addFnAttr(llvm::Attribute::NoUnwind);
   llvm::Value* out = fn->getArg(0);
-  std::vector<llvm::Value*> ins;
-  for (int k = 0; k < e.NumInputs(); ++k) ins.push_back(fn->getArg(static_cast<unsigned>(1 + k)));
+  std::vector<detail::InputRead> ins;
+  for (int k = 0; k < e.NumInputs(); ++k) ins.push_back({.ptr = fn->getArg(static_cast<unsigned>(1 + k))});
   llvm::Value* n = fn->getArg(static_cast<unsigned>(1 + e.NumInputs()));
 
   auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);

@@ -81,7 +81,11 @@ double RefEval(const Expr& e, const std::vector<std::vector<float>>& ins, size_t
   for (size_t n = 0; n < e.nodes.size(); ++n) {
     const Expr::Node& node = e.nodes[n];
     switch (node.kind) {
-      case Expr::Kind::kInput: v[n] = ins[static_cast<size_t>(node.input)][i]; break;
+      case Expr::Kind::kInput: {
+        size_t at = node.outer > 0 ? i / static_cast<size_t>(node.inner) % static_cast<size_t>(node.outer) : i;
+        v[n] = ins[static_cast<size_t>(node.input)][at];
+        break;
+      }
       case Expr::Kind::kConst: v[n] = static_cast<float>(node.value); break;
       case Expr::Kind::kUnary: v[n] = RefUnary(node.unary, v[static_cast<size_t>(node.a)]); break;
       case Expr::Kind::kBinary:
@@ -102,9 +106,11 @@ std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
 
 /// Runs the compiled `e` on `ins` and checks every element against RefEval within
 /// atol + rtol * |ref|; returns the number of mismatches (reported for the first few).
-int CheckKernel(const Expr& e, const std::vector<std::vector<float>>& ins, double rtol = 1e-5, double atol = 1e-6) {
+/// n: the output's length (by default the first input's).
+int CheckKernel(const Expr& e, const std::vector<std::vector<float>>& ins, double rtol = 1e-5, double atol = 1e-6,
+                size_t n = SIZE_MAX) {
   auto kernel = CompileElementwise(e);
-  size_t n = ins.empty() ? 0 : ins[0].size();
+  if (n == SIZE_MAX) n = ins.empty() ? 0 : ins[0].size();
   std::vector<const float*> ptrs;
   for (const auto& in : ins) ptrs.push_back(in.data());
   std::vector<float> out(n, -12345.f);
@@ -254,6 +260,50 @@ TEST_CASE("codegen: in place (out is an input) gives the same result") {
   CompileElementwise(e)->Run(ptrs, expect.data(), static_cast<int64_t>(n));
   CompileElementwise(e)->Run(ptrs, a.data(), static_cast<int64_t>(n));
   CHECK(a == expect);
+}
+
+TEST_CASE("codegen: broadcast inputs (biases) at every alignment of the range") {
+  struct Case {
+    int64_t inner, outer, n;
+  };
+  // inner > 1: a (C, 1, 1) bias on (N, C, H, W); inner == 1: a (C,) bias on (N, C); odd sizes so
+  // that stretches are cut by the range's ends.
+  for (Case c : {Case{7, 5, 7 * 5 * 3 + 4}, Case{1, 13, 13 * 40 + 6}, Case{676, 20, 676 * 20 * 2}, Case{1, 1000, 2500},
+                 Case{3, 1, 50}}) {
+    CAPTURE(c.inner);
+    CAPTURE(c.outer);
+    Expr e;  // relu(x * scale[bias] + shift[bias]) + y
+    int x = e.Input(0), scale = e.InputBroadcast(1, c.inner, c.outer), shift = e.InputBroadcast(2, c.inner, c.outer);
+    e.Add(e.Relu(e.Add(e.Mul(x, scale), shift)), e.Input(3));
+    auto n = static_cast<size_t>(c.n), m = static_cast<size_t>(c.outer);
+    std::vector<std::vector<float>> ins = {Random(n, -2, 2, 1), Random(m, -2, 2, 2), Random(m, -1, 1, 3), Random(n, -1, 1, 4)};
+    CHECK(CheckKernel(e, ins, 1e-5, 1e-6, n) == 0);
+    // The raw function on sub-ranges that start and end inside stretches.
+    auto kernel = CompileElementwise(e);
+    std::vector<const float*> ptrs = {ins[0].data(), ins[1].data(), ins[2].data(), ins[3].data()};
+    std::vector<float> out(n, -7.f);
+    for (int64_t b = 0; b < c.n;) {
+      int64_t end = std::min<int64_t>(c.n, b + 1 + (b * 7919) % 97);
+      kernel->fn()(ptrs.data(), out.data(), b, end);
+      b = end;
+    }
+    int bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += std::fabs(out[i] - RefEval(e, ins, i)) > 1e-6 + 1e-5 * std::fabs(RefEval(e, ins, i));
+    CHECK(bad == 0);
+  }
+  // Two different broadcast patterns in one kernel: still correct (read by division).
+  Expr mixed;
+  mixed.Add(mixed.Mul(mixed.Input(0), mixed.InputBroadcast(1, 4, 3)), mixed.InputBroadcast(2, 1, 12));
+  CHECK(CheckKernel(mixed, {Random(120, -1, 1, 5), Random(3, -1, 1, 6), Random(12, -1, 1, 7)}, 1e-5, 1e-6, 120) == 0);
+}
+
+TEST_CASE("codegen: a kernel with a bias broadcast is vectorized") {
+  Expr e;
+  e.Relu(e.Add(e.Input(0), e.InputBroadcast(1, 676, 20)));
+  CompileElementwise(e);
+  std::string ir = kiln::codegen::LastOptimizedIR();
+  CHECK(ir.find("<8 x float>") != std::string::npos);  // AVX2 or wider
+  CHECK(ir.find("udiv <") == std::string::npos);       // no vector division by the bias stride
 }
 
 // ---- the disk cache ----------------------------------------------------------------------------
