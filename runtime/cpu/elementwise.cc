@@ -22,6 +22,7 @@ inline T ApplyUnary(UnaryFn f, T x) {
     case UnaryFn::kNeg: return -x;
     case UnaryFn::kAbs:
       if constexpr (std::is_unsigned_v<T>) return x;
+      else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // abs(-0.0) is +0.0
       else return x < T(0) ? -x : x;
     case UnaryFn::kSign: return static_cast<T>((T(0) < x) - (x < T(0)));
     case UnaryFn::kSquare: return x * x;
