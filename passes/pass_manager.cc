@@ -28,6 +28,12 @@ constexpr Pass kDefaultPipeline[] = {
     {"dce", RunDCE},
 };
 
+// Passes that only some pipelines run, with options of their own; known to the switches always.
+constexpr const char* kOptionalPasses[] = {
+    // hybridize(freeze=True): parameters become constants, folded into what depends on them alone.
+    "freeze_fold",
+};
+
 constexpr const char* kPlanSteps[] = {
     // Elementwise chains and trees into one generated kernel each (codegen/).
     "fusion",
@@ -43,6 +49,7 @@ std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeli
   std::vector<std::string_view> known;
   for (const Pass& p : pipeline) known.push_back(p.name);
   for (const Pass& p : kDefaultPipeline) known.push_back(p.name);
+  for (const char* name : kOptionalPasses) known.push_back(name);
   if (plan_steps)
     for (const char* step : kPlanSteps) known.push_back(step);
   std::string value = env::Get(var);
@@ -63,6 +70,7 @@ std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeli
         if (env::EditDistance(item, k) < env::EditDistance(item, best)) best = k;
       std::string list;
       for (const Pass& p : kDefaultPipeline) list += (list.empty() ? "" : ", ") + std::string(p.name);
+      for (const char* name : kOptionalPasses) list += ", " + std::string(name);
       if (plan_steps)
         for (const char* step : kPlanSteps) list += ", " + std::string(step);
       KILN_THROW(ValueError) << var << ": unknown pass '" << item << "'; did you mean '" << best

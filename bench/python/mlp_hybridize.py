@@ -1,12 +1,13 @@
 """The d2l.ai hybridize benchmark: the 512-256-128-2 MLP called 1000 times on a (1, 512) input
-(and on a batch of 64): kiln eager, kiln hybridized, PyTorch eager, torch.jit.script and
-torch.jit.trace + torch.jit.freeze, in one run, same thread count.
+(and on a batch of 64): kiln eager, kiln hybridized, kiln hybridized with freeze=True, PyTorch
+eager, torch.jit.script and torch.jit.trace + torch.jit.freeze, in one run, same thread count.
 
     PYTHONPATH=build/python python3 bench/python/mlp_hybridize.py [--quick]
 
 Prints JSON lines {"bench": "mlp_hybridize", "case": ..., "metric": "us_per_call", ...} per batch
 size (cases for batch 64 end in _b64), medians of 5 repeats, and the ratios
-kiln_hybridized/<each other case> (metric "speedup": above 1 means the hybridized MLP is ahead).
+kiln_hybridized/<each other case> and kiln_frozen/torch_jit_trace, the two frozen graphs (metric
+"speedup": above 1 means kiln is ahead).
 """
 import argparse
 import json
@@ -67,9 +68,12 @@ def main():
         eager = kiln_net(weights)
         hybrid = kiln_net(weights)
         hybrid.hybridize()
+        frozen = kiln_net(weights)
+        frozen.hybridize(freeze=True)
         t[batch]["kiln_eager"], ye = time_calls(lambda: eager(x), kiln.waitall, n, repeats)
         t[batch]["kiln_hybridized"], yh = time_calls(lambda: hybrid(x), kiln.waitall, n, repeats)
-        kiln_out[batch] = (ye.asnumpy(), yh.asnumpy())
+        t[batch]["kiln_frozen"], yf = time_calls(lambda: frozen(x), kiln.waitall, n, repeats)
+        kiln_out[batch] = (ye.asnumpy(), yh.asnumpy(), yf.asnumpy())
 
     import torch
     torch.set_num_threads(os.cpu_count())
@@ -87,7 +91,7 @@ def main():
             t[batch]["torch_jit_script"], _ = time_calls(lambda: scripted(xt), lambda: None, n, repeats)
             t[batch]["torch_jit_trace"], _ = time_calls(lambda: traced(xt), lambda: None, n, repeats)
         ref = yt.numpy()
-        for name, y in zip(("kiln_eager", "kiln_hybridized"), kiln_out[batch]):
+        for name, y in zip(("kiln_eager", "kiln_hybridized", "kiln_frozen"), kiln_out[batch]):
             err = float(np.abs(y - ref).max())
             if err > 1e-3:
                 raise SystemExit(f"mlp_hybridize: {name} differs from torch by {err} at batch {batch}")
@@ -99,6 +103,7 @@ def main():
         for case, us in cases.items():
             if case != "kiln_hybridized":
                 emit(f"kiln_hybridized/{case}{sfx}", "speedup", us / cases["kiln_hybridized"], "x")
+        emit(f"kiln_frozen/torch_jit_trace{sfx}", "speedup", cases["torch_jit_trace"] / cases["kiln_frozen"], "x")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ pyb::dict ReportDict(const CompileReport& r) {
     d["bytes_before"] = p.bytes_before, d["bytes_after"] = p.bytes_after;
     d["arena_bytes"] = p.arena_bytes, d["unshared_bytes"] = p.unshared_bytes;
     d["intermediates"] = p.intermediates, d["in_place"] = p.in_place;
+    d["freeze"] = p.freeze ? pyb::object(pyb::dict(pyb::arg("parameters") = p.freeze->parameters,
+                                                   pyb::arg("nodes_folded") = p.freeze->nodes_folded,
+                                                   pyb::arg("constants") = p.freeze->constants,
+                                                   pyb::arg("constant_bytes") = p.freeze->constant_bytes))
+                           : pyb::none();
     d["pipeline_ms"] = p.pipeline_ms, d["plan_ms"] = p.plan_ms, d["codegen_ms"] = p.codegen_ms;
     d["total_ms"] = p.total_ms(), d["codegen_cache"] = cache;
     plans.append(d);
@@ -87,6 +92,7 @@ KILN_PY_BIND(50) {
       .def_property_readonly("num_data_inputs", &CachedGraph::num_data_inputs)
       .def_property_readonly("num_outputs", &CachedGraph::num_outputs)
       .def_property_readonly("captured", &CachedGraph::captured)
+      .def_property_readonly("frozen", &CachedGraph::frozen)
       .def_property_readonly("arena_bytes", &CachedGraph::arena_bytes)
       .def_property_readonly("graph_id", &CachedGraph::graph_id)
       .def_property_readonly("num_nodes", [](const CachedGraph& g) { return g.graph().nodes().size(); })
@@ -145,10 +151,11 @@ KILN_PY_BIND(50) {
         if (!t.scope) KILN_THROW(StateError) << "TraceScope.input outside its `with` block";
         return t.scope->Input(name, ToShape(shape), ToDType(dtype), d);
       })
-      .def("finish", [](PyTrace& t, const std::vector<Tensor>& outputs) {
+      .def("finish", [](PyTrace& t, const std::vector<Tensor>& outputs, bool freeze) {
         if (!t.scope) KILN_THROW(StateError) << "TraceScope.finish outside its `with` block";
-        return t.scope->Finish(outputs);
-      });
+        return t.scope->Finish(outputs, freeze);
+      }, pyb::arg("outputs"), pyb::arg("freeze") = false,
+         "Compiles the trace; freeze=True makes the captured tensors constants (a snapshot), folded in.");
 }
 
 }  // namespace kiln::py

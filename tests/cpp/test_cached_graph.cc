@@ -2,7 +2,8 @@
 // gradients, as eager execution of the same code; captured parameters are read live; in-place
 // copies into captured tensors (batch norm statistics) happen on every call; reading a symbolic
 // tensor is refused. The compile report names passes and fused groups and counts kernels, bytes
-// and memory; elementwise outputs run in place, other ops never do.
+// and memory; elementwise outputs run in place, other ops never do. A frozen graph computes its
+// parameter expressions once and keeps the values it was compiled with.
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -354,6 +355,95 @@ TEST_CASE("memory plan: ops that read other elements than they write never run i
   auto g = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; }, {x});
   CHECK(g->compile_report().plans.at(0).in_place == 1);  // only exp, over the matmul's result
   CheckClose(g->Call({x})[0], f(x), 1e-4);
+}
+
+}  // namespace
+
+namespace {
+
+using Traced = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::shared_ptr<CachedGraph> TraceFrozen(const Traced& f, const std::vector<Tensor>& examples) {
+  trace::TraceScope scope;
+  std::vector<Tensor> in;
+  for (size_t i = 0; i < examples.size(); ++i)
+    in.push_back(scope.Input("data" + std::to_string(i), examples[i].shape(), examples[i].dtype(), cpu()));
+  return scope.Finish(f(in), /*freeze=*/true);
+}
+
+TEST_CASE("freeze: parameter expressions are computed once; the graph holds a snapshot") {
+  Tensor w = nd::random::normal(0, 0.5, {16, 8}), b = nd::random::normal(0, 0.1, {16});
+  Tensor w2 = nd::random::normal(0, 0.5, {4, 16}), b2 = nd::zeros({4});
+  Tensor x = nd::random::normal(0, 1, {5, 8});
+  // The weight is scaled and transposed in forward: both fold; the matmuls read the result.
+  auto f = [&](const Tensor& a) {
+    Tensor h = nd::relu(nd::add(nd::matmul(a, nd::transpose(nd::multiply(w, 2.0))), b));
+    return nd::log_softmax(nd::linear(h, w2, b2));
+  };
+  const Traced traced = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{f(in[0])}; };
+  auto live = Trace(traced, {x});
+  auto frozen = TraceFrozen(traced, {x});
+  CHECK(frozen->frozen());
+  CHECK_FALSE(live->frozen());
+  CHECK(frozen->graph().nodes().size() == live->graph().nodes().size() - 3);  // no 2.0, mul, transpose
+  CHECK(frozen->captured().size() == 4);  // (w * 2)^T, b, w2, b2
+  CheckClose(frozen->Call({x})[0], f(x));
+
+  const CompileReport::PlanReport p = frozen->compile_report().plans.at(0);
+  REQUIRE(p.freeze);
+  CHECK(p.freeze->parameters == 4);
+  CHECK(p.freeze->nodes_folded == 2);
+  CHECK(p.freeze->constants == 4);
+  CHECK(p.freeze->constant_bytes == (8 * 16 + 16 + 4 * 16 + 4) * 4);
+  CHECK(PassNames(p).back() == "freeze_fold");
+  CHECK(Contains(frozen->compile_report().str(), "frozen: 4 parameters became constants, 2 nodes folded; "
+                                                 "the graph reads 4 constants (848 B)"));
+  CHECK_FALSE(live->compile_report().plans.at(0).freeze);
+
+  // An update in place reaches the live graph, not the frozen one (not even its weights read as they are).
+  Tensor before = frozen->Call({x})[0].To(cpu(), true);
+  nd::multiply(w, 3.0).CopyTo(w);
+  nd::add(w2, 1.0).CopyTo(w2);
+  CheckClose(live->Call({x})[0], f(x));
+  CheckClose(frozen->Call({x})[0], before);
+  // Tracing again takes the new values.
+  auto again = TraceFrozen(traced, {x});
+  CheckClose(again->Call({x})[0], f(x));
+}
+
+TEST_CASE("freeze: a tensor the graph copies into stays live; the data input still has a gradient") {
+  Tensor running = nd::zeros({3}), scale = Tensor::FromVector<float>({1, 2, 3}, {3});
+  Tensor x = Tensor::FromVector<float>({1, 2, 3}, {3});
+  auto g = TraceFrozen([&](const std::vector<Tensor>& in) {
+    nd::add(running, in[0]).CopyTo(running);  // as batch norm updates its statistics
+    return std::vector<Tensor>{nd::multiply(nd::multiply(in[0], nd::exp(scale)), nd::add(running, 1.0))};
+  }, {x});
+  REQUIRE(g->captured().size() == 2);
+  CHECK(g->captured()[0].SharesStorage(running));   // read and written on every call
+  CHECK_FALSE(g->captured()[1].SharesStorage(scale));  // exp(scale), folded
+  g->Call({x});
+  CHECK(running.ToVector<float>() == std::vector<float>{1, 2, 3});
+  Tensor xg = x.To(cpu(), true);
+  xg.AttachGrad();
+  {
+    autograd::RecordScope record;
+    nd::sum(g->Call({xg})[0]).Backward();
+  }
+  // d/dx of x * exp(scale) * (running + 1), running as it was before this call (1, 2, 3).
+  CheckClose(xg.grad(), nd::multiply(nd::exp(scale), Tensor::FromVector<float>({2, 3, 4}, {3})));
+}
+
+TEST_CASE("freeze: KILN_DISABLE_PASS=freeze_fold compiles the graph as traced, reading live tensors") {
+  ScopedEnv env("KILN_DISABLE_PASS", "freeze_fold");
+  Tensor w = nd::ones({3});
+  Tensor x = Tensor::FromVector<float>({1, 2, 3}, {3});
+  auto g = TraceFrozen([&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{nd::add(in[0], nd::exp(w))};
+  }, {x});
+  CHECK_FALSE(g->frozen());
+  CHECK_FALSE(g->compile_report().plans.at(0).freeze);
+  CHECK(g->captured()[0].SharesStorage(w));
+  nd::zeros({3}).CopyTo(w);
+  CheckClose(g->Call({x})[0], nd::add(x, 1.0));
 }
 
 }  // namespace

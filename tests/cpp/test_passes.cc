@@ -1,10 +1,12 @@
 // The graph passes and the pass manager (passes/pass.h): golden before/after text for each pass,
 // each followed by a second run that must report no change and print the same text; the pipeline's
 // environment switches (KILN_DISABLE_PASS, KILN_DUMP_IR) and its verifier naming a broken pass.
+// freeze_fold runs with an evaluator that logs what it was asked to compute.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -13,6 +15,7 @@
 #include "test_util.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verify.h"
+#include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/error.h"
 
@@ -242,14 +245,14 @@ TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest 
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DISABLE_PASS: unknown pass 'csee'; did you mean 'cse'? The passes are: "
-        "constant_fold, simplify, cse, dce, fusion, inplace");
+        "constant_fold, simplify, cse, dce, freeze_fold, fusion, inplace");
   }
   {
     ScopedEnv env("KILN_DUMP_IR", "simplfy");
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DUMP_IR: unknown pass 'simplfy'; did you mean 'simplify'? The passes are: "
-        "constant_fold, simplify, cse, dce");
+        "constant_fold, simplify, cse, dce, freeze_fold");
   }
   // Once restored, the full pipeline runs again.
   std::unique_ptr<ir::Graph> g = passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());
@@ -317,4 +320,144 @@ TEST_CASE("pass pipeline: KILN_DUMP_IR prints the graph after the named pass") {
                   "%1 = exp(%0) : float32(2,)\n"
                   "%2 = add(%1, %1) : float32(2,)\n"
                   "return %2\n");
+}
+
+namespace {
+
+/// A freeze_fold evaluator that computes nothing: it names each new constant c<handle> and logs
+/// "c4 = transpose(c1)"; it refuses the ops in `refuse`, as a kernel that fails would.
+struct LogEvaluator final : passes::ConstantEvaluator {
+  int next = 0;
+  std::vector<std::string> refuse, log;
+  std::optional<std::vector<int>> Evaluate(const ir::Node& n, std::span<const int> in) override {
+    for (const std::string& op : refuse)
+      if (n.def().name == op) return std::nullopt;
+    std::string args;
+    for (int h : in) args += (args.empty() ? "c" : ", c") + std::to_string(h);
+    std::vector<int> out;
+    for (size_t k = 0; k < n.outputs().size(); ++k) out.push_back(next++);
+    log.push_back("c" + std::to_string(out[0]) + " = " + n.def().name + "(" + args + ")");
+    return out;
+  }
+};
+
+using Strings = std::vector<std::string>;
+
+/// Parses `input`, declares the inputs named in `constants` constant (handles 0, 1... in input
+/// order), runs freeze_fold and checks the text and the evaluator's log; then runs it again on
+/// the result with its constants declared, which must change nothing.
+passes::FreezeResult CheckFreezeGolden(const std::string& input, const Strings& constants,
+                                       const std::string& expected, const Strings& expected_log,
+                                       const Strings& refuse = {}) {
+  std::unique_ptr<ir::Graph> g = ir::ParseGraph(input);
+  LogEvaluator ev;
+  ev.refuse = refuse;
+  passes::FreezeOptions options{{}, &ev};
+  for (const ir::Value* v : g->inputs()) {
+    bool constant = std::find(constants.begin(), constants.end(), v->name()) != constants.end();
+    options.constants.push_back(constant ? ev.next++ : -1);
+  }
+  passes::FreezeResult result;
+  CHECK(passes::RunFreezeFold(g, options, &result) == (ir::PrintGraph(*ir::ParseGraph(input)) != expected));
+  ir::Verify(*g);
+  const std::string text = ir::PrintGraph(*g);
+  CHECK(text == expected);
+  CHECK(ev.log == expected_log);
+  // Again: the constants are the trailing inputs now.
+  passes::FreezeOptions again{std::vector<int>(g->inputs().size() - result.constants.size(), -1), &ev};
+  again.constants.insert(again.constants.end(), result.constants.begin(), result.constants.end());
+  passes::FreezeResult second;
+  CHECK_FALSE(passes::RunFreezeFold(g, again, &second));
+  CHECK(ir::PrintGraph(*g) == text);
+  CHECK(second.nodes_folded == 0);  // a refused node is asked again (and refused again)
+  CHECK(second.constants == result.constants);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("pass freeze_fold: folds what depends on constants alone, keeps broadcasts, drops the unused") {
+  passes::FreezeResult r = CheckFreezeGolden(
+      "%x = input \"x\" : float32(2, 4)\n"
+      "%w = input \"w\" : float32(3, 4)\n"
+      "%stat = input \"stat\" : float32(3,)\n"           // not constant (a running statistic)
+      "%b = input \"b\" : float32(3,)\n"
+      "%two = full() {shape=[], value=2.0} : float32()\n"
+      "%w2 = mul(%w, %two) : float32(3, 4)\n"            // folds, reading the fill
+      "%wt = transpose(%w2) : float32(4, 3)\n"           // folds: only %wt is left to read
+      "%y = matmul(%x, %wt) : float32(2, 3)\n"           // reads data: stays
+      "%bb = broadcast_to(%b) {shape=[2, 3]} : float32(2, 3)\n"  // larger than %b: stays
+      "%z = add(%y, %bb) : float32(2, 3)\n"
+      "%nb = neg(%b) : float32(3,)\n"                    // folds; an output
+      "%r = random_uniform() {shape=[3]} : float32(3,)\n"
+      "%rb = add(%b, %r) : float32(3,)\n"               // random: stays
+      "%dead = exp(%w) : float32(3, 4)\n"                // dead: neither folded nor kept
+      "%s = add(%stat, %nb) : float32(3,)\n"
+      "return %z, %nb, %rb, %s\n",
+      {"w", "b"},
+      "%0 = input \"x\" : float32(2, 4)\n"
+      "%1 = input \"stat\" : float32(3,)\n"
+      "%2 = input \"b\" : float32(3,)\n"
+      "%3 = input \"folded0\" : float32(4, 3)\n"
+      "%4 = input \"folded1\" : float32(3,)\n"
+      "%5 = matmul(%0, %3) {transpose_a=false, transpose_b=false} : float32(2, 3)\n"
+      "%6 = broadcast_to(%2) {shape=[2, 3]} : float32(2, 3)\n"
+      "%7 = add(%5, %6) : float32(2, 3)\n"
+      "%8 = random_uniform() {shape=[3], low=0.0, high=1.0, dtype=float32} : float32(3,)\n"
+      "%9 = add(%2, %8) : float32(3,)\n"
+      "%10 = add(%1, %4) : float32(3,)\n"
+      "return %7, %4, %9, %10\n",
+      {"c2 = full()", "c3 = mul(c0, c2)", "c4 = transpose(c3)", "c5 = neg(c1)"});
+  CHECK(r.constants == std::vector<int>{1, 4, 5});  // b, then the folded values in node order
+  CHECK(r.inputs_frozen == 2);
+  CHECK(r.nodes_folded == 3);
+  CHECK(r.constant_bytes == (3 + 12 + 3) * 4);
+}
+
+TEST_CASE("pass freeze_fold: a node the evaluator cannot run stays; fills alone are constant_fold's") {
+  CheckFreezeGolden("%x = input \"x\" : int32(2,)\n"
+                    "%k = input \"k\" : int32(2,)\n"
+                    "%z = full() {shape=[2], value=0.0, dtype=int32} : int32(2,)\n"
+                    "%a = abs(%k) : int32(2,)\n"          // folds
+                    "%q = div(%a, %z) : int32(2,)\n"      // refused (would fail): stays, reads the folded %a
+                    "%u = neg(%q) : int32(2,)\n"          // not constant any more: stays
+                    "%f = full() {shape=[2], value=3.0, dtype=int32} : int32(2,)\n"
+                    "%g = neg(%f) : int32(2,)\n"          // fills only: left as it is
+                    "%y = add(%x, %u) : int32(2,)\n"
+                    "return %y, %g\n",
+                    {"k"},
+                    "%0 = input \"x\" : int32(2,)\n"
+                    "%1 = input \"folded0\" : int32(2,)\n"
+                    "%2 = full() {shape=[2], value=0.0, dtype=int32} : int32(2,)\n"
+                    "%3 = div(%1, %2) : int32(2,)\n"
+                    "%4 = neg(%3) : int32(2,)\n"
+                    "%5 = full() {shape=[2], value=3.0, dtype=int32} : int32(2,)\n"
+                    "%6 = neg(%5) : int32(2,)\n"
+                    "%7 = add(%0, %4) : int32(2,)\n"
+                    "return %7, %6\n",
+                    {"c1 = abs(c0)", "c2 = full()"}, {"div"});
+}
+
+TEST_CASE("pass freeze_fold: with nothing to fold the graph is unchanged; unused constants go") {
+  const std::string text = "%0 = input \"x\" : float32(2, 3)\n"
+                           "%1 = input \"w\" : float32(3, 3)\n"
+                           "%2 = matmul(%0, %1) {transpose_a=false, transpose_b=false} : float32(2, 3)\n"
+                           "return %2\n";
+  CheckFreezeGolden(text, {"w"}, text, {});
+  // Without an evaluator, constants only move behind the other inputs; one nothing reads goes.
+  std::unique_ptr<ir::Graph> g = ir::ParseGraph("%w = input \"w\" : float32(3, 3)\n"
+                                                "%unused = input \"unused\" : float32(3,)\n"
+                                                "%x = input \"x\" : float32(2, 3)\n"
+                                                "%t = transpose(%w) : float32(3, 3)\n"
+                                                "%y = matmul(%x, %t) : float32(2, 3)\n"
+                                                "return %y\n");
+  passes::FreezeResult r;
+  CHECK(passes::RunFreezeFold(g, {{7, 8, -1}, nullptr}, &r));
+  CHECK(ir::PrintGraph(*g) == "%0 = input \"x\" : float32(2, 3)\n"
+                              "%1 = input \"w\" : float32(3, 3)\n"
+                              "%2 = transpose(%1) {axes=[]} : float32(3, 3)\n"
+                              "%3 = matmul(%0, %2) {transpose_a=false, transpose_b=false} : float32(2, 3)\n"
+                              "return %3\n");
+  CHECK(r.constants == std::vector<int>{7});
+  CHECK(r.nodes_folded == 0);
 }

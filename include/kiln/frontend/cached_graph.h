@@ -13,6 +13,14 @@
 // autograd like any op (its gradient runs the graph's backward, built by the autodiff pass from
 // the traced graph, recomputing the forward), and can itself be traced.
 //
+// Freezing (hybridize(freeze=True), for inference): Finish(outputs, /*freeze=*/true) makes the
+// captured tensors constants of the graph, except those it copies into. The freeze_fold pass
+// computes every node that depends on constants alone once, at compile time, running it eagerly;
+// the graph then reads the results (and copies of the captured tensors it still reads) as
+// constant inputs. The values are a snapshot: a frozen graph does not see later updates of the
+// tensors it captured, as torch.jit.freeze; trace again to take new values. A frozen graph is
+// still differentiable in its data inputs, not in the captured tensors.
+//
 // Memory: a node's output takes its own block of the arena, or, for an elementwise op, the block
 // of an input of the same size and dtype that dies at that node (in place). CompileReport says
 // what compiling did: passes, fused groups, kernels, bytes moved, memory, time, cache hits.
@@ -20,12 +28,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kiln/frontend/tensor.h"
 #include "kiln/ir/graph.h"
+#include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln {
@@ -43,8 +53,9 @@ class TraceScope {
 
   /// A data input of the graph (a symbolic tensor).
   Tensor Input(const std::string& name, const Shape& shape, DType dtype, Device device);
-  /// Ends the trace; `outputs` may be symbolic or concrete (captured) tensors.
-  std::shared_ptr<CachedGraph> Finish(const std::vector<Tensor>& outputs);
+  /// Ends the trace; `outputs` may be symbolic or concrete (captured) tensors. `freeze`: the
+  /// captured tensors become constants (see "Freezing" above).
+  std::shared_ptr<CachedGraph> Finish(const std::vector<Tensor>& outputs, bool freeze = false);
 
   struct State;
 
@@ -78,6 +89,12 @@ struct CompileReport {
     std::string expr;              ///< the generated kernel's expression, e.g. "relu(add(in0, in1))"
     double compile_ms = 0;         ///< LLVM time of the kernel, when it was first compiled
   };
+  struct Freeze {
+    int parameters = 0;          ///< captured tensors that became constants
+    int nodes_folded = 0;        ///< nodes computed once, at compile time
+    int constants = 0;           ///< constant inputs the frozen graph reads
+    int64_t constant_bytes = 0;  ///< their bytes
+  };
   struct PlanReport {
     std::string name;              ///< "forward", "backward", "training forward", "training backward"
     bool pipeline_ran = false;     ///< false: built from an optimized graph (a backward made on first use)
@@ -92,6 +109,8 @@ struct CompileReport {
     size_t unshared_bytes = 0;     ///< the intermediates' blocks summed, as if none shared memory
     int intermediates = 0;         ///< values placed in the arena
     int in_place = 0;              ///< of those, outputs written over an input that dies there
+    /// What freeze_fold did, for a frozen graph (hybridize(freeze=True)); empty otherwise.
+    std::optional<Freeze> freeze;
     double pipeline_ms = 0, plan_ms = 0, codegen_ms = 0;  ///< plan_ms excludes codegen_ms
     /// Codegen kernel cache counters while this plan was built ("compiled", "cache hits"...).
     std::vector<std::pair<std::string, int64_t>> codegen_cache;
@@ -109,8 +128,11 @@ class CachedGraph {
   /// The traced graph: data inputs first, then the captured tensors, in that order.
   const ir::Graph& graph() const;
   int num_data_inputs() const { return num_data_; }
-  /// The concrete tensors the trace read, in the order of their graph inputs.
+  /// The concrete tensors the graph reads after its data inputs, in the order of their graph
+  /// inputs: those the trace read; for a frozen graph, those it writes, then its constants.
   const std::vector<Tensor>& captured() const { return captured_; }
+  /// Whether the captured tensors became constants (TraceScope::Finish with `freeze`).
+  bool frozen() const { return frozen_; }
   /// Number of user outputs (the graph may have more: values copied into captured tensors).
   int num_outputs() const { return num_outputs_; }
   int64_t graph_id() const { return id_; }
@@ -137,8 +159,13 @@ class CachedGraph {
  private:
   friend class trace::TraceScope;
   static int64_t Register(std::unique_ptr<ir::Graph> graph, Device device,
-                          std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1);
+                          std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1,
+                          const passes::FreezeOptions* freeze = nullptr,
+                          passes::FreezeResult* frozen = nullptr);
+  /// Registers `graph` frozen: sets id_, and captured_ to the tensors the frozen graph reads.
+  void RegisterFrozen(std::unique_ptr<ir::Graph> graph);
   int64_t id_ = -1;
+  bool frozen_ = false;
   int num_data_ = 0, num_outputs_ = 0;
   Device device_;
   std::vector<Tensor> captured_;

@@ -82,6 +82,8 @@ bool RunDCE(std::unique_ptr<ir::Graph>& g);
 /// of a fill; elementwise arithmetic through the ScalarEvaluator). Leaves the producers for DCE.
 bool RunConstantFold(std::unique_ptr<ir::Graph>& g);
 
+// freeze_fold.cc, for hybridize(freeze=True), takes options: see freeze_fold.h.
+
 /// Computes the output element of elementwise node `n` (unary, binary, cast, where) from one
 /// element per input (`in[k]` of input k's dtype, as a double), exactly as the op's kernel would;
 /// nullopt when it cannot (the kernel fails, or a double cannot hold the result exactly). The

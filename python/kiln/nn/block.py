@@ -10,7 +10,8 @@ import collections
 import json
 import os
 
-from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError, is_training as _is_training
+from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError
+from .._C import is_recording as _is_recording, is_training as _is_training
 from .. import init as _init
 from .. import sym as _sym
 from .parameter import Parameter, ParameterDict, _devices
@@ -258,26 +259,54 @@ class HybridBlock(Block):
     inputs, so training updates reach the compiled graph, and under autograd.record() gradients
     flow through it to the parameters as in eager mode.
 
+    hybridize(freeze=True) is for inference, as torch.jit.freeze: in calls outside training and
+    autograd.record(), the parameters become constants of the compiled graph, and everything
+    computed from parameters alone (w * 2, w.T, a weight's normalization) is computed once, when
+    the graph is compiled. The graph holds a snapshot: parameter updates after a graph was compiled
+    (trainer.step(), set_data, load_parameters) do not reach it; call hybridize(freeze=True) again
+    to compile with the new values. Each input signature is compiled, and so frozen, at its first
+    call. Training calls run the unfrozen graph (with a warning, once), so gradients still reach
+    the parameters. compile_report() says what was frozen and folded.
+
     export() writes the last graph traced in inference mode (tracing it again in inference mode
-    when the last trace was a training one) as NAME-symbol.json and NAME-0000.params.
+    when the last trace was a training one) as NAME-symbol.json and NAME-0000.params; for a
+    frozen block, that graph is the frozen one, whose constants are saved as 'const0', 'const1'...
     """
 
     def __init__(self):
         super().__init__()
         self._active = False
+        self._freeze = False
         self._flags = {}
         self._cache = {}
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
 
-    def hybridize(self, active=True, **kwargs):
+    def hybridize(self, active=True, freeze=False, **kwargs):
+        """Compiles the next call (see HybridBlock); freeze=True also makes the parameters
+        constants of the graphs inference calls compile from now on, with the values they have then."""
         self._active = active
+        self._freeze = bool(freeze)
         self._flags = dict(kwargs)
         self._cache = {}
-        self._retrace_reported = False
+        self._retrace_reported = self._freeze_reported = False
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
-        super().hybridize(active, **kwargs)
+        super().hybridize(active, freeze=freeze, **kwargs)
+
+    def _freezing(self):
+        """Whether this call runs a frozen graph: hybridize(freeze=True), and an inference call."""
+        if not self._freeze:
+            return False
+        if _is_training() or _is_recording():
+            if not getattr(self, "_freeze_reported", False):
+                self._freeze_reported = True  # once per hybridize(): the reason, not a stream of warnings
+                import warnings
+                warnings.warn(f"{type(self).__name__}: hybridize(freeze=True) applies to inference calls "
+                              f"only; this call is in training mode or under autograd.record(), so it runs "
+                              f"the unfrozen graph, whose gradients reach the parameters", stacklevel=4)
+            return False
+        return True
 
     def compile_report(self, as_dict=False):
         """What compiling this block did, for the compiled graph its last call ran: per plan
@@ -307,8 +336,9 @@ class HybridBlock(Block):
             return self.forward(*args, **kwargs)  # eager, inside a parent's trace, or keyword inputs
         return self._call_cached(args)
 
-    def _signature(self, args):
-        key = [_is_training()]
+    def _signature(self, args, frozen):
+        """The trace cache's key: training mode, frozen, then each argument's type (or repr)."""
+        key = [_is_training(), frozen]
         for a in args:
             if isinstance(a, _NDArray):
                 key.append((a.shape, a._dtype_name, a.device))
@@ -328,16 +358,19 @@ class HybridBlock(Block):
         if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
             self._cache = {}  # some Parameter's arrays were replaced: the graphs captured the old ones
         self._cache_generation = _parameter._generation
-        key = self._signature(args)
+        frozen = self._freezing()
+        key = self._signature(args, frozen)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._trace(args)
+            entry = self._trace(args, frozen)
             if self._cache and not getattr(self, "_retrace_reported", False):
                 self._retrace_reported = True  # once per block: the reason, not a stream of warnings
                 old = next(iter(self._cache))
-                diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[1:], key[1:])) if o != n]
+                diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[2:], key[2:])) if o != n]
                 if old[0] != key[0]:
                     diffs.append(f"training mode {old[0]} -> {key[0]}")
+                if old[1] != key[1]:
+                    diffs.append(f"frozen {old[1]} -> {key[1]}")
                 import warnings
                 warnings.warn(f"{type(self).__name__}: traced again ({len(self._cache) + 1} graphs cached) "
                               f"because the input signature changed: {'; '.join(diffs)}", stacklevel=3)
@@ -347,18 +380,19 @@ class HybridBlock(Block):
         outs = graph([a for a in args if isinstance(a, _NDArray)])
         return outs[0] if structure is None else _unflatten(outs, structure)[0]
 
-    def _trace(self, args):
+    def _trace(self, args, frozen=False):
         specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray) else a for a in args)
-        traced = self._trace_specs(specs)
+        traced = self._trace_specs(specs, freeze=frozen)
         self._last_graph = traced.graph
         self._last_trace = traced
         if not traced.training:
             self._last_inference_trace = traced
         return traced.graph, traced.structure
 
-    def _trace_specs(self, specs, input_names=None):
+    def _trace_specs(self, specs, input_names=None, freeze=False):
         """Traces forward() on symbolic inputs of the types in `specs` (non-_Spec items are passed
-        as given); the data inputs get `input_names`, or 'data' / 'data0', 'data1'..."""
+        as given); the data inputs get `input_names`, or 'data' / 'data0', 'data1'...; `freeze`
+        compiles it frozen."""
         from .. import _C
         n = sum(isinstance(a, _Spec) for a in specs)
         names = list(input_names) if input_names is not None else _data_input_names(n)
@@ -381,7 +415,7 @@ class HybridBlock(Block):
                 if not isinstance(a, _C.NDArray):
                     raise ArgumentError(f"{type(self).__name__}.forward returned {type(a).__name__}; a "
                                         f"hybridized block must return NDArrays (or lists/tuples of them)")
-            graph = scope.finish(arrays)
+            graph = scope.finish(arrays, freeze=freeze)
         return _Traced(graph, structure, names, _is_training(), specs)
 
     def export(self, path, epoch=0):
@@ -392,13 +426,17 @@ class HybridBlock(Block):
         in inference mode, so BatchNorm uses its running statistics and Dropout is off). Every
         tensor the graph reads is saved under its parameter's structural name from
         collect_params() ('0.weight'), or as 'const0', 'const1'... when it is no parameter.
-        The graph has the static input shapes it was traced with.
+        The graph has the static input shapes it was traced with. A block hybridized with
+        freeze=True exports its frozen graph: its constants (parameters and what was folded from
+        them) are saved as 'const0', 'const1'..., which SymbolBlock.imports loads with grad_req
+        'null', so the imported block is for inference, as the frozen one.
         """
         from .. import autograd
         path = os.fspath(path)
         traced = self._last_trace
         if self._active and traced is None and self._eager_specs is not None:
-            traced = self._last_trace = self._trace_specs(self._eager_specs)  # after a deferred-init call
+            # After a deferred-init call: traced as a call now would be.
+            traced = self._last_trace = self._trace_specs(self._eager_specs, freeze=self._freezing())
         if not self._active or traced is None:
             raise StateError(f"{type(self).__name__}.export('{path}'): there is no compiled graph to "
                              f"export; call hybridize() and run one batch through the block "
@@ -407,10 +445,10 @@ class HybridBlock(Block):
             traced = self._last_inference_trace
             if traced is None or traced.specs != self._last_trace.specs:
                 with autograd.predict_mode():
-                    traced = self._trace_specs(self._last_trace.specs)
+                    traced = self._trace_specs(self._last_trace.specs, freeze=self._freeze)
                 # Cached as a call would cache it, so the next inference call need not trace.
-                key = (False,) + tuple((a.shape, a.dtype, a.device) if isinstance(a, _Spec)
-                                       else ("const", repr(a)) for a in traced.specs)
+                key = (False, self._freeze) + tuple((a.shape, a.dtype, a.device) if isinstance(a, _Spec)
+                                                    else ("const", repr(a)) for a in traced.specs)
                 self._cache.setdefault(key, (traced.graph, traced.structure))
                 self._last_inference_trace = traced
         params = self.collect_params()

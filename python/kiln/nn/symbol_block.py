@@ -9,7 +9,8 @@ names, and every parameter's name, shape and dtype; each problem is a FormatErro
 differs. The parameters become Parameters under their saved names, grad_req 'write' (but 'null'
 for those exported with grad_req 'null', such as BatchNorm's running statistics, and for
 constants: the params file's metadata lists them), so the block fine-tunes with kiln.Trainer and
-exports again. A call runs the compiled graph as one engine task
+exports again. The export of a frozen block (hybridize(freeze=True)) holds only constants, so the
+block imported from it is for inference, as the frozen one was. A call runs the compiled graph as one engine task
 and is differentiable. Not here: new input shapes (an exported graph has the static shapes it was
 traced with), BatchNorm running statistics that update in training (the exported graph is the
 inference one), and exporting a hybridized block that calls a SymbolBlock.
