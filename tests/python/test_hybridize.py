@@ -280,3 +280,15 @@ def test_replaced_parameter_arrays_reach_the_compiled_graph():
     net.weight.set_data(nd.zeros((3, 4)))
     net.bias.set_data(nd.ones((3,)))
     np.testing.assert_allclose(net(x).asnumpy(), np.ones((2, 3)))
+
+
+def test_the_shape_finding_first_call_compiles_no_child_alone():
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(4, kernel_size=3, activation="relu"), nn.AvgPool2D(2, 2), nn.Flatten(), nn.Dense(3))
+    net.initialize()
+    net.hybridize()
+    x = nd.ones((2, 1, 8, 8))
+    want = net(x).asnumpy()  # eager: finds the parameters' shapes
+    np.testing.assert_allclose(net(x).asnumpy(), want, rtol=1e-5)  # compiled, as one graph
+    assert len(net._cache) == 1
+    assert all(not child._cache for child in net._children.values())

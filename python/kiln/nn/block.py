@@ -9,6 +9,7 @@ here yet: forward hooks, parameter sharing across Blocks by name.
 import collections
 import json
 import os
+import threading
 
 from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError
 from .._C import is_recording as _is_recording, is_training as _is_training
@@ -19,6 +20,11 @@ from . import serialization
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential"]
 
+
+
+# deferred: True while a hybridized block runs its first, eager call to find deferred parameter
+# shapes (per thread).
+_local = threading.local()
 
 class Block:
     """Base class of layers and models: override forward(); call the block to run it."""
@@ -332,8 +338,9 @@ class HybridBlock(Block):
         from .. import _C
         if any(isinstance(a, _sym.Symbol) for a in args):
             return _sym._apply(self, args)  # a Symbol of this block's graph (kiln.sym)
-        if not self._active or _C.tracing() or kwargs:
-            return self.forward(*args, **kwargs)  # eager, inside a parent's trace, or keyword inputs
+        if not self._active or _C.tracing() or kwargs or getattr(_local, "deferred", False):
+            # eager, inside a parent's trace, keyword inputs, or a parent's shape-finding eager call
+            return self.forward(*args, **kwargs)
         return self._call_cached(args)
 
     def _signature(self, args, frozen):
@@ -349,8 +356,13 @@ class HybridBlock(Block):
     def _call_cached(self, args):
         from .. import _C
         if not self._cache and any(p._data is None for p in self.collect_params().values()):
-            # Deferred shapes are found by one eager call; the next call (or export) traces.
-            out = self.forward(*args)
+            # Deferred shapes are found by one eager call; the next call (or export) traces. The
+            # children run eagerly too: compiling each alone would be thrown away at the next call.
+            outer, _local.deferred = getattr(_local, "deferred", False), True
+            try:
+                out = self.forward(*args)
+            finally:
+                _local.deferred = outer
             self._eager_specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray)
                                       else a for a in args)
             return out
