@@ -10,7 +10,6 @@
 
 #include "lower.h"
 
-#include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
@@ -21,7 +20,6 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
@@ -199,24 +197,6 @@ class Lowering {
   llvm::Value* end_ = nullptr;
 };
 
-/// The default O3 pipeline with the host's cost model and, when loaded, libmvec's vector math.
-void Optimize(llvm::Module& m, Jit& jit) {
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::TargetLibraryInfoImpl tlii(jit.triple);
-  if (jit.have_libmvec) tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86, jit.triple);
-  fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
-  llvm::PassBuilder pb(jit.tm.get());
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
-}
-
 }  // namespace
 
 std::string CompileObject(const Expr& e, const std::string& name, std::string* ir) {
@@ -230,14 +210,26 @@ std::string CompileObject(const Expr& e, const std::string& name, std::string* i
   llvm::raw_string_ostream verify_os(verify_msg);
   KILN_CHECK(!llvm::verifyModule(m, &verify_os)) << "codegen produced invalid IR for " << e.ToString() << ": "
                                                  << verify_os.str();
-  Optimize(m, jit);
+  OptimizeO3(m, jit.tm.get(), jit.have_libmvec);
   if (ir) {
     ir->clear();
     llvm::raw_string_ostream os(*ir);
     m.print(os, nullptr);
   }
+  return EmitHostObject(m);
+}
+
+const HostTarget& Host() {
+  static const HostTarget* host = [] {
+    Jit& jit = GetJit();
+    return new HostTarget{jit.tm.get(), jit.triple, jit.cpu, jit.features, jit.have_libmvec};
+  }();
+  return *host;
+}
+
+std::string EmitHostObject(llvm::Module& m) {
   // The same target machine LLJIT compiles with, so the object links as its own would.
-  auto object = Unwrap(llvm::orc::SimpleCompiler(*jit.tm)(m), "codegen: emitting object code");
+  auto object = Unwrap(llvm::orc::SimpleCompiler(*GetJit().tm)(m), "codegen: emitting object code");
   return std::string(object->getBuffer());
 }
 

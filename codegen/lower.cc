@@ -4,7 +4,9 @@
 // operand, comparisons yield 1.0f / 0.0f.
 #include "lower.h"
 
+#include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/Passes/PassBuilder.h>
 
 #include <string>
 #include <vector>
@@ -134,6 +136,24 @@ llvm::Value* EmitExpr(llvm::IRBuilder<>& b, llvm::Module& m, const Expr& e, Math
     }
   }
   return v[static_cast<size_t>(e.Output())];
+}
+
+void OptimizeO3(llvm::Module& m, llvm::TargetMachine* tm, bool libmvec) {
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::Triple triple(m.getTargetTriple());
+  llvm::TargetLibraryInfoImpl tlii(triple);
+  if (libmvec) tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86, triple);
+  fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
+  llvm::PassBuilder pb(tm);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
 }
 
 }  // namespace kiln::codegen::detail

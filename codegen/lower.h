@@ -5,6 +5,10 @@
 
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/TargetParser/Triple.h>
+
+#include <string>
 
 #include <vector>
 
@@ -34,5 +38,22 @@ struct InputRead {
 /// FMA, < 1 ulp from the unfused kernels). Throws UnsupportedError for a function it cannot lower.
 llvm::Value* EmitExpr(llvm::IRBuilder<>& b, llvm::Module& m, const Expr& e, MathLib lib, llvm::Value* i,
                       const std::vector<InputRead>& inputs);
+
+/// The host the process-wide LLJIT compiles for (llvm_jit.cc), created with the JIT on first use:
+/// host kernels are built for it and linked into the JIT (LoadObject).
+struct HostTarget {
+  llvm::TargetMachine* tm = nullptr;  ///< the JIT's own settings: objects link as its own would
+  llvm::Triple triple;
+  std::string cpu, features;  ///< for each function's target-cpu / target-features
+  bool have_libmvec = false;  ///< glibc's vector math is loaded: the vectorizer may call it
+};
+const HostTarget& Host();
+
+/// LLVM's default O3 pipeline over `m` with `tm`'s cost model (and the passes the target adds,
+/// e.g. NVPTX's NVVMReflect); with `libmvec`, exp/log/sin/cos/pow vectorize through libmvec.
+void OptimizeO3(llvm::Module& m, llvm::TargetMachine* tm, bool libmvec);
+
+/// The host object file (ELF) of an optimized module, ready for LoadObject.
+std::string EmitHostObject(llvm::Module& m);
 
 }  // namespace kiln::codegen::detail

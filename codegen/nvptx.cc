@@ -10,7 +10,6 @@
 #include <llvm/Linker/Linker.h>
 #include <llvm/MC/MCSubtargetInfo.h>
 #include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -139,17 +138,7 @@ std::string Compile(const Expr& e, const std::string& arch, const std::string& n
   llvm::raw_string_ostream os(msg);
   KILN_CHECK(!llvm::verifyModule(m, &os)) << "codegen produced invalid GPU IR for " << e.ToString() << ": " << msg;
 
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PassBuilder pb(tm.get());  // registers NVVMReflect and the NVPTX IR passes
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
+  detail::OptimizeO3(m, tm.get(), /*libmvec=*/false);  // the NVPTX machine adds NVVMReflect
 
   llvm::SmallString<0> ptx;
   llvm::raw_svector_ostream ptx_os(ptx);

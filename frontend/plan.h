@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/frontend/cached_graph.h"
@@ -15,6 +17,7 @@
 #include "kiln/passes/freeze_fold.h"
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
+#include "kiln/codegen/row.h"
 #endif
 
 namespace kiln {
@@ -36,18 +39,42 @@ struct Plan {
   size_t arena_bytes = 0;
   int64_t random_numel = 0;
   /// Fused groups: at the group's last node, one generated kernel over the group's inputs; the
-  /// other members are skipped (their values never exist).
+  /// other members are skipped (their values never exist, unless a row group writes them).
   struct Fused {
 #if KILN_WITH_CODEGEN
-    std::shared_ptr<codegen::CompiledKernel> kernel;
+    std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
+    std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
 #endif
     std::vector<const ir::Value*> inputs;
+    /// Row groups: the members' values the kernel writes (read outside the group, or graph
+    /// outputs), over `rows` rows of `len`. Elementwise groups write the root's output only.
+    std::vector<const ir::Value*> outputs;
+    int64_t rows = 0, len = 0;
   };
   std::vector<std::unique_ptr<Fused>> fused;   ///< per node: set at a group's root
   std::vector<bool> fused_member;              ///< per node: a non-root member of a group
   int num_fused_groups = 0, num_fused_nodes = 0;
   CompileReport::PlanReport report;            ///< what building it did
 };
+
+#if KILN_WITH_CODEGEN
+/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc).
+namespace fusion {
+/// A float32 elementwise op of the op table (unary_fn or binary_fn) with one output.
+bool Fusable(const ir::Node& n);
+/// How an operand of shape `in` is read along an output of shape `out`: {inner, outer} with
+/// element i reading in[(i / inner) % outer] (outer 0: the same shape), when its dimensions other
+/// than 1 are one contiguous block equal to the output's there (a bias); nullopt otherwise.
+std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const Shape& out);
+/// The value of a `full` constant (every element equal), if `v` is one.
+std::optional<double> ScalarConst(const ir::Value* v);
+/// Row groups (fuse_rows.cc): each float32 reduction over trailing axes with keepdims, grown by
+/// its elementwise producers and consumers (and chained reductions over the same rows) into one
+/// row kernel, set at the group's last node in `p`. Marks members in `claimed` (the elementwise
+/// groups formed afterwards leave them alone). A group that fails to compile is not formed.
+void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
+}  // namespace fusion
+#endif
 
 /// Fusion, kernel lookup and memory placement of `g` (no graph passes); `name` names the plan in
 /// the report.

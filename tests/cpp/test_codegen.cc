@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kiln/codegen/elementwise.h"
+#include "kiln/codegen/row.h"
 #include "test_util.h"
 
 namespace {
@@ -428,5 +429,233 @@ TEST_CASE("codegen disk cache: beyond KILN_CACHE_MAX_MB the least recently used 
   CHECK(fs::exists(dir / "old2.kobj"));
   CHECK(fs::exists(dir / "notes.txt"));
   fs::remove_all(dir);
+}
+// ---- row kernels (kiln/codegen/row.h) ----------------------------------------------------------
+// A reduction over each row with its elementwise producers and consumers, checked against a
+// double-precision reference: softmax and log-softmax on odd row lengths, NaN and -inf, the
+// semantics of max (NaN, -0.0) and of sum/mean over empty rows, vectorization and the cache.
+
+namespace {
+
+using kiln::codegen::CompileRow;
+using kiln::codegen::RowProgram;
+
+/// v0 = max(x); v1 = sum(exp(x - v0)); out0 = exp(x - v0) / v1 (softmax), or with `log`:
+/// v2 = log(v1) once per row, out0 = (x - v0) - v2 (log-softmax). out1 = v0 when `write_max`.
+RowProgram Softmax(bool log, bool write_max = false) {
+  RowProgram p;
+  p.inputs = {RowProgram::kElement};
+  Expr m;
+  m.Input(0);
+  int v0 = p.AddReduce(RowProgram::kMax, m);
+  Expr s;
+  s.Unary(UnaryFn::kExp, s.Sub(s.Input(0), s.Input(v0)));
+  int v1 = p.AddReduce(RowProgram::kSum, s);
+  Expr o;
+  if (log) {
+    Expr l;
+    l.Unary(UnaryFn::kLog, l.Input(v1));
+    int v2 = p.AddReduce(RowProgram::kPerRow, l);
+    o.Sub(o.Sub(o.Input(0), o.Input(v0)), o.Input(v2));
+  } else {
+    o.Div(o.Unary(UnaryFn::kExp, o.Sub(o.Input(0), o.Input(v0))), o.Input(v1));
+  }
+  p.AddOutput(o);
+  if (write_max) p.AddRowOutput(0);
+  return p;
+}
+
+/// Softmax or log-softmax of each row of x in double, NaN-propagating like the kernels.
+std::vector<double> RefSoftmax(const std::vector<float>& x, int64_t rows, int64_t len, bool log) {
+  std::vector<double> out(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x.data() + r * len;
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < len; ++j) m = (row[j] > m || row[j] != row[j] || m != m) ? (m != m ? m : row[j]) : m;
+    for (int64_t j = 0; j < len; ++j) s += std::exp(row[j] - m);
+    for (int64_t j = 0; j < len; ++j) out[r * len + j] = log ? (row[j] - m) - std::log(s) : std::exp(row[j] - m) / s;
+  }
+  return out;
+}
+
+/// Mismatches of `got` against `ref` (atol + rtol * |ref|; NaN must meet NaN), the first few reported.
+int Compare(const std::vector<float>& got, const std::vector<double>& ref, double rtol, double atol, const char* what) {
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    bool ok = std::isnan(ref[i]) ? std::isnan(got[i])
+                                  : got[i] == ref[i] || std::fabs(got[i] - ref[i]) <= atol + rtol * std::fabs(ref[i]);
+    if (!ok && ++bad <= 3) MESSAGE(std::string(what) << " at " << i << ": got " << got[i] << ", expected " << ref[i]);
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("row kernel: softmax and log-softmax on odd row lengths, split across threads") {
+  for (bool log : {false, true}) {
+    auto kernel = CompileRow(Softmax(log));
+    for (int64_t len : {1, 3, 10, 1000, 1001}) {
+      const int64_t rows = len >= 1000 ? 67 : 1003;  // several threads' worth either way
+      CAPTURE(log);
+      CAPTURE(len);
+      std::vector<float> x = Random(static_cast<size_t>(rows * len), -20, 20, static_cast<uint32_t>(len));
+      std::vector<float> out(x.size(), -12345.f);
+      const float* ins[] = {x.data()};
+      float* outs[] = {out.data()};
+      kernel->Run(ins, outs, rows, len);
+      // exp and log within a few ulp; the sum reassociated in float lanes: about len * 2^-24.
+      CHECK(Compare(out, RefSoftmax(x, rows, len, log), 2e-5, log ? 2e-5 : 1e-9, "softmax") == 0);
+    }
+  }
+}
+
+TEST_CASE("row kernel: NaN propagates through max to the whole row; -inf is an ordinary value") {
+  const int64_t rows = 4, len = 37;
+  std::vector<float> x = Random(static_cast<size_t>(rows * len), -3, 3, 5);
+  x[0 * len + 20] = NAN;                                            // row 0: NaN everywhere
+  for (int64_t j = 0; j < len; ++j) x[1 * len + j] = -INFINITY;     // row 1: all -inf: NaN (-inf - -inf)
+  x[2 * len + 3] = -INFINITY;                                       // row 2: one -inf: a zero
+  x[3 * len + 36] = INFINITY;                                       // row 3: +inf: NaN where x - m is inf - inf
+  for (bool log : {false, true}) {
+    std::vector<float> out(x.size()), m(rows);
+    const float* ins[] = {x.data()};
+    float* outs[] = {out.data(), m.data()};
+    CompileRow(Softmax(log, /*write_max=*/true))->Run(ins, outs, rows, len);
+    CHECK(Compare(out, RefSoftmax(x, rows, len, log), 1e-5, 1e-6, "softmax with NaN and inf") == 0);
+    CHECK(std::isnan(m[0]));
+    CHECK(m[1] == -INFINITY);
+    CHECK(m[3] == INFINITY);
+    CHECK(out[2 * len + 3] == (log ? -INFINITY : 0.0f));
+  }
+}
+
+TEST_CASE("row kernel: max of -0.0 is -0.0; sum of an empty row is 0 and mean NaN") {
+  RowProgram p;
+  p.inputs = {RowProgram::kElement};
+  for (auto kind : {RowProgram::kMax, RowProgram::kMin, RowProgram::kSum, RowProgram::kMean}) {
+    Expr e;
+    e.Input(0);
+    p.AddReduce(kind, e);
+  }
+  for (int v = 0; v < 4; ++v) p.AddRowOutput(v);
+  auto kernel = CompileRow(p);
+  std::vector<float> zeros(9, -0.0f), mx(3), mn(3), sum(3), mean(3);
+  const float* ins[] = {zeros.data()};
+  float* outs[] = {mx.data(), mn.data(), sum.data(), mean.data()};
+  kernel->Run(ins, outs, 3, 3);
+  CHECK(std::signbit(mx[0]));
+  CHECK(std::signbit(mn[2]));
+  CHECK(sum[1] == 0.0f);
+  kernel->Run(ins, outs, 3, 0);  // rows of length zero (only sum and mean accept them upstream)
+  CHECK(sum[0] == 0.0f);
+  CHECK(std::isnan(mean[2]));
+  std::vector<float> x = {1, 2, 3, 4, NAN, 6};
+  const float* ins2[] = {x.data()};
+  kernel->Run(ins2, outs, 2, 3);
+  CHECK(mx[0] == 3.0f);
+  CHECK(mn[0] == 1.0f);
+  CHECK(mean[0] == doctest::Approx(2.0));
+  CHECK(std::isnan(mx[1]));
+  CHECK(std::isnan(mn[1]));
+}
+
+TEST_CASE("row kernel: row, column and scalar operands; per-row steps") {
+  // out = (x * col + row) - mean(x * col + row) * s, with s = 2 per row scaled by a scalar.
+  RowProgram p;
+  p.inputs = {RowProgram::kElement, RowProgram::kColumn, RowProgram::kRow, RowProgram::kScalar};
+  auto y = [](Expr& e) { return e.Add(e.Mul(e.Input(0), e.Input(1)), e.Input(2)); };
+  Expr me;
+  y(me);
+  int v0 = p.AddReduce(RowProgram::kMean, me);
+  Expr se;
+  se.Mul(se.Input(v0), se.Input(3));
+  int v1 = p.AddReduce(RowProgram::kPerRow, se);
+  Expr o;
+  o.Sub(y(o), o.Input(v1));
+  p.AddOutput(o);
+  p.AddRowOutput(1);
+  const int64_t rows = 5, len = 11;
+  std::vector<float> x = Random(rows * len, -1, 1, 1), col = Random(len, -1, 1, 2), row = Random(rows, -1, 1, 3);
+  std::vector<float> sc = {2.0f}, out(x.size()), rv(rows);
+  const float* ins[] = {x.data(), col.data(), row.data(), sc.data()};
+  float* outs[] = {out.data(), rv.data()};
+  CompileRow(p)->Run(ins, outs, rows, len);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0;
+    for (int64_t j = 0; j < len; ++j) mean += double(x[r * len + j]) * col[j] + row[r];
+    mean /= len;
+    CHECK(rv[r] == doctest::Approx(2 * mean).epsilon(1e-5));
+    for (int64_t j = 0; j < len; ++j)
+      CHECK(out[r * len + j] == doctest::Approx(double(x[r * len + j]) * col[j] + row[r] - 2 * mean).epsilon(1e-5));
+  }
+  CHECK(p.ToString() == "v0 = mean(add(mul(in0, in1), in2)); v1 = mul(v0, in3); out0 = sub(add(mul(in0, in1), in2), v1); out1 = v1");
+}
+
+TEST_CASE("row kernel: both reductions and the output pass are vectorized; the cache answers twice") {
+  RowProgram p = Softmax(false);
+  p.steps[0].expr.Mul(0, p.steps[0].expr.Const(0.75));  // a program no other test compiles: max(x * 0.75)
+  CompileRow(p);
+  std::string ir = kiln::codegen::LastRowIR();
+  CHECK(ir.find("<8 x float>") != std::string::npos);  // AVX2 or wider
+  CHECK(ir.find("llvm.vector.reduce.fmaximum") != std::string::npos);
+  CHECK(ir.find("llvm.vector.reduce.fadd") != std::string::npos);
+  auto a = CompileRow(Softmax(false));
+  auto hits = kiln::codegen::GetRowStats().cache_hits;
+  CHECK(CompileRow(Softmax(false)) == a);
+  CHECK(kiln::codegen::GetRowStats().cache_hits == hits + 1);
+  CHECK(a->text() == "v0 = max(in0); v1 = sum(exp(sub(in0, v0))); out0 = div(exp(sub(in0, v0)), v1)");
+}
+
+TEST_CASE("row kernel: a reduction stashes its elements in an output, which reads them back") {
+  // softmax with exp(x - v0) computed once: stored into out0 by the sum's pass, divided in place.
+  RowProgram p;
+  p.inputs = {RowProgram::kElement};
+  Expr m;
+  m.Input(0);
+  int v0 = p.AddReduce(RowProgram::kMax, m);
+  Expr s;
+  s.Unary(UnaryFn::kExp, s.Sub(s.Input(0), s.Input(v0)));
+  int v1 = p.AddReduce(RowProgram::kSum, s);
+  p.steps[1].stash = 0;
+  Expr o;
+  o.Div(o.Input(v1 + 1), o.Input(v1));  // v1 + 1: the first stash (inputs + steps + output 0)
+  p.AddOutput(o);
+  Expr o2;  // a second output reading the stash too: it sees the stashed value, not out0's result
+  o2.Mul(o2.Input(v1 + 1), o2.Const(2));
+  p.AddOutput(o2);
+  CHECK(p.ToString() == "v0 = max(in0); v1 = sum(exp(sub(in0, v0))) -> out0; out0 = div(out0, v1); out1 = mul(out0, 2)");
+  auto kernel = CompileRow(p);
+  std::string ir = kiln::codegen::LastRowIR();
+  CHECK(ir.find("llvm.vector.reduce.fadd") != std::string::npos);  // the stashing pass still vectorizes
+  for (int64_t len : {1, 7, 1001}) {
+    const int64_t rows = 45;
+    std::vector<float> x = Random(static_cast<size_t>(rows * len), -10, 10, 77), out(x.size()), out2(x.size());
+    const float* ins[] = {x.data()};
+    float* outs[] = {out.data(), out2.data()};
+    kernel->Run(ins, outs, rows, len);
+    std::vector<double> ref = RefSoftmax(x, rows, len, false), ref2(ref.size());
+    CHECK(Compare(out, ref, 2e-5, 1e-9, "stashed softmax") == 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) mx = std::max<double>(mx, x[r * len + j]);
+      for (int64_t j = 0; j < len; ++j) ref2[r * len + j] = 2 * std::exp(x[r * len + j] - mx);
+    }
+    CHECK(Compare(out2, ref2, 2e-6, 0, "the stash read by another output") == 0);
+  }
+  p.steps[1].stash = 1;
+  p.steps[0].stash = 1;  // two stashes in one output
+  CHECK_THROWS_AS(CompileRow(p), kiln::codegen::UnsupportedError);
+}
+
+TEST_CASE("row kernel: a per-row step reading the row's elements is refused") {
+  RowProgram p;
+  p.inputs = {RowProgram::kElement};
+  Expr e;
+  e.Unary(UnaryFn::kExp, e.Input(0));
+  p.AddReduce(RowProgram::kPerRow, e);
+  p.AddRowOutput(0);
+  CHECK_THROWS_AS(CompileRow(p), kiln::codegen::UnsupportedError);
+  RowProgram none;
+  CHECK_THROWS_AS(CompileRow(none), kiln::codegen::UnsupportedError);
 }
 #endif  // KILN_WITH_CODEGEN
