@@ -66,6 +66,11 @@ struct Cache {
   CodegenStats stats;
   std::string last_ir;
   bool warned = false;  // the disk cache's one warning
+  // The disk cache directory's size as this process knows it: listed on the first write to a
+  // directory, then counted up by what is written, and listed again only past the bound (so N
+  // cold compiles cost N writes, not N directory listings).
+  std::string disk_dir;
+  uint64_t disk_bytes = 0;
 };
 
 Cache& GetCache() {
@@ -140,8 +145,9 @@ std::string ReadCached(const fs::path& file, const std::string& header) {
   return object;
 }
 
-/// Deletes the least recently used cache files until the directory holds at most 80% of the bound.
-void Evict(const fs::path& dir, uint64_t max_bytes) {
+/// When the directory holds more than `max_bytes` of cache files, deletes the least recently used
+/// until it holds at most 80% of that. Returns the bytes of cache files left.
+uint64_t Evict(const fs::path& dir, uint64_t max_bytes) {
   struct File {
     fs::path path;
     fs::file_time_type used;
@@ -157,12 +163,13 @@ void Evict(const fs::path& dir, uint64_t max_bytes) {
     total += f.bytes;
     files.push_back(std::move(f));
   }
-  if (total <= max_bytes) return;
+  if (total <= max_bytes) return total;
   std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.used < b.used; });
   for (const File& f : files) {
     if (total <= max_bytes / 10 * 8) break;
     if (fs::remove(f.path, ec)) total -= f.bytes;
   }
+  return total;
 }
 
 uint64_t DiskKey(const std::string& form) { return Mix(HashBytes(form), HashBytes(detail::TargetKey())); }
@@ -206,10 +213,16 @@ CompiledKernel::Fn CompileCached(Cache& cache, const Expr& e, bool* from_disk) {
     try {
       std::error_code ec;
       fs::create_directories(dir, ec);
-      ir::WriteFileAtomic(file.string(), header + "object " + std::to_string(object.size()) + " " +
-                                             Hex(HashBytes(object)) + "\n" + object);
+      std::string bytes = header + "object " + std::to_string(object.size()) + " " + Hex(HashBytes(object)) + "\n" + object;
+      ir::WriteFileAtomic(file.string(), bytes);
       ++cache.stats.disk_writes;
-      Evict(dir, static_cast<uint64_t>(std::max<int64_t>(env::GetInt("KILN_CACHE_MAX_MB"), 1)) << 20);
+      uint64_t max_bytes = static_cast<uint64_t>(std::max<int64_t>(env::GetInt("KILN_CACHE_MAX_MB"), 1)) << 20;
+      if (cache.disk_dir != dir.string()) {
+        cache.disk_dir = dir.string();
+        cache.disk_bytes = Evict(dir, max_bytes);
+      } else if ((cache.disk_bytes += bytes.size()) > max_bytes) {
+        cache.disk_bytes = Evict(dir, max_bytes);
+      }
     } catch (const Error& err) {
       WarnOnce(cache, err.what());
     }
