@@ -310,6 +310,10 @@ KILN_CONFORMANCE_CASES(nn) {
           ConvAttrList({2, 1}, {1, 0}, {1, 1}, 2), 30);
   AddConv(cs, "depthwise groups 3 kernel 2x2", {2, 3, 4, 4}, {3, 1, 2, 2},
           ConvAttrList({1, 1}, {0, 0}, {1, 1}, 3), 33);
+  AddConv(cs, "one input channel padding 1 (hand-written kernels)", {2, 1, 6, 7}, {3, 1, 3, 3},
+          ConvAttrList({1, 1}, {1, 1}, {1, 1}, 1), 36);
+  AddConv(cs, "4 input channels padding (1,0) (channels-last oneDNN)", {1, 4, 5, 6}, {3, 4, 3, 3},
+          ConvAttrList({1, 1}, {1, 0}, {1, 1}, 1), 39);
 
   using V = std::vector<int64_t>;
   AddPool(cs, false, "kernel 2", {2, 2, 4, 4}, {{"kernel", V{2, 2}}}, 41);

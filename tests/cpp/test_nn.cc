@@ -1,6 +1,7 @@
 // Tests of the neural-network ops beyond the conformance table: sizes where oneDNN takes its fast
-// paths (checked against naive double loops), the oneDNN path against the plain-loop kernels
-// for every NN kernel, the primitive cache, 16-bit dtypes, and the exact user errors.
+// paths (checked against naive double loops), the oneDNN path and the hand-written kernels
+// against the plain-loop kernels for every NN kernel, the primitive cache, 16-bit dtypes, and
+// the exact user errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,9 +10,10 @@
 #include <string>
 #include <typeinfo>
 
-#include "test_util.h"
 #include "kiln/frontend/dispatch.h"
+#include "kiln/runtime/cpu/direct_nn.h"
 #include "kiln/runtime/cpu/onednn.h"
+#include "test_util.h"
 
 using namespace kiln;
 
@@ -138,6 +140,90 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
   compare("max_pool2d_grad", ps, [&](const TensorView& out, bool fast) {
     (fast ? host::MaxPool2dGrad : host::reference::MaxPool2dGrad)(view(pdy, po), view(x, ps), out, pp);
   });
+}
+
+// The fast paths of onednn.cc beyond oneDNN on plain layouts, against the plain loops: the
+// hand-written kernels of direct_nn.h (one-input-channel convolutions, tiling average pooling)
+// and the channels-last oneDNN convolutions (four or more input channels per group), on shapes
+// with partial vectors, padding, overlapping last vectors and rows narrower than a vector.
+TEST_CASE("nn: hand-written and channels-last kernels agree with the plain-loop kernel") {
+  auto view = [](std::vector<float>& v, const Shape& s) {
+    return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
+  };
+  // Runs `fast` and `slow` into outputs of shape `out` (prefilled with garbage) and compares.
+  auto compare = [&](const std::string& what, const Shape& out,
+                     const std::function<void(const TensorView&)>& fast,
+                     const std::function<void(const TensorView&)>& slow) {
+    std::vector<float> f(out.numel(), 7.f), s(out.numel(), -7.f);
+    fast(view(f, out));
+    slow(view(s, out));
+    INFO(what);
+    CHECK(MaxError(f, std::vector<double>(s.begin(), s.end()), 1e-4, 1e-5) <= 1.0);
+  };
+  struct Conv {
+    Shape x, w;
+    int64_t stride, pad_h, pad_w, dilation, groups;
+    bool direct; // the hand-written kernels take it
+  };
+  for (const Conv& c :
+       {Conv{{3, 1, 28, 28}, {20, 1, 3, 3}, 1, 0, 0, 1, 1, true},    // LeNet's first layer
+        Conv{{2, 1, 10, 7}, {5, 1, 5, 5}, 1, 2, 2, 1, 1, true},      // rows narrower than a vector
+        Conv{{2, 1, 40, 37}, {11, 1, 3, 4}, 1, 1, 0, 1, 1, true},    // 3 vectors a row, the last overlapping
+        Conv{{1, 1, 5, 5}, {3, 1, 5, 5}, 1, 0, 0, 1, 1, true},       // one output per plane
+        Conv{{2, 1, 9, 9}, {4, 1, 3, 3}, 2, 1, 1, 1, 1, false},      // strided: oneDNN
+        Conv{{4, 20, 13, 13}, {50, 20, 5, 5}, 1, 0, 0, 1, 1, false}, // LeNet's second layer
+        Conv{{2, 12, 9, 8}, {6, 4, 3, 3}, 2, 1, 1, 1, 3, false},     // grouped channels-last
+        Conv{{2, 8, 9, 9}, {5, 8, 3, 3}, 1, 2, 1, 2, 1, false}}) {   // dilated channels-last
+    host::Conv2dParams p;
+    p.stride[0] = p.stride[1] = c.stride;
+    p.padding[0] = c.pad_h;
+    p.padding[1] = c.pad_w;
+    p.dilation[0] = p.dilation[1] = c.dilation;
+    p.groups = c.groups;
+    Shape y{c.x[0], c.w[0], 0, 0};
+    for (int i = 0; i < 2; ++i)
+      y[2 + i] = (c.x[2 + i] + 2 * p.padding[i] - c.dilation * (c.w[2 + i] - 1) - 1) / c.stride + 1;
+    std::vector<float> x = Random(c.x.numel(), 21), w = Random(c.w.numel(), 22), dy = Random(y.numel(), 23);
+    std::string label = c.x.str() + " * " + c.w.str();
+    std::vector<float> probe(y.numel());
+    CHECK(host::direct::Conv2d(view(x, c.x), view(w, c.w), view(probe, y), p) == c.direct);
+    compare(
+        "conv2d " + label, y, [&](const TensorView& o) { host::Conv2d(view(x, c.x), view(w, c.w), o, p); },
+        [&](const TensorView& o) { host::reference::Conv2d(view(x, c.x), view(w, c.w), o, p); });
+    compare(
+        "conv2d_grad_data " + label, c.x,
+        [&](const TensorView& o) { host::Conv2dGradData(view(dy, y), view(w, c.w), o, p); },
+        [&](const TensorView& o) { host::reference::Conv2dGradData(view(dy, y), view(w, c.w), o, p); });
+    compare(
+        "conv2d_grad_weight " + label, c.w,
+        [&](const TensorView& o) { host::Conv2dGradWeight(view(dy, y), view(x, c.x), o, p); },
+        [&](const TensorView& o) { host::reference::Conv2dGradWeight(view(dy, y), view(x, c.x), o, p); });
+  }
+
+  struct Pool {
+    Shape x;
+    int64_t kh, kw, sh, sw, pad;
+    bool direct;
+  };
+  for (const Pool& c : {Pool{{2, 3, 26, 26}, 2, 2, 2, 2, 0, true}, // LeNet's pooling
+                        Pool{{2, 3, 9, 9}, 2, 2, 2, 2, 0, true},   // floor mode: the last row and column drop
+                        Pool{{1, 2, 7, 10}, 3, 2, 3, 2, 0, true},  // non-square windows
+                        Pool{{1, 2, 8, 8}, 2, 2, 1, 1, 0, false},  // overlapping: oneDNN
+                        Pool{{1, 2, 8, 8}, 2, 2, 2, 2, 1, false}}) { // padded: oneDNN
+    host::Pool2dParams p;
+    p.kernel[0] = c.kh, p.kernel[1] = c.kw, p.stride[0] = c.sh, p.stride[1] = c.sw;
+    p.padding[0] = p.padding[1] = c.pad;
+    Shape y{c.x[0], c.x[1], (c.x[2] + 2 * c.pad - c.kh) / c.sh + 1, (c.x[3] + 2 * c.pad - c.kw) / c.sw + 1};
+    std::vector<float> x = Random(c.x.numel(), 24), dy = Random(y.numel(), 25), probe(y.numel());
+    std::string label = c.x.str() + " kernel " + std::to_string(c.kh) + "x" + std::to_string(c.kw);
+    CHECK(host::direct::AvgPool2d(view(x, c.x), view(probe, y), p) == c.direct);
+    compare(
+        "avg_pool2d " + label, y, [&](const TensorView& o) { host::AvgPool2d(view(x, c.x), o, p); },
+        [&](const TensorView& o) { host::reference::AvgPool2d(view(x, c.x), o, p); });
+    compare(
+        "avg_pool2d_grad " + label, c.x, [&](const TensorView& o) { host::AvgPool2dGrad(view(dy, y), o, p); },
+        [&](const TensorView& o) { host::reference::AvgPool2dGrad(view(dy, y), o, p); });
+  }
 }
 
 TEST_CASE("nn: repeated calls reuse the cached oneDNN primitive") {

@@ -1,8 +1,9 @@
 // CPU kernels of the neural-network ops: matmul, 2-D convolution and 2-D pooling on contiguous
 // row-major tensors (NCHW data, OIHW weights). float32 (and bfloat16 where this CPU has a oneDNN
-// kernel for it) run on oneDNN, whose primitives are cached by shape, attributes and dtype;
-// float64 and float16 run the plain loops of runtime/cpu/reference_nn.cc, which are also the
-// reference that tests compare against. Outputs are overwritten, never accumulated into.
+// kernel for it) run on oneDNN, whose primitives are cached by shape, attributes and dtype, or
+// on the hand-written kernels of direct_nn.h where oneDNN is slow; float64 and float16 run the
+// plain loops of runtime/cpu/reference_nn.cc, which are also the reference that tests compare
+// against. Outputs are overwritten, never accumulated into.
 // oneDNN stays behind this header: nothing here includes dnnl.
 #pragma once
 
