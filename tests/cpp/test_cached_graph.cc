@@ -294,7 +294,7 @@ TEST_CASE("compile report: with KILN_DISABLE_PASS=fusion nothing is fused and no
   CheckClose(g->Call({x})[0], FusableChain(x), 1e-4);
 }
 
-TEST_CASE("compile report: training adds its forward and backward; a backward built on use is added") {
+TEST_CASE("compile report: training adds its forward and backward, a backward built on use is added") {
   Tensor x = nd::random::normal(0, 1, {5, 8});
   Mlp net;
   auto inner = Trace([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{net(in[0])}; }, {x});
@@ -370,7 +370,7 @@ std::shared_ptr<CachedGraph> TraceFrozen(const Traced& f, const std::vector<Tens
   return scope.Finish(f(in), /*freeze=*/true);
 }
 
-TEST_CASE("freeze: parameter expressions are computed once; the graph holds a snapshot") {
+TEST_CASE("freeze: parameter expressions are computed once, the graph holds a snapshot") {
   Tensor w = nd::random::normal(0, 0.5, {16, 8}), b = nd::random::normal(0, 0.1, {16});
   Tensor w2 = nd::random::normal(0, 0.5, {4, 16}), b2 = nd::zeros({4});
   Tensor x = nd::random::normal(0, 1, {5, 8});
@@ -410,7 +410,7 @@ TEST_CASE("freeze: parameter expressions are computed once; the graph holds a sn
   CheckClose(again->Call({x})[0], f(x));
 }
 
-TEST_CASE("freeze: a tensor the graph copies into stays live; the data input still has a gradient") {
+TEST_CASE("freeze: a tensor the graph copies into stays live, the data input still has a gradient") {
   Tensor running = nd::zeros({3}), scale = Tensor::FromVector<float>({1, 2, 3}, {3});
   Tensor x = Tensor::FromVector<float>({1, 2, 3}, {3});
   auto g = TraceFrozen([&](const std::vector<Tensor>& in) {

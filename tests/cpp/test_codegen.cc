@@ -509,7 +509,7 @@ TEST_CASE("row kernel: softmax and log-softmax on odd row lengths, split across 
   }
 }
 
-TEST_CASE("row kernel: NaN propagates through max to the whole row; -inf is an ordinary value") {
+TEST_CASE("row kernel: NaN propagates through max to the whole row, -inf is an ordinary value") {
   const int64_t rows = 4, len = 37;
   std::vector<float> x = Random(static_cast<size_t>(rows * len), -3, 3, 5);
   x[0 * len + 20] = NAN;                                            // row 0: NaN everywhere
@@ -529,7 +529,7 @@ TEST_CASE("row kernel: NaN propagates through max to the whole row; -inf is an o
   }
 }
 
-TEST_CASE("row kernel: max of -0.0 is -0.0; sum of an empty row is 0 and mean NaN") {
+TEST_CASE("row kernel: max of -0.0 is -0.0, sum of an empty row is 0 and mean NaN") {
   RowProgram p;
   p.inputs = {RowProgram::kElement};
   for (auto kind : {RowProgram::kMax, RowProgram::kMin, RowProgram::kSum, RowProgram::kMean}) {
@@ -559,7 +559,7 @@ TEST_CASE("row kernel: max of -0.0 is -0.0; sum of an empty row is 0 and mean Na
   CHECK(std::isnan(mn[1]));
 }
 
-TEST_CASE("row kernel: row, column and scalar operands; per-row steps") {
+TEST_CASE("row kernel: row, column and scalar operands, per-row steps") {
   // out = (x * col + row) - mean(x * col + row) * s, with s = 2 per row scaled by a scalar.
   RowProgram p;
   p.inputs = {RowProgram::kElement, RowProgram::kColumn, RowProgram::kRow, RowProgram::kScalar};
@@ -591,7 +591,7 @@ TEST_CASE("row kernel: row, column and scalar operands; per-row steps") {
   CHECK(p.ToString() == "v0 = mean(add(mul(in0, in1), in2)); v1 = mul(v0, in3); out0 = sub(add(mul(in0, in1), in2), v1); out1 = v1");
 }
 
-TEST_CASE("row kernel: both reductions and the output pass are vectorized; the cache answers twice") {
+TEST_CASE("row kernel: both reductions and the output pass are vectorized, the cache answers twice") {
   RowProgram p = Softmax(false);
   p.steps[0].expr.Mul(0, p.steps[0].expr.Const(0.75));  // a program no other test compiles: max(x * 0.75)
   CompileRow(p);

@@ -414,7 +414,7 @@ TEST_CASE("pass freeze_fold: folds what depends on constants alone, keeps broadc
   CHECK(r.constant_bytes == (3 + 12 + 3) * 4);
 }
 
-TEST_CASE("pass freeze_fold: a node the evaluator cannot run stays; fills alone are constant_fold's") {
+TEST_CASE("pass freeze_fold: a node the evaluator cannot run stays, fills alone are constant_fold's") {
   CheckFreezeGolden("%x = input \"x\" : int32(2,)\n"
                     "%k = input \"k\" : int32(2,)\n"
                     "%z = full() {shape=[2], value=0.0, dtype=int32} : int32(2,)\n"
@@ -438,7 +438,7 @@ TEST_CASE("pass freeze_fold: a node the evaluator cannot run stays; fills alone 
                     {"c1 = abs(c0)", "c2 = full()"}, {"div"});
 }
 
-TEST_CASE("pass freeze_fold: with nothing to fold the graph is unchanged; unused constants go") {
+TEST_CASE("pass freeze_fold: with nothing to fold the graph is unchanged, unused constants go") {
   const std::string text = "%0 = input \"x\" : float32(2, 3)\n"
                            "%1 = input \"w\" : float32(3, 3)\n"
                            "%2 = matmul(%0, %1) {transpose_a=false, transpose_b=false} : float32(2, 3)\n"

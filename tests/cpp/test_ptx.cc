@@ -88,7 +88,7 @@ TEST_CASE("ptx: kernels for sm_75, sm_80 and sm_90 are PTX entries that ptxas ac
   if (ptxas.empty()) std::cout << "[kiln-skip] no ptxas (CUDA toolkit) here: PTX generated but not assembled\n";
 }
 
-TEST_CASE("ptx: an equal expression is generated once; an unknown architecture is a ValueError") {
+TEST_CASE("ptx: an equal expression is generated once, an unknown architecture is a ValueError") {
   auto a = GeneratePtx(Chain(), "sm_80");
   auto b = GeneratePtx(Chain(), "sm_80");
   CHECK(a.ptx == b.ptx);
