@@ -19,7 +19,6 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/Support/DynamicLibrary.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
@@ -206,10 +205,7 @@ std::string CompileObject(const Expr& e, const std::string& name, std::string* i
   m.setDataLayout(jit.lljit->getDataLayout());
   m.setTargetTriple(jit.triple.str());
   Lowering(m, jit).Build(e, name);
-  std::string verify_msg;
-  llvm::raw_string_ostream verify_os(verify_msg);
-  KILN_CHECK(!llvm::verifyModule(m, &verify_os)) << "codegen produced invalid IR for " << e.ToString() << ": "
-                                                 << verify_os.str();
+  CheckModule(m, e.ToString());
   OptimizeO3(m, jit.tm.get(), jit.have_libmvec);
   if (ir) {
     ir->clear();

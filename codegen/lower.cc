@@ -6,6 +6,8 @@
 
 #include <llvm/Analysis/TargetLibraryInfo.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
 #include <llvm/Passes/PassBuilder.h>
 
 #include <string>
@@ -136,6 +138,12 @@ llvm::Value* EmitExpr(llvm::IRBuilder<>& b, llvm::Module& m, const Expr& e, Math
     }
   }
   return v[static_cast<size_t>(e.Output())];
+}
+
+void CheckModule(llvm::Module& m, const std::string& what) {
+  std::string msg;
+  llvm::raw_string_ostream os(msg);
+  KILN_CHECK(!llvm::verifyModule(m, &os)) << "codegen produced invalid IR for " << what << ": " << os.str();
 }
 
 void OptimizeO3(llvm::Module& m, llvm::TargetMachine* tm, bool libmvec) {

@@ -53,6 +53,9 @@ const HostTarget& Host();
 /// e.g. NVPTX's NVVMReflect); with `libmvec`, exp/log/sin/cos/pow vectorize through libmvec.
 void OptimizeO3(llvm::Module& m, llvm::TargetMachine* tm, bool libmvec);
 
+/// Throws InternalError naming `what` (the expression or program) when `m` is not valid IR.
+void CheckModule(llvm::Module& m, const std::string& what);
+
 /// The host object file (ELF) of an optimized module, ready for LoadObject.
 std::string EmitHostObject(llvm::Module& m);
 

@@ -5,7 +5,6 @@
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LegacyPassManager.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/IRReader/IRReader.h>
 #include <llvm/Linker/Linker.h>
 #include <llvm/MC/MCSubtargetInfo.h>
@@ -134,9 +133,7 @@ std::string Compile(const Expr& e, const std::string& arch, const std::string& n
   m.addModuleFlag(llvm::Module::Override, "nvvm-reflect-ftz", uint32_t{0});
   BuildKernel(m, e, name);
   LinkLibdevice(m, name);
-  std::string msg;
-  llvm::raw_string_ostream os(msg);
-  KILN_CHECK(!llvm::verifyModule(m, &os)) << "codegen produced invalid GPU IR for " << e.ToString() << ": " << msg;
+  detail::CheckModule(m, "the GPU kernel of " + e.ToString());
 
   detail::OptimizeO3(m, tm.get(), /*libmvec=*/false);  // the NVPTX machine adds NVVMReflect
 

@@ -17,7 +17,6 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
@@ -337,10 +336,7 @@ std::shared_ptr<RowKernel> CompileRow(const RowProgram& p) {
     m.setDataLayout(host.tm->createDataLayout());
     m.setTargetTriple(host.triple.str());
     RowLowering(m, host).Build(p, name);
-    std::string verify_msg;
-    llvm::raw_string_ostream verify_os(verify_msg);
-    KILN_CHECK(!llvm::verifyModule(m, &verify_os))
-        << "codegen produced invalid IR for " << p.ToString() << ": " << verify_os.str();
+    detail::CheckModule(m, p.ToString());
     detail::OptimizeO3(m, host.tm, host.have_libmvec);
     cache.last_ir.clear();
     llvm::raw_string_ostream os(cache.last_ir);

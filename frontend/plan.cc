@@ -442,25 +442,22 @@ void RunPlan(const Plan& p, const KernelArgs& a) {
     }
   };
   std::vector<TensorView> in, out;
+  std::vector<const float*> fused_in;  // kept across nodes: one allocation per call, not per group
+  std::vector<float*> fused_out;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (!p.kernels[i]) continue;  // dead, or computed by its fused group
     const ir::Node& n = *g.nodes()[i];
 #if KILN_WITH_CODEGEN
-    if (const Plan::Fused* f = p.fused[i].get(); f && f->row_kernel) {
-      std::vector<const float*> ins;
-      std::vector<float*> outs;
-      for (const ir::Value* v : f->inputs) ins.push_back(static_cast<const float*>(view(v).data));
-      for (const ir::Value* v : f->outputs) outs.push_back(static_cast<float*>(view(v).data));
-      f->row_kernel->Run(ins.data(), outs.data(), f->rows, f->len);
-      continue;
-    }
     if (const Plan::Fused* f = p.fused[i].get()) {
-      const float* ins[16];
-      std::vector<const float*> many;
-      const float** ptrs = ins;
-      if (f->inputs.size() > 16) many.resize(f->inputs.size()), ptrs = many.data();
-      for (size_t k = 0; k < f->inputs.size(); ++k) ptrs[k] = static_cast<const float*>(view(f->inputs[k]).data);
-      f->kernel->Run(ptrs, static_cast<float*>(view(n.output()).data), n.output()->shape().numel());
+      fused_in.clear();
+      for (const ir::Value* v : f->inputs) fused_in.push_back(static_cast<const float*>(view(v).data));
+      if (f->row_kernel) {
+        fused_out.clear();
+        for (const ir::Value* v : f->outputs) fused_out.push_back(static_cast<float*>(view(v).data));
+        f->row_kernel->Run(fused_in.data(), fused_out.data(), f->rows, f->len);
+      } else {
+        f->kernel->Run(fused_in.data(), static_cast<float*>(view(n.output()).data), n.output()->shape().numel());
+      }
       continue;
     }
 #endif
