@@ -7,6 +7,7 @@
 #include "kiln/frontend/autograd.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "kiln/frontend/dispatch.h"
 #include "kiln/passes/autodiff.h"
@@ -18,13 +19,23 @@ struct Tape {
   ir::Graph graph;
   std::unordered_map<const ir::Value*, Tensor> data;  // detached views: no autograd meta
   std::vector<std::pair<const ir::Value*, std::weak_ptr<TensorImpl>>> leaves;
-  bool freed = false;
+  /// Values whose data a backward without retain_graph released. A tape can hold several
+  /// disjoint computations (one loss per device, each with its own backward): each backward frees
+  /// only what its heads were computed from.
+  std::unordered_set<const ir::Value*> freed;
 };
+
+namespace {
+const char* kFreedMessage =
+    "backward: the graph of this computation was already freed by an earlier backward; pass "
+    "retain_graph=True to the first backward to run it twice";
+}  // namespace
 
 struct AutogradMeta {
   // Leaf state.
   GradReq req = GradReq::kNull;
   Tensor grad;
+  bool fresh = false;  // a backward wrote `grad` since the last SetGradFresh(false)
   // Where this tensor lives on a tape (for leaves: the tape that last used it).
   std::shared_ptr<Tape> tape;
   ir::Value* value = nullptr;
@@ -121,9 +132,6 @@ namespace {
 std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads,
                                   const std::vector<ir::Value*>& xs, const std::shared_ptr<Tape>& tape,
                                   bool retain_graph) {
-  if (tape->freed)
-    KILN_THROW(StateError) << "backward: the graph of this computation was already freed by an earlier "
-                              "backward; pass retain_graph=True to the first backward to run it twice";
   PauseScope pause(IsTraining());
   ir::Graph& g = tape->graph;
   ir::Graph::Mark mark = g.GetMark();
@@ -165,28 +173,74 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     KILN_CHECK(jt != tape->data.end()) << "value %" << v->id() << " has no data on the tape";
     return jt->second;
   };
-  Device dev = heads[0].device();
   // Only the gradient nodes the requested gradients depend on run (not, e.g., the gradient of a
   // convolution's data input).
   std::vector<ir::Value*> roots;
   for (ir::Value* gv : grads)
     if (gv) roots.push_back(gv);
   std::vector<bool> live = passes::LiveNodes(g, roots);
+  for (size_t i = mark_nodes; i < g.nodes().size(); ++i)
+    if (live[i])
+      for (ir::Value* v : g.nodes()[i]->inputs())
+        if (tape->freed.count(v)) KILN_THROW(StateError) << kFreedMessage;
+  // A node without inputs (a constant fill) has no device of its own: heads on several devices
+  // (one loss per device in data-parallel training) share one backward. It runs when first read,
+  // on the device of the node that reads it, once per device.
+  std::unordered_map<const ir::Value*, std::vector<Tensor>> per_device;
+  auto constant = [&](const ir::Value* v, Device d) -> const Tensor& {
+    std::vector<Tensor>& made = per_device[v];
+    for (const Tensor& t : made)
+      if (t.device() == d) return t;
+    const ir::Node& c = *v->node();
+    made.push_back(Invoke(c.op(), {}, c.attrs(), d)[static_cast<size_t>(v->index())]);
+    return made.back();
+  };
+  auto deferred = [&](const ir::Value* v) {
+    return !local.count(v) && !tape->data.count(v) && v->node() && v->node()->inputs().empty();
+  };
   for (size_t i = mark_nodes; i < g.nodes().size(); ++i) {
     if (!live[i]) continue;
     const ir::Node& n = *g.nodes()[i];
+    if (n.inputs().empty()) continue;  // a constant: made where it is read
+    std::optional<Device> dev;
+    for (ir::Value* v : n.inputs())
+      if (!deferred(v)) dev = dev ? dev : std::optional<Device>(lookup(v).device());
     std::vector<Tensor> in;
-    for (ir::Value* v : n.inputs()) in.push_back(lookup(v));
-    std::vector<Tensor> out = Invoke(n.op(), in, n.attrs(), in.empty() ? std::optional<Device>(dev) : std::nullopt);
+    for (ir::Value* v : n.inputs())
+      in.push_back(deferred(v) ? constant(v, dev.value_or(heads[0].device())) : lookup(v));
+    std::vector<Tensor> out = Invoke(n.op(), in, n.attrs(), std::nullopt);
     for (size_t k = 0; k < out.size(); ++k) local.emplace(n.output(static_cast<int>(k)), out[k]);
   }
   std::vector<Tensor> result;
-  for (ir::Value* gv : grads) result.push_back(gv ? lookup(gv) : Tensor());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    ir::Value* gv = grads[i];
+    if (gv && deferred(gv)) {  // a constant gradient: made on its variable's device
+      auto x = tape->data.find(xs[i]);
+      result.push_back(constant(gv, x != tape->data.end() ? x->second.device() : heads[0].device()));
+    } else {
+      result.push_back(gv ? lookup(gv) : Tensor());
+    }
+  }
   if (!retain_graph) {
-    tape->freed = true;
-    tape->data.clear();
-    // Recording goes on in a fresh tape if this one belongs to a still-open record scope.
-    if (tls_tape == tape) tls_tape = std::make_shared<Tape>();
+    // Release what the heads were computed from (graph inputs included); other computations on
+    // this tape keep theirs.
+    std::vector<bool> forward = passes::LiveNodes(g, ys);
+    auto release = [&](const ir::Value* v) {
+      tape->data.erase(v);
+      tape->freed.insert(v);
+    };
+    bool all = true;
+    for (size_t i = 0; i < mark_nodes; ++i) {
+      if (!forward[i]) {
+        all = false;
+        continue;
+      }
+      const ir::Node& n = *g.nodes()[i];
+      for (ir::Value* v : n.inputs()) release(v);
+      for (ir::Value* v : n.outputs()) release(v);
+    }
+    // Recording goes on in a fresh tape if this one is spent and belongs to a still-open scope.
+    if (all && tls_tape == tape) tls_tape = std::make_shared<Tape>();
   }
   return result;
 }
@@ -213,10 +267,20 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
   std::shared_ptr<Tape> tape = HeadsTape(heads);
   std::vector<ir::Value*> xs;
   std::vector<std::shared_ptr<TensorImpl>> leaves;
-  // Every leaf this tape used, even if a later record scope has since used it too (its meta then
-  // points at that tape, but this tape's value for it is still `v`).
+  // Every leaf the heads were computed from, even if a later record scope has since used it too
+  // (its meta then points at that tape, but this tape's value for it is still `v`). Leaves of
+  // other computations on the tape (another device's loss) are left alone.
+  std::unordered_set<const ir::Value*> used;
+  {
+    std::vector<ir::Value*> ys;
+    for (const Tensor& h : heads) ys.push_back(h.impl()->autograd->value);
+    std::vector<bool> live = passes::LiveNodes(tape->graph, ys);
+    for (size_t i = 0; i < live.size(); ++i)
+      if (live[i])
+        for (ir::Value* v : tape->graph.nodes()[i]->inputs()) used.insert(v);
+  }
   for (auto& [v, w] : tape->leaves)
-    if (auto impl = w.lock(); impl && impl->autograd && impl->autograd->req != GradReq::kNull) {
+    if (auto impl = w.lock(); impl && impl->autograd && impl->autograd->req != GradReq::kNull && used.count(v)) {
       xs.push_back(const_cast<ir::Value*>(v));
       leaves.push_back(impl);
     }
@@ -232,6 +296,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       }
       continue;
     }
+    m.fresh = true;
     if (m.req == GradReq::kWrite) {
       g.CopyTo(m.grad);
     } else {
@@ -240,6 +305,17 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       InvokeInto(ir::FindOp("add"), gs, {}, outs);
     }
   }
+}
+
+bool GradFresh(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->fresh; }
+
+void SetGradFresh(const Tensor& t, bool fresh) {
+  AutogradMeta* m = t.impl()->autograd.get();
+  if (!m || m->req == GradReq::kNull) {
+    if (!fresh) return;
+    KILN_THROW(StateError) << "this array has no gradient buffer to mark as written; call attach_grad() first";
+  }
+  m->fresh = fresh;
 }
 
 std::vector<Tensor> Grad(const std::vector<Tensor>& heads, const std::vector<Tensor>& variables,

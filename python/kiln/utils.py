@@ -111,8 +111,10 @@ def _to_device(x, device):
 def split_data(data, num_slice, batch_axis=0, even_split=True):
     """Splits `data` (NDArray or NumPy) into `num_slice` slices along `batch_axis` (gluon.utils.split_data).
 
-    With even_split, the size along batch_axis must be a multiple of num_slice; otherwise the
-    first slices get one sample more.
+    With even_split, the size along batch_axis must be a multiple of num_slice. Otherwise, as in
+    Gluon, every slice has size // num_slice samples and the last one also takes the remainder;
+    with fewer samples than slices there is one slice per sample (so split_and_load then feeds
+    only the first devices).
     """
     size = data.shape[batch_axis]
     if num_slice < 1:
@@ -121,14 +123,12 @@ def split_data(data, num_slice, batch_axis=0, even_split=True):
         raise ValueError(f"split_data: data with shape {tuple(data.shape)} cannot be split evenly into "
                          f"{num_slice} slices along axis {batch_axis}; use a batch size that is a multiple of "
                          f"{num_slice} or pass even_split=False")
+    if size == 0:
+        raise ValueError(f"split_data: no samples along axis {batch_axis} to split")
     if size < num_slice:
-        raise ValueError(f"split_data: {size} samples along axis {batch_axis} are too few for {num_slice} slices")
-    step, extra = divmod(size, num_slice)
-    bounds, begin = [], 0
-    for i in range(num_slice):
-        end = begin + step + (1 if i < extra else 0)
-        bounds.append((begin, end))
-        begin = end
+        num_slice = size
+    step = size // num_slice
+    bounds = [(i * step, (i + 1) * step if i < num_slice - 1 else size) for i in range(num_slice)]
     if num_slice == 1:
         return [data]
     index = [slice(None)] * batch_axis

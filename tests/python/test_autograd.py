@@ -165,3 +165,25 @@ def test_composite_gradient_matches_finite_differences(name):
         y = f(x)
     y.backward()
     np.testing.assert_allclose(x.grad.asnumpy(), _fd_grad(f, a), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_separate_backward_per_device_loss():
+    # d2l's multi-device training records one loss per device in one scope, then calls backward
+    # on each: every backward frees only its own computation and writes only its own leaves.
+    devices = [kiln.cpu(0), kiln.cpu(1)]
+    ws = [nd.array(np.array([1.0, 2.0, 3.0], np.float32), device=d) for d in devices]
+    for w in ws:
+        w.attach_grad()
+    with autograd.record():
+        losses = [((w * (i + 2)) ** 2).sum() for i, w in enumerate(ws)]  # relu-free; constants per device
+        hidden = [nd.relu(w - 1.5).sum() for w in ws]
+    for l in losses:
+        l.backward()
+    np.testing.assert_allclose(ws[0].grad.asnumpy(), 2 * 4 * np.array([1, 2, 3]))
+    np.testing.assert_allclose(ws[1].grad.asnumpy(), 2 * 9 * np.array([1, 2, 3]))
+    assert ws[0]._fresh_grad and ws[1]._fresh_grad
+    with pytest.raises(kiln.StateError, match="already freed"):
+        losses[0].backward()
+    hidden[1].backward()  # still whole: only the losses' graphs were freed
+    np.testing.assert_allclose(ws[1].grad.asnumpy(), [0, 1, 1])
+    np.testing.assert_allclose(ws[0].grad.asnumpy(), 2 * 4 * np.array([1, 2, 3]))  # untouched

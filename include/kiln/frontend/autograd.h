@@ -47,6 +47,12 @@ bool SetTraining(bool training);
 void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads = {},
               bool retain_graph = false);
 
+/// True once a backward has written a gradient into `t`'s gradient buffer (a path led from the
+/// heads to `t`), until cleared with SetGradFresh(t, false); the Trainer uses it to name parameters
+/// that got no gradient. False for tensors without a gradient buffer (SetGradFresh then throws).
+bool GradFresh(const Tensor& t);
+void SetGradFresh(const Tensor& t, bool fresh);
+
 /// Gradients of `heads` with respect to `variables`, returned instead of written to .grad.
 std::vector<Tensor> Grad(const std::vector<Tensor>& heads, const std::vector<Tensor>& variables,
                          const std::vector<Tensor>& head_grads = {}, bool retain_graph = false);

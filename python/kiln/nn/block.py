@@ -375,9 +375,14 @@ class HybridBlock(Block):
         entry = self._cache.get(key)
         if entry is None:
             entry = self._trace(args, frozen)
-            if self._cache and not getattr(self, "_retrace_reported", False):
+            # One graph per device is expected (data parallelism): only a change on the same
+            # devices is worth a warning.
+            def devices(k):
+                return tuple(a[2] for a in k[2:] if a[0] != "const")
+            same = [k for k in self._cache if devices(k) == devices(key)]
+            if same and not getattr(self, "_retrace_reported", False):
                 self._retrace_reported = True  # once per block: the reason, not a stream of warnings
-                old = next(iter(self._cache))
+                old = same[0]
                 diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[2:], key[2:])) if o != n]
                 if old[0] != key[0]:
                     diffs.append(f"training mode {old[0]} -> {key[0]}")
