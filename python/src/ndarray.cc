@@ -267,6 +267,10 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
         Tensor g = t.grad();
         return g.defined() ? pyb::cast(g) : pyb::none();
       })
+      .def_property("_fresh_grad", [](const Tensor& t) { return autograd::GradFresh(t); },
+                    [](const Tensor& t, bool fresh) { autograd::SetGradFresh(t, fresh); },
+                    "True once a backward wrote this array's gradient, until a Trainer step consumes it "
+                    "(code that writes .grad itself may set it, as in Gluon).")
       .def_property_readonly("grad_req", [](const Tensor& t) {
         switch (t.grad_req()) {
           case GradReq::kWrite: return "write";
