@@ -657,14 +657,17 @@ class ThreadedEngine final : public EngineBase {
   WorkerPool* Pool(const Device& d, StreamKind s) {
     int dev = d.index;
     KILN_CHECK(dev >= 0 && dev < kMaxDevices) << "device index " << dev;
-    int stream = d.is_cpu() ? 0 : static_cast<int>(s);
+    // CPU devices have a compute pool and a one-thread comm pool (made on the first kComm task):
+    // a collective streams every device's memory for a while; on the compute worker it would wait
+    // behind the device's kernels and hold up the next ones, on its own thread it runs beside them.
+    int stream = d.is_cpu() ? (s == StreamKind::kComm ? 3 : 0) : static_cast<int>(s);
     size_t slot = (static_cast<size_t>(d.type) * kMaxDevices + dev) * 4 + stream;
     WorkerPool* p = pools_[slot].load(std::memory_order_acquire);
     if (p) return p;
     std::lock_guard<std::mutex> g(pool_mu_);
     p = pools_[slot].load();
     if (!p) {
-      p = new WorkerPool(d.is_cpu() ? cpu_workers_ : 1, d, static_cast<StreamKind>(stream),
+      p = new WorkerPool(d.is_cpu() && stream == 0 ? cpu_workers_ : 1, d, static_cast<StreamKind>(stream),
                          [this](Task* t) { Finish(t, true); });
       pools_[slot].store(p, std::memory_order_release);
     }

@@ -36,8 +36,9 @@ namespace kiln::engine {
 /// An engine variable: the unit of dependency tracking (one per Storage). Opaque.
 class Var;
 
-/// Which queue of a device runs the task. CPU devices have one kind of worker; on GPUs each
-/// kind is its own CUDA stream.
+/// Which queue of a device runs the task. On CPU devices kComm tasks (collectives) run on a
+/// one-thread pool of their own, so communication never waits behind busy compute workers; the
+/// other kinds share the compute workers. On GPUs each kind is its own CUDA stream.
 enum class StreamKind : uint8_t { kCompute = 0, kCopyH2D = 1, kCopyD2H = 2, kComm = 3 };
 
 struct TaskOptions {
