@@ -31,10 +31,11 @@ test-python: build
 
 test: test-cpp test-python
 
-# Trains the d2l.ai LeNet on Fashion-MNIST, hybridized, on the best device here; saves the curve as
-# lenet.png/svg, exports lenet-symbol.json + lenet-0000.params and checks them from C++ (no Python).
+# Trains the d2l.ai LeNet on Fashion-MNIST, hybridized, on every device here (all GPUs, else two CPU
+# devices), the batch split over them; saves the curve as lenet.png/svg, exports
+# lenet-symbol.json + lenet-0000.params and checks them from C++ (no Python).
 demo: build
-	@PYTHONPATH=$(BUILD)/python MPLBACKEND=Agg $(PYTHON) examples/python/lenet_fashion_mnist.py --device auto \
+	@PYTHONPATH=$(BUILD)/python MPLBACKEND=Agg $(PYTHON) examples/python/lenet_fashion_mnist.py --device all \
 	  --hybridize --plot lenet --export lenet
 	@$(BUILD)/examples/example_deploy_lenet lenet
 

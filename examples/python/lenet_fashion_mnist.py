@@ -10,7 +10,7 @@ The story:
   4. report loss, train and test accuracy, time and throughput per epoch (a table, or JSON
      lines with --json), and optionally plot the curves (--plot PREFIX -> PREFIX.png/.svg).
 
-Run: python3 examples/python/lenet_fashion_mnist.py [--small] [--device auto] [--plot lenet]
+Run: python3 examples/python/lenet_fashion_mnist.py [--small] [--device auto|all] [--plot lenet]
 """
 import argparse
 import json
@@ -36,6 +36,8 @@ def lenet():
 
 
 def pick_devices(name, num_gpus):
+    if name == "all":  # every GPU; without one, two CPU devices (data parallelism on the CPU)
+        return kiln.gpus() or [kiln.cpu(0), kiln.cpu(1)]
     if name == "cpu" or (name == "auto" and kiln.num_gpus() == 0):
         return [kiln.cpu()]
     if kiln.num_gpus() == 0:
@@ -52,7 +54,8 @@ def main():
     p.add_argument("--test-limit", type=int, default=None, help="test on the first N images (default: all 10000)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="auto")
+    p.add_argument("--device", choices=("cpu", "gpu", "auto", "all"), default="auto",
+                   help="auto: one GPU, else the CPU; all: every GPU, else cpu(0) and cpu(1)")
     p.add_argument("--num-gpus", type=int, default=1, help="with a GPU device: split each batch over this many GPUs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="CI: 2000 train / 1000 test images, 1 epoch")

@@ -36,6 +36,7 @@ class Param:
     def set_grad(self, g, device=0):
         nd.array(np.asarray(g, dtype=np.float32), device=self._data[device].device).copyto(
             self._data[device].grad)
+        self._data[device]._fresh_grad = True  # written by hand, not by backward (as in Gluon)
 
 
 SHAPES = [(4, 3), (3,), (1,), (2, 2, 5)]
@@ -163,6 +164,7 @@ def test_learning_rate_setter_takes_effect():
     trainer.step(1)
     trainer.set_learning_rate(0.25)
     assert trainer.learning_rate == 0.25
+    p.set_grad(np.ones(3))
     trainer.step(1)
     np.testing.assert_allclose(p.data().asnumpy(), 1 - 0.5 - 0.25)
 
@@ -195,14 +197,19 @@ def test_null_grad_req_untouched():
 def test_one_engine_task_per_step_per_device():
     params = [Param(f"p{i}", np.ones(s)) for i, s in enumerate(SHAPES * 5)]
     trainer = kiln.Trainer(params, optim.SGD(learning_rate=0.1, momentum=0.9))
+    def mark():  # gradients written by hand count as fresh, as after a backward
+        for p in params:
+            p.data()._fresh_grad = True
     for p in params:
         p.set_grad(np.ones(p.data().shape))
     trainer.step(1)  # creates the momentum states
     for opt in (optim.Adam(), optim.AdamW()):
         t2 = kiln.Trainer(params, opt)
+        mark()
         t2.step(1)
     kiln.waitall()
     for t in (trainer, t2):
+        mark()
         before = _C.engine_stats()["pushed"]
         t.step(2)
         assert _C.engine_stats()["pushed"] - before == 1
@@ -220,6 +227,7 @@ def test_several_devices_allreduce_and_one_task_each():
     assert _C.engine_stats()["pushed"] - before == 2
     np.testing.assert_allclose(p.list_data()[0].asnumpy(), -0.5)
     np.testing.assert_allclose(p.list_data()[1].asnumpy(), -1.0)
+    p.set_grad(np.ones(4), 0), p.set_grad(2 * np.ones(4), 1)  # a step consumes its gradients
     trainer.step(2)  # summed gradients (3) on both
     np.testing.assert_allclose(p.list_data()[0].asnumpy(), -0.5 - 1.5)
     np.testing.assert_allclose(p.list_data()[1].asnumpy(), -1.0 - 1.5)
