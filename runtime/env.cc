@@ -29,6 +29,8 @@ constexpr Switch kSwitches[] = {
     {"KILN_VERIFY", "0", "1: run the graph verifier around every pass"},
     {"KILN_PROFILE", "0", "1: record engine task timings"},
     {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
+    {"KILN_BUCKET_MB", "25", "megabytes of gradients the Trainer sums across devices in one collective"},
+    {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };
 
 }  // namespace
