@@ -23,6 +23,7 @@ struct Tape {
   /// disjoint computations (one loss per device, each with its own backward): each backward frees
   /// only what its heads were computed from.
   std::unordered_set<const ir::Value*> freed;
+  std::unordered_set<const ir::Node*> spent;  // nodes whose saved values were released
 };
 
 namespace {
@@ -161,6 +162,11 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     dys.push_back(dv);
     seeds.emplace_back(dv, hg);
   }
+  if (!tape->spent.empty()) {  // a backward already ran through (part of) this computation
+    std::vector<bool> from = passes::LiveNodes(g, ys);
+    for (size_t i = 0; i < mark_nodes; ++i)
+      if (from[i] && tape->spent.count(g.nodes()[i].get())) KILN_THROW(StateError) << kFreedMessage;
+  }
   std::vector<ir::Value*> grads = passes::BuildGradients(g, ys, dys, xs);
 
   // Evaluate the appended nodes in order.
@@ -222,22 +228,26 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     }
   }
   if (!retain_graph) {
-    // Release what the heads were computed from (graph inputs included); other computations on
-    // this tape keep theirs.
+    // Release the values saved by the nodes the heads were computed from, except those that
+    // other recorded computations on this tape also come from (two losses sharing a hidden
+    // layer): a later backward from those must still find them. Graph inputs (leaves, data) stay.
     std::vector<bool> forward = passes::LiveNodes(g, ys);
-    auto release = [&](const ir::Value* v) {
-      tape->data.erase(v);
-      tape->freed.insert(v);
-    };
+    std::vector<ir::Value*> others;
+    for (size_t i = 0; i < mark_nodes; ++i)
+      if (!forward[i])
+        for (ir::Value* v : g.nodes()[i]->outputs()) others.push_back(v);
+    std::vector<bool> shared = passes::LiveNodes(g, others);
     bool all = true;
     for (size_t i = 0; i < mark_nodes; ++i) {
-      if (!forward[i]) {
+      if (!forward[i] || shared[i]) {
         all = false;
         continue;
       }
-      const ir::Node& n = *g.nodes()[i];
-      for (ir::Value* v : n.inputs()) release(v);
-      for (ir::Value* v : n.outputs()) release(v);
+      tape->spent.insert(g.nodes()[i].get());
+      for (ir::Value* v : g.nodes()[i]->outputs()) {
+        tape->data.erase(v);
+        tape->freed.insert(v);
+      }
     }
     // Recording goes on in a fresh tape if this one is spent and belongs to a still-open scope.
     if (all && tls_tape == tape) tls_tape = std::make_shared<Tape>();
@@ -288,6 +298,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
   for (size_t i = 0; i < leaves.size(); ++i) {
     AutogradMeta& m = *leaves[i]->autograd;
     Tensor g = grads[i];
+    m.fresh = true;  // the heads used it: its gradient is written (zero where nothing flows back)
     if (!g.defined()) {
       if (m.req == GradReq::kWrite) {
         Tensor outs[1] = {m.grad};
@@ -296,7 +307,6 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       }
       continue;
     }
-    m.fresh = true;
     if (m.req == GradReq::kWrite) {
       g.CopyTo(m.grad);
     } else {

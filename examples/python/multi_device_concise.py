@@ -78,7 +78,8 @@ def main():
     to_tensor = transforms.ToTensor()
     train = FashionMNIST(args.root, train=True, limit=args.limit).transform_first(to_tensor)
     test = FashionMNIST(args.root, train=False, limit=args.limit).transform_first(to_tensor)
-    shard = Subset(train, range(rank, len(train), size))  # this process's share of the data
+    # This process's share of the data; every share equally long, so all take the same steps.
+    shard = Subset(train, range(rank, len(train) // size * size, size))
     train_iter = DataLoader(shard, args.batch_size, shuffle=True, seed=rank, last_batch="discard")
     test_iter = DataLoader(test, args.batch_size)
 
@@ -96,7 +97,8 @@ def main():
     for epoch in range(1, args.epochs + 1):
         start, samples = time.perf_counter(), 0
         for X, y in train_iter:
-            Xs, ys = kiln.split_and_load(X, devices), kiln.split_and_load(y, devices)
+            Xs = kiln.split_and_load(X, devices, even_split=False)
+            ys = kiln.split_and_load(y, devices, even_split=False)
             with autograd.record():
                 ls = [loss(net(x), t) for x, t in zip(Xs, ys)]
             for l in ls:

@@ -60,7 +60,8 @@ def allreduce(data):
 # 4. One slice of the batch per device.
 def split_batch(X, y, devices):
     assert X.shape[0] == y.shape[0]
-    return kiln.split_and_load(X, devices), kiln.split_and_load(y, devices)
+    return (kiln.split_and_load(X, devices, even_split=False),
+            kiln.split_and_load(y, devices, even_split=False))
 
 
 def sgd(params, lr, batch_size):
@@ -78,7 +79,9 @@ def train_batch(X, y, device_params, devices, lr):
         l.backward()
     with autograd.pause():
         for i in range(len(device_params[0])):
-            allreduce([device_params[c][i].grad for c in range(len(devices))])
+            allreduce([device_params[c][i].grad for c in range(len(X_shards))])
+            for c in range(len(X_shards), len(devices)):  # a device without samples (tiny batch)
+                device_params[0][i].grad.copyto(device_params[c][i].grad)
     for param in device_params:  # the same update on every device
         sgd(param, lr, X.shape[0])
 

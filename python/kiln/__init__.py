@@ -42,7 +42,7 @@ def _lazy(name):
 
 def __getattr__(name):
     # Submodules that pull in more (nn, data, utils...) load on first use.
-    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon", "sym"):
+    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon", "sym", "kvstore", "distributed"):
         return _lazy(name)
     if name == "Trainer":
         return _lazy("trainer").Trainer

@@ -49,6 +49,11 @@ def _is_array(x):
     return isinstance(x, _C.NDArray)
 
 
+def _same(a, b):
+    """The same array (views handed out again, e.g. by Parameter.list_grad(), count)."""
+    return a is b or (a._shares_storage(b) and tuple(a.shape) == tuple(b.shape))
+
+
 class KVStore:
     """A store of arrays under int or str keys, summed over devices (and processes for dist)."""
 
@@ -61,7 +66,6 @@ class KVStore:
         self._optimizer = None
         self._states = {}    # key -> optimizer state tuple
         self._index = {}     # key -> optimizer index
-        self._checked = set()  # schedules already compared across processes
         if self._dist:
             from . import distributed
             distributed.init()
@@ -132,9 +136,9 @@ class KVStore:
                 stored.copyto(o)
 
     def pushpull(self, key, value, out=None, priority=0):
-        """push then pull in one step. Without an optimizer the sum is written straight into
-        `out` (into `value` itself when out is None) without touching the store: the path of the
-        Trainer's gradient allreduce."""
+        """push then pull in one step: the stored value becomes the sum, and so does `out` (or
+        `value` itself when out is None). Without an optimizer, values summed in place take one
+        collective for all keys together."""
         if self._optimizer is not None:
             self.push(key, value, priority)
             self.pull(key, value if out is None else out, priority)
@@ -145,15 +149,17 @@ class KVStore:
             raise ValueError(f"KVStore.pushpull: {len(pairs)} keys but {len(outs)} outputs")
         inplace = []
         for (k, vals), os_ in zip(pairs, outs):
-            if k in self._store:
-                self._check_like(k, self._store[k], vals, "pushpull")
+            stored = self._stored(k, "pushpull")
+            self._check_like(k, stored, vals, "pushpull")
+            self._check_like(k, stored, os_, "pushpull")
             if len(os_) != len(vals) and len(os_) != 1:
                 raise ValueError(f"KVStore.pushpull: key {k!r} has {len(vals)} values but {len(os_)} "
                                  "outputs; pass one output per value, or one")
-            if len(os_) == len(vals) and all(o is v for o, v in zip(os_, vals)):
+            if len(os_) == len(vals) and all(_same(o, v) for o, v in zip(os_, vals)):
                 inplace.append((k, vals))
             else:
-                total = self._sum(k, vals, vals[0].device)
+                total = self._sum(k, vals, stored.device)
+                total.copyto(stored)
                 for o in os_:
                     total.copyto(o)
         if inplace:
@@ -162,19 +168,22 @@ class KVStore:
                 raise ValueError("KVStore.pushpull: keys pushed together must have values on the same "
                                  "number of devices")
             self.allreduce_groups([[v[d] for _, v in inplace] for d in range(ndev)], [k for k, _ in inplace])
+            for k, vals in inplace:
+                vals[0].copyto(self._store[k])
 
-    def allreduce_groups(self, groups, names=None):
+    def allreduce_groups(self, groups, names=None, check=True):
         """Sums in place: groups[d] is the list of arrays of device d (the same shapes on every
-        device). Over the devices as one collective, then over the processes for dist kinds."""
+        device). Over the devices as one collective, then over the processes for dist kinds.
+        With `check`, processes first compare what they are about to sum (names, shapes, dtypes)
+        and fail with the difference instead of hanging; the Trainer checks each new plan once."""
         if len(groups) > 1:
             _C.allreduce(groups, "sum")
         if self._dist and self.num_workers > 1:
             from . import distributed
             names = list(names) if names is not None else list(range(len(groups[0])))
-            entries = tuple((str(n), tuple(a.shape), a._dtype_name) for n, a in zip(names, groups[0]))
-            if entries not in self._checked:  # ranks must reduce the same arrays in the same order
-                distributed.check_schedule(list(entries))
-                self._checked.add(entries)
+            if check:  # ranks must reduce the same arrays in the same order
+                distributed.check_schedule([(str(n), tuple(a.shape), a._dtype_name)
+                                            for n, a in zip(names, groups[0])])
             distributed.allreduce(groups[0], "sum")
             if len(groups) > 1:
                 _C.broadcast(groups, 0)

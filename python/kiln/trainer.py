@@ -9,7 +9,8 @@
 With several devices (net.initialize(device=[...])) or several processes (kiln.distributed under
 mpirun), step() first sums every gradient over the devices and processes, through a KVStore
 (`kvstore=`, 'device' by default, 'dist_sync' automatically once kiln.distributed runs with more
-than one process). The gradients are grouped into buckets of about `bucket_mb` megabytes
+than one process; unlike Gluon, None sums over the devices too, since the copies of a parameter
+must stay equal). Across processes, the first step first gives every process rank 0's parameters. The gradients are grouped into buckets of about `bucket_mb` megabytes
 (KILN_BUCKET_MB, default 25) in reverse order of the parameters, which is the order backward
 produces them; each bucket is one collective, queued on the engine at once, so it starts the
 moment the backward tasks writing its gradients finish and overlaps the rest of the backward.
@@ -84,8 +85,13 @@ class Trainer:
         if not bucket_mb > 0:
             raise ValueError(f"Trainer: bucket_mb must be positive, got {bucket_mb}")
         self._bucket_bytes = int(bucket_mb * (1 << 20))
+        from . import kvstore as _kvstore
+        if not (kvstore is None or isinstance(kvstore, _kvstore.KVStore) or kvstore in _kvstore._KINDS):
+            raise ValueError(f"Trainer: kvstore must be None, a KVStore or one of "
+                             f"{', '.join(map(repr, _kvstore._KINDS))}; got {kvstore!r}")
         self._kvstore_arg = kvstore
         self._kv = None
+        self._synced = False  # parameters taken from rank 0 (several processes)
         self._buckets = None  # (signature, [[parameter index, ...], ...])
 
     # ---- learning rate ----
@@ -122,14 +128,31 @@ class Trainer:
         device, one bucket of gradients per collective (nothing to do on one device and one
         process)."""
         trainable = self._trainable()
-        self._check_fresh(trainable, ignore_stale_grad)
         kv = self._store(trainable)
+        self._check_fresh(trainable, ignore_stale_grad, kv)
         if kv is None:
             return
+        if kv.num_workers > 1 and not self._synced:
+            self._sync_parameters(kv)
         grads = [p.list_grad() for _, p in trainable]
-        for bucket in self._bucket_plan(trainable, grads):
+        buckets, new = self._bucket_plan(trainable, grads)
+        for bucket in buckets:
             groups = [[grads[j][d] for j in bucket] for d in range(len(grads[bucket[0]]))]
-            kv.allreduce_groups(groups, [self._names[trainable[j][0]] for j in bucket])
+            # Processes compare the whole plan once (bucket by bucket) when it is new.
+            kv.allreduce_groups(groups, [self._names[trainable[j][0]] for j in bucket], check=new)
+
+    def _sync_parameters(self, kv):
+        """Before the first update across processes, every process takes rank 0's parameters (as
+        Gluon's kvstore init does), and every device of a process its first device's."""
+        from . import distributed
+        params = list(self._params)
+        firsts = [p.list_data()[0] for p in params]
+        if firsts:
+            distributed.broadcast(firsts, root=0)
+            ndev = len(params[0].list_data())
+            if ndev > 1 and all(len(p.list_data()) == ndev for p in params):
+                _C.broadcast([[p.list_data()[d] for p in params] for d in range(ndev)], 0)
+        self._synced = True
 
     def _store(self, trainable):
         if self._kv is not None:
@@ -137,14 +160,18 @@ class Trainer:
         ndev = max((len(p.list_data()) for _, p in trainable), default=1)
         arg = self._kvstore_arg
         from . import kvstore as _kvstore
-        if isinstance(arg, _kvstore.KVStore):
-            self._kv = arg
-            return arg
         dist = False
         import sys
         if "kiln.distributed" in sys.modules:  # only when the user started it
             d = sys.modules["kiln.distributed"]
             dist = d.is_initialized() and d.size() > 1
+        if isinstance(arg, _kvstore.KVStore):
+            if dist and not arg.type.startswith("dist"):
+                raise ValueError(f"Trainer: kiln.distributed runs {sys.modules['kiln.distributed'].size()} "
+                                 f"processes but the kvstore given is {arg.type!r}, which sums within this "
+                                 "process only; pass kvstore='dist_sync' (or the default)")
+            self._kv = arg
+            return arg
         if ndev < 2 and not dist and not (isinstance(arg, str) and arg.startswith("dist")):
             return None  # nothing to sum
         kind = arg if isinstance(arg, str) else "device"
@@ -154,19 +181,21 @@ class Trainer:
         return self._kv
 
     def _bucket_plan(self, trainable, grads):
-        """Buckets of indices into `trainable`, last parameters first, each about bucket_mb."""
+        """Buckets of indices into `trainable`, last parameters first, each about bucket_mb and of
+        one dtype; and whether the plan is new."""
         sig = tuple((i, tuple(g[0].shape), g[0]._dtype_name, len(g)) for (i, _), g in zip(trainable, grads))
         if self._buckets is not None and self._buckets[0] == sig:
-            return self._buckets[1]
-        for (_, p), g in zip(trainable, grads):
+            return self._buckets[1], False
+        for (i, p), g in zip(trainable, grads):
             if len(g) != len(grads[0]):
-                raise ValueError(f"Trainer: parameter '{p.name}' lives on {len(g)} devices but "
-                                 f"'{trainable[0][1].name}' on {len(grads[0])}; initialize every "
+                raise ValueError(f"Trainer: parameter '{self._names[i]}' lives on {len(g)} devices but "
+                                 f"'{self._names[trainable[0][0]]}' on {len(grads[0])}; initialize every "
                                  "parameter on the same devices")
         buckets, current, size = [], [], 0
         for j in reversed(range(len(trainable))):
-            nbytes = grads[j][0].size * _itemsize(grads[j][0])
-            if current and size + nbytes > self._bucket_bytes:
+            g = grads[j][0]
+            nbytes = g.size * _itemsize(g)
+            if current and (size + nbytes > self._bucket_bytes or g._dtype_name != grads[current[0]][0]._dtype_name):
                 buckets.append(current)
                 current, size = [], 0
             current.append(j)
@@ -174,51 +203,62 @@ class Trainer:
         if current:
             buckets.append(current)
         self._buckets = (sig, buckets)
-        return buckets
+        return buckets, True
 
-    def _check_fresh(self, trainable, ignore_stale_grad):
-        if ignore_stale_grad:
-            return
-        stale = []
+    def _check_fresh(self, trainable, ignore_stale_grad, kv=None):
+        """Raises for parameters that got no gradient on any device since the last step (or,
+        with ignore_stale_grad, returns their indices: they are not updated). A device that got
+        no gradient while others did (an uneven last batch split over more devices than samples)
+        counts as a zero gradient."""
+        stale, names = set(), []
+        from . import nd
         for i, p in trainable:
             datas = p.list_data()
             fresh = [w._fresh_grad for w in datas]
+            if all(fresh):
+                continue
             if not any(fresh):
-                stale.append(f"'{self._names[i]}'")
-            elif not all(fresh):
-                # A device that got no samples (an uneven last batch split over more devices than
-                # samples) adds nothing to the sum.
-                grads = p.list_grad()
-                from . import nd
-                for w, g, f in zip(datas, grads, fresh):
-                    if not f:
-                        if p.grad_req == "write":  # 'add' keeps what it accumulated
-                            nd.zeros(g.shape, g._dtype_name, g.device).copyto(g)
-                        w._fresh_grad = True
-        if stale:
+                stale.add(i)
+                names.append(f"'{self._names[i]}'")
+                continue
+            for w, g, f in zip(datas, p.list_grad(), fresh):
+                if not f:
+                    if p.grad_req == "write":  # 'add' keeps what it accumulated
+                        nd.zeros(g.shape, g._dtype_name, g.device).copyto(g)
+                    w._fresh_grad = True
+        if names and not ignore_stale_grad:
             raise _C.StateError(
-                "Trainer.step: no gradient was computed for " + ", ".join(stale[:8]) +
-                (f" and {len(stale) - 8} more" if len(stale) > 8 else "") +
+                "Trainer.step: no gradient was computed for " + ", ".join(names[:8]) +
+                (f" and {len(names) - 8} more" if len(names) > 8 else "") +
                 " since the last step: call backward() on a loss that uses them first; if they "
                 "take no part in this loss, set their grad_req='null' or pass ignore_stale_grad=True")
+        if stale and kv is not None and kv.num_workers > 1:
+            # Across processes every rank must update alike: a stale gradient counts as zero.
+            for i, p in trainable:
+                if i in stale:
+                    for w, g in zip(p.list_data(), p.list_grad()):
+                        if p.grad_req == "write":
+                            nd.zeros(g.shape, g._dtype_name, g.device).copyto(g)
+                        w._fresh_grad = True
+            stale = set()
+        return stale
 
     def update(self, batch_size, ignore_stale_grad=False):
         """Updates the parameters from their gradients (without allreduce_grads), scaling the
-        gradients by 1/batch_size: one fused optimizer call per device."""
+        gradients by 1/batch_size: one fused optimizer call per device (and dtype)."""
         if batch_size <= 0:
             raise ValueError(f"Trainer.step: batch_size must be positive, got {batch_size}")
         opt = self._optimizer
         opt.rescale_grad = self._scale / batch_size
-        self._check_fresh(self._trainable(), ignore_stale_grad)
-        per_device = {}  # device -> (indices, weights, grads, states), in first-seen order
+        stale = self._check_fresh(self._trainable(), ignore_stale_grad, self._kv)
+        per_device = {}  # (device, dtype) -> (indices, weights, grads, states), in first-seen order
         indices = []
         for i, p in self._trainable():
             datas, grads = p.list_data(), p.list_grad()
-            fresh = [w._fresh_grad for w in datas]
             for w in datas:
                 w._fresh_grad = False
-            if ignore_stale_grad and not all(fresh):
-                continue  # no gradient since the last step: left as it is
+            if i in stale:
+                continue  # ignore_stale_grad: no gradient since the last step, left as it is
             if len(datas) != len(grads):
                 raise ValueError(f"Trainer: parameter '{p.name}' has {len(datas)} data arrays but "
                                  f"{len(grads)} gradients")
@@ -227,7 +267,7 @@ class Trainer:
                 key = (i, w.device)
                 if key not in self._states:
                     self._states[key] = tuple(opt.create_state(i, w))
-                group = per_device.setdefault(w.device, ([], [], [], []))
+                group = per_device.setdefault((w.device, w._dtype_name), ([], [], [], []))
                 group[0].append(i), group[1].append(w), group[2].append(g)
                 group[3].append(self._states[key])
         if not indices:

@@ -112,9 +112,9 @@ def split_data(data, num_slice, batch_axis=0, even_split=True):
     """Splits `data` (NDArray or NumPy) into `num_slice` slices along `batch_axis` (gluon.utils.split_data).
 
     With even_split, the size along batch_axis must be a multiple of num_slice. Otherwise, as in
-    Gluon, every slice has size // num_slice samples and the last one also takes the remainder;
-    with fewer samples than slices there is one slice per sample (so split_and_load then feeds
-    only the first devices).
+    Gluon 2, the first size % num_slice slices get one sample more; with fewer samples than
+    slices there is one slice per sample (no empty slices: split_and_load then feeds only the
+    first devices, and the Trainer counts the others' gradients as zero).
     """
     size = data.shape[batch_axis]
     if num_slice < 1:
@@ -127,8 +127,12 @@ def split_data(data, num_slice, batch_axis=0, even_split=True):
         raise ValueError(f"split_data: no samples along axis {batch_axis} to split")
     if size < num_slice:
         num_slice = size
-    step = size // num_slice
-    bounds = [(i * step, (i + 1) * step if i < num_slice - 1 else size) for i in range(num_slice)]
+    step, extra = divmod(size, num_slice)
+    bounds, begin = [], 0
+    for i in range(num_slice):
+        end = begin + step + (1 if i < extra else 0)
+        bounds.append((begin, end))
+        begin = end
     if num_slice == 1:
         return [data]
     index = [slice(None)] * batch_axis

@@ -176,7 +176,7 @@ def test_separate_backward_per_device_loss():
         w.attach_grad()
     with autograd.record():
         losses = [((w * (i + 2)) ** 2).sum() for i, w in enumerate(ws)]  # relu-free; constants per device
-        hidden = [nd.relu(w - 1.5).sum() for w in ws]
+        hidden = [(nd.relu(w - 1.5) * w).sum() for w in ws]
     for l in losses:
         l.backward()
     np.testing.assert_allclose(ws[0].grad.asnumpy(), 2 * 4 * np.array([1, 2, 3]))
@@ -184,6 +184,35 @@ def test_separate_backward_per_device_loss():
     assert ws[0]._fresh_grad and ws[1]._fresh_grad
     with pytest.raises(kiln.StateError, match="already freed"):
         losses[0].backward()
-    hidden[1].backward()  # still whole: only the losses' graphs were freed
-    np.testing.assert_allclose(ws[1].grad.asnumpy(), [0, 1, 1])
+    hidden[1].backward()  # still whole: only the losses' graphs were freed, the leaves stay
+    np.testing.assert_allclose(ws[1].grad.asnumpy(), [0, 2 * 2 - 1.5, 2 * 3 - 1.5])
     np.testing.assert_allclose(ws[0].grad.asnumpy(), 2 * 4 * np.array([1, 2, 3]))  # untouched
+
+
+def test_two_losses_sharing_a_hidden_value_backward_one_after_the_other():
+    w = nd.array(np.array([1.0, -2.0, 3.0], np.float32))
+    w.attach_grad(grad_req="add")
+    x = nd.array(np.array([2.0, 2.0, 2.0], np.float32))
+    with autograd.record():
+        h = nd.relu(w * x)
+        l1 = (h * 3).sum()
+        l2 = (h * h).sum()
+        l3 = (w * w).sum()
+    l1.backward()
+    l2.backward()  # h and what it came from are shared with l1: still there
+    l3.backward()
+    hx = np.maximum(np.array([1.0, -2.0, 3.0]) * 2, 0)
+    expected = (hx > 0) * 2 * 3 + (hx > 0) * 2 * 2 * hx + 2 * np.array([1.0, -2.0, 3.0])
+    np.testing.assert_allclose(w.grad.asnumpy(), expected, rtol=1e-6)
+    with pytest.raises(kiln.StateError, match="already freed"):
+        l2.backward()
+
+
+def test_backward_marks_every_used_leaf_fresh():
+    a, b = nd.ones(3), nd.ones(3)
+    a.attach_grad(), b.attach_grad()
+    with autograd.record():
+        l = (a * 2).sum() + nd.stop_gradient(b).sum()
+    l.backward()
+    assert a._fresh_grad and b._fresh_grad  # b took part, its gradient is zero
+    np.testing.assert_array_equal(b.grad.asnumpy(), 0)

@@ -18,7 +18,8 @@ def _mlp(hybridize):
     return net
 
 
-def _train(devices, steps, hybridize, batch=10, bucket_mb=None, even_split=False, opt=("sgd", {"learning_rate": 0.1, "momentum": 0.9})):
+def _train(devices, steps, hybridize, batch=10, bucket_mb=None, even_split=False,
+           opt=("sgd", {"learning_rate": 0.1, "momentum": 0.9}), ignore_stale_grad=False):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((steps, batch, 5)).astype(np.float32)
     y = rng.integers(0, 3, (steps, batch)).astype(np.float32)
@@ -33,7 +34,7 @@ def _train(devices, steps, hybridize, batch=10, bucket_mb=None, even_split=False
         with autograd.record():
             ls = [loss(net(a), b) for a, b in zip(Xs, ys)]
         autograd.backward(ls)
-        trainer.step(batch)
+        trainer.step(batch, ignore_stale_grad=ignore_stale_grad)
     return net, trainer
 
 
@@ -45,7 +46,7 @@ def _weights(net, copy=0):
 @pytest.mark.parametrize("ndev", [2, 3])
 def test_same_parameters_as_one_device_on_the_whole_batch(hybridize, ndev):
     one, _ = _train([kiln.cpu(0)], 4, hybridize)
-    many, _ = _train(DEVICES[:ndev], 4, hybridize)  # 10 samples over 3 devices: 3, 3, 4
+    many, _ = _train(DEVICES[:ndev], 4, hybridize)  # 10 samples over 3 devices: 4, 3, 3
     for a, b in zip(_weights(one), _weights(many)):
         np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6)
     for c in range(1, ndev):  # the copies are bit-identical: the same sums, the same update
@@ -105,8 +106,10 @@ def test_stale_parameter_is_named_and_ignore_stale_grad_skips_it():
                                               r"no gradient was computed for .*unused"):
         trainer.step(4)
     before = net.unused.weight.data().asnumpy()
+    used_before = net.used.weight.data().asnumpy()
     trainer.step(4, ignore_stale_grad=True)
     np.testing.assert_array_equal(net.unused.weight.data().asnumpy(), before)
+    assert not np.array_equal(net.used.weight.data().asnumpy(), used_before)  # the others did update
     with pytest.raises(kiln.StateError, match="no gradient was computed"):
         trainer.step(4)  # the step consumed the gradients: a second step without backward is stale
 
@@ -121,6 +124,41 @@ def test_fewer_samples_than_devices():
         np.testing.assert_array_equal(a, b)
 
 
+def test_fewer_samples_than_devices_with_ignore_stale_grad():
+    # the device without samples counts as a zero gradient, ignore_stale_grad or not
+    one, _ = _train([kiln.cpu(0)], 2, False, batch=1)
+    two, _ = _train(DEVICES[:2], 2, False, batch=1, ignore_stale_grad=True)
+    for a, b in zip(_weights(one), _weights(two)):
+        np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6)
+    for a, b in zip(_weights(two), _weights(two, 1)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mixed_dtypes_get_separate_buckets():
+    w32 = nn.Parameter("w32", shape=(3,), dtype="float32", init=kiln.init.Constant(1.0))
+    w64 = nn.Parameter("w64", shape=(3,), dtype="float64", init=kiln.init.Constant(1.0))
+    for p in (w32, w64):
+        p.initialize(device=DEVICES[:2])
+    trainer = kiln.Trainer([w32, w64], "sgd", {"learning_rate": 1.0}, bucket_mb=100)
+    with autograd.record():
+        ls = [(w32.data(d) * (i + 1)).sum() + (w64.data(d) * (i + 1)).sum().astype("float32")
+              for i, d in enumerate(DEVICES[:2])]
+    autograd.backward(ls)
+    trainer.step(1)
+    assert [len(b) for b in trainer._buckets[1]] == [1, 1]
+    for p in (w32, w64):
+        for w in p.list_data():
+            np.testing.assert_allclose(w.asnumpy(), 1 - 3.0)
+
+
+def test_kvstore_and_distributed_import_lazily():
+    import subprocess
+    import sys
+    code = "import kiln; print(kiln.kvstore.create('device').type, kiln.distributed.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["device", "kiln.distributed"]
+
+
 def test_trainer_arguments():
     net = _mlp(False)
     net.initialize()
@@ -130,6 +168,8 @@ def test_trainer_arguments():
         kiln.Trainer(net.collect_params(), "sgd", bucket_mb=0)
     with pytest.raises(ValueError, match="unknown kind"):
         kiln.kvstore.create("dist_async")
+    with pytest.raises(ValueError, match="kvstore must be None, a KVStore or one of"):
+        kiln.Trainer(net.collect_params(), "sgd", kvstore="bogus")
 
 
 def test_trainer_with_a_kvstore_instance_and_local():
@@ -173,6 +213,27 @@ def test_kvstore_push_pull_sums_over_devices():
     kv.pushpull("a", src, out=dst)
     np.testing.assert_array_equal(dst[1].asnumpy(), [2, 2])
     np.testing.assert_array_equal(src[1].asnumpy(), [1, 1])
+    # pushpull stores the sum, as push does
+    out = nd.zeros(2)
+    kv.pull("a", out=out)
+    np.testing.assert_array_equal(out.asnumpy(), [2, 2])
+    with pytest.raises(ValueError, match="never initialized"):
+        kv.pushpull(99, [nd.ones(2)])
+
+
+def test_kvstore_pushpull_in_place_on_views_is_one_collective():
+    net = nn.Dense(3, in_units=4)
+    net.initialize(device=DEVICES[:2])
+    kv = kiln.kvstore.create("device")
+    kv.init(0, net.weight.data())
+    with autograd.record():
+        ls = [net(nd.ones((2, 4), device=d)).sum() for d in DEVICES[:2]]
+    autograd.backward(ls)
+    kiln.waitall()
+    before = _C.engine_stats()["pushed"]
+    kv.pushpull(0, net.weight.list_grad(), out=net.weight.list_grad())  # fresh wrappers each call
+    assert _C.engine_stats()["pushed"] - before == 2  # the collective, and the copy into the store
+    np.testing.assert_allclose(net.weight.list_grad()[1].asnumpy(), 4.0)
 
 
 def test_kvstore_local_keeps_the_value_on_the_cpu_and_updates_with_an_optimizer():
@@ -208,5 +269,5 @@ def test_kvstore_errors():
 
 def test_split_and_load_uneven_as_gluon():
     parts = kiln.split_and_load(np.arange(10, dtype=np.float32), DEVICES, even_split=False)
-    assert [p.shape[0] for p in parts] == [3, 3, 4]
+    assert [p.shape[0] for p in parts] == [4, 3, 3]
     assert [p.device for p in parts] == DEVICES
