@@ -46,6 +46,8 @@ def __getattr__(name):
         return _lazy(name)
     if name == "Trainer":
         return _lazy("trainer").Trainer
+    if name == "DistributedError":
+        return _lazy("distributed").DistributedError
     if name == "split_and_load":
         return _lazy("utils").split_and_load
     raise AttributeError(f"module 'kiln' has no attribute '{name}'")
