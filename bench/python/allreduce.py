@@ -3,6 +3,9 @@
 Cases, for float32 buffers of 1 KB to 256 MB (--quick: 1 KB, 64 KB, 4 MB):
   inproc_cpu2:  kiln._C.allreduce over cpu(0), cpu(1) in one process (skipped, with a note, when
                 this build of kiln._C has no in-process allreduce);
+  copy:         one copy of the same buffer between the two devices: the machine's copy bandwidth
+                in the same run (the allreduce reads two buffers and writes two);
+  inproc_gpuN:  with two or more GPUs, NCCL among them, with the bus bandwidth beside it;
   kiln_2proc:   kiln.distributed.allreduce between 2 processes (mpirun --oversubscribe -np 2);
   mpi_2proc:    MPI_Allreduce called directly (ctypes on libmpi) in the same 2 processes, on the
                 same buffer (shared with the NDArray through DLPack): the reference.
@@ -60,6 +63,7 @@ def inproc(sizes, repeat):
         print("# allreduce: this kiln._C has no in-process allreduce; inproc_cpu2 cases skipped",
               file=sys.stderr, flush=True)
         return
+    gpus = kiln.gpus()
     for nbytes in sizes:
         n = nbytes // 4
         a = nd.array(np.ones(n, dtype=np.float32), device=kiln.cpu(0))
@@ -70,6 +74,22 @@ def inproc(sizes, repeat):
             kiln.waitall()
         t = timed(step, calls_for(nbytes), repeat)
         emit("inproc_cpu2", "GB_per_s", nbytes / t / 1e9, "GB/s", bytes=nbytes)
+
+        def copy():  # the reference: one copy of the buffer on the same machine, same run
+            a.copyto(b)
+            kiln.waitall()
+        t = timed(copy, calls_for(nbytes), repeat)
+        emit("copy", "GB_per_s", nbytes / t / 1e9, "GB/s", bytes=nbytes)
+        if len(gpus) >= 2:  # NCCL among the GPUs; bus bandwidth as nccl-tests reports it
+            xs = [nd.array(np.ones(n, dtype=np.float32), device=g) for g in gpus]
+
+            def gpu_step():
+                kiln._C.allreduce([[x] for x in xs], op="sum")
+                kiln.waitall()
+            t = timed(gpu_step, calls_for(nbytes), repeat)
+            k = len(gpus)
+            emit(f"inproc_gpu{k}", "GB_per_s", nbytes / t / 1e9, "GB/s", bytes=nbytes,
+                 bus_GB_per_s=round(nbytes / t / 1e9 * 2 * (k - 1) / k, 4))
 
 
 class DirectMPI:
