@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/cached_graph.h"
@@ -138,8 +139,55 @@ std::span<const Tensor> KernelInputs(const KernelBinding& kb, std::span<const Te
   return scratch;
 }
 
+// Views of the tensors a task touches and references to their storages, built on the pushing
+// thread: the worker does not chase TensorImpls this thread just wrote, and the tensors themselves
+// die where they were made. Up to kInline tensors live in the block itself.
+class TaskTensors {
+ public:
+  static constexpr size_t kInline = 3;
+  void Add(const Tensor& t) {
+    if (views_.empty() && n_ < kInline) {
+      new (&inline_views_[n_]) TensorView(t.View());  // built in place (TensorView is trivial)
+      inline_keep_[n_] = t.storage();
+    } else {
+      if (views_.empty()) views_.assign(inline_views_, inline_views_ + n_);
+      views_.push_back(t.View()), keep_.push_back(t.storage());
+    }
+    ++n_;
+  }
+  std::span<const TensorView> All() const {
+    if (views_.empty()) return {inline_views_, n_};
+    return views_;
+  }
+
+ private:
+  size_t n_ = 0;
+  TensorView inline_views_[kInline];
+  StoragePtr inline_keep_[kInline];
+  std::vector<TensorView> views_;  // all views, when more than kInline
+  std::vector<StoragePtr> keep_;
+};
+
+// Everything the kernel needs, in one block. It is the task's function object itself, moved into
+// std::function's one allocation: no separate shared block whose count each copy would bump.
+struct KernelTask {
+  KernelFn fn;
+  const ir::OpDef* op;
+  ir::Attrs attrs;
+  Device device;
+  uint64_t seed, offset;
+  size_t n_in;
+  TaskTensors tensors;
+  void operator()() const {
+    std::span<const TensorView> all = tensors.All();
+    fn(KernelArgs{*op, all.first(n_in), all.subspan(n_in), attrs, device, seed, offset});
+  }
+};
+
+// Queues the kernel of `def` on `inputs` writing `outputs` (tensors by pointer: the small-op path
+// holds no Tensor copies).
 void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir::Attrs& attrs,
-          std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+          std::span<const Tensor* const> inputs, std::span<const Tensor* const> outputs) {
   engine::Var* small[16];
   std::vector<engine::Var*> big;
   engine::Var** vars = small;
@@ -148,13 +196,13 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     vars = big.data();
   }
   size_t bytes = 0, in_bytes = 0, n = 0;
-  for (const Tensor& t : inputs) {
-    vars[n++] = t.storage()->var();
-    in_bytes += static_cast<size_t>(t.numel()) * DTypeSize(t.dtype());
+  for (const Tensor* t : inputs) {
+    vars[n++] = t->storage()->var();
+    in_bytes += static_cast<size_t>(t->numel()) * DTypeSize(t->dtype());
   }
-  for (const Tensor& t : outputs) {
-    vars[n++] = t.storage()->var();
-    bytes += t.storage()->nbytes();
+  for (const Tensor* t : outputs) {
+    vars[n++] = t->storage()->var();
+    bytes += t->storage()->nbytes();
   }
   std::span<engine::Var* const> reads(vars, inputs.size()), writes(vars + inputs.size(), outputs.size());
   uint64_t seed = 0, offset = 0;
@@ -162,7 +210,7 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     int64_t n = 0;
     if (def.random_numel) n = def.random_numel(attrs);
     else
-      for (const Tensor& t : outputs) n += t.numel();
+      for (const Tensor* t : outputs) n += t->numel();
     seed = g_seed.load();
     offset = g_offset.fetch_add(static_cast<uint64_t>((n + 3) / 4 * 4));
   }
@@ -172,49 +220,27 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   opts.call_site = tls_call_site;
   opts.bytes = bytes;
   opts.may_run_inline = device.is_cpu() && in_bytes + bytes <= InlineLimit().load(std::memory_order_relaxed);
-  // Everything the kernel needs travels in one block built here, on the pushing thread: the
-  // views (so the worker does not chase TensorImpls this thread just wrote) and references to
-  // the storages (so tensors themselves die where they were made). The closure is a single
-  // pointer and fits std::function's inline buffer.
-  // Up to kInline tensors live in the block itself (one allocation per op).
-  constexpr size_t kInline = 3;
-  struct Closure {
-    KernelFn fn;
-    const ir::OpDef* op;
-    ir::Attrs attrs;
-    Device device;
-    uint64_t seed, offset;
-    size_t n_in, n = 0;
-    TensorView inline_views[kInline];
-    StoragePtr inline_keep[kInline];
-    std::vector<TensorView> views;  // all views, when more than kInline
-    std::vector<StoragePtr> keep;
-    void Add(const Tensor& t) {
-      if (views.empty() && n < kInline) {
-        inline_views[n] = t.View(), inline_keep[n] = t.storage();
-      } else {
-        if (views.empty()) views.assign(inline_views, inline_views + n);
-        views.push_back(t.View()), keep.push_back(t.storage());
-      }
-      ++n;
-    }
-    std::span<const TensorView> All() const {
-      return views.empty() ? std::span<const TensorView>(inline_views, n) : std::span<const TensorView>(views);
-    }
+  auto make = [&] {
+    KernelTask k{kb.fn, &def, attrs, device, seed, offset, inputs.size(), {}};
+    for (const Tensor* t : inputs) k.tensors.Add(*t);
+    for (const Tensor* t : outputs) k.tensors.Add(*t);
+    return k;
   };
-  auto c = std::make_shared<Closure>();
-  c->fn = kb.fn, c->op = &def, c->attrs = attrs, c->device = device, c->seed = seed, c->offset = offset;
-  c->n_in = inputs.size();
-  for (const Tensor& t : inputs) c->Add(t);
-  for (const Tensor& t : outputs) c->Add(t);
-  engine::Engine::Get().Push(
-      [c] {
-        std::span<const TensorView> all = c->All();
-        c->fn(KernelArgs{*c->op, all.first(c->n_in), all.subspan(c->n_in), c->attrs, c->device, c->seed,
-                         c->offset});
-      },
-      reads, writes, opts);
+  engine::Engine::Get().Push(std::function<void()>(make()), reads, writes, opts);
 }
+
+// Pointers to the tensors of a span (the general path's inputs and outputs).
+struct TensorPtrs {
+  explicit TensorPtrs(std::span<const Tensor> ts) {
+    if (ts.size() > 8) big.resize(ts.size());
+    const Tensor** p = ts.size() > 8 ? big.data() : small;
+    for (size_t i = 0; i < ts.size(); ++i) p[i] = &ts[i];
+    span = {p, ts.size()};
+  }
+  const Tensor* small[8];
+  std::vector<const Tensor*> big;
+  std::span<const Tensor* const> span;
+};
 
 const KernelBinding& FindKernel(const ir::OpDef& def, Device device) {
   const KernelBinding* kb = KernelTable::Get().Find(def.id, device.type);
@@ -225,11 +251,108 @@ const KernelBinding& FindKernel(const ir::OpDef& def, Device device) {
   return *kb;
 }
 
+// ---- the small-op path -----------------------------------------------------------------------
+// Most eager calls from Python are elementwise ops without attributes on operands of one shape,
+// dtype and device (a + b, x * y, relu(x), x * 2 with the scalar as a 0-d tensor). Their output has
+// the inputs' shape (a 0-d operand of a broadcasting op broadcasts to it) and a dtype that depends
+// on the input dtype alone, so the dtype is learned from the op's own inference the first time
+// (op, dtype) goes through the general path with equal shapes, and read from a table afterwards:
+// no inference call, no vectors, no Tensor copies. Everything else (other broadcasting, mixed
+// dtypes or devices, attributes, tracing, symbolic inputs, view kernels, strided inputs to kernels
+// that want contiguous ones) takes the general path, which raises the errors. Autograd records as
+// there.
+class SameShapeTable {
+ public:
+  static constexpr int8_t kUnknown = -1, kNever = -2;
+  static SameShapeTable& Get() {
+    static SameShapeTable* t = new SameShapeTable();  // leaked: used by engine tasks at exit
+    return *t;
+  }
+  /// The output dtype of `op` on inputs of dtype `in` and one shape, or a negative value.
+  int8_t Find(ir::OpId op, DType in) const { return Entry(op, in).load(std::memory_order_relaxed); }
+  /// Records what inference said for a call whose inputs all had dtype `in` and one shape.
+  void Learn(ir::OpId op, DType in, DType out) {
+    std::atomic<int8_t>& e = Entry(op, in);
+    if (e.load(std::memory_order_relaxed) == kUnknown) e.store(static_cast<int8_t>(out), std::memory_order_relaxed);
+  }
+
+ private:
+  SameShapeTable() {
+    const ir::OpTable& ops = ir::OpTable::Get();
+    out_.reset(new std::atomic<int8_t>[ops.size() * kNumDTypes]);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const ir::OpDef& d = ops[static_cast<ir::OpId>(i)];
+      bool ok = (d.fusion == ir::FusionKind::kElementwise || d.fusion == ir::FusionKind::kBroadcast) &&
+                d.attrs.empty() && !d.random && d.num_outputs == 1 && d.num_inputs >= 1 &&
+                d.num_inputs <= kMaxInputs;
+      for (int k = 0; k < kNumDTypes; ++k) out_[i * kNumDTypes + k].store(ok ? kUnknown : kNever);
+    }
+  }
+  std::atomic<int8_t>& Entry(ir::OpId op, DType in) const {
+    return out_[static_cast<size_t>(op) * kNumDTypes + static_cast<size_t>(in)];
+  }
+  static constexpr int kMaxInputs = 3;
+  std::unique_ptr<std::atomic<int8_t>[]> out_;
+};
+
+// Teaches the table from a general-path call (see above).
+void LearnSameShape(const ir::OpDef& def, std::span<const Tensor> in, const ir::Attrs& attrs,
+                    std::span<const ir::TensorType> out) {
+  if (in.empty() || !attrs.empty() || out.size() != 1) return;
+  for (const Tensor& t : in)
+    if (t.dtype() != in[0].dtype() || !(t.shape() == in[0].shape())) return;
+  if (!(out[0].shape == in[0].shape())) return;
+  SameShapeTable& table = SameShapeTable::Get();
+  table.Learn(def.id, in[0].dtype(), out[0].dtype);
+}
+
+// The small-op path; an undefined tensor means "take the general path".
+Tensor TrySameShape(const ir::OpDef& def, std::span<const Tensor* const> in) {
+  if (in.empty() || static_cast<int>(in.size()) != def.num_inputs) return Tensor();  // arity: general path
+  const TensorImpl* x = in[0]->impl();
+  if (!x || x->symbol) return Tensor();
+  int8_t out = SameShapeTable::Get().Find(def.id, x->dtype);
+  if (out < 0) return Tensor();
+  Device dev = x->storage->device();
+  const Shape* shape = &x->shape;
+  bool broadcast = def.fusion == ir::FusionKind::kBroadcast;
+  for (size_t i = 1; i < in.size(); ++i) {
+    const TensorImpl* y = in[i]->impl();
+    if (!y || y->symbol || y->dtype != x->dtype || !(y->storage->device() == dev)) return Tensor();
+    if (y->shape == *shape) continue;
+    if (!broadcast) return Tensor();
+    if (y->shape.rank() == 0) continue;  // a 0-d operand broadcasts to any shape
+    if (shape->rank() != 0) return Tensor();  // else every earlier operand was 0-d
+    shape = &y->shape;
+  }
+  if (trace::Active()) return Tensor();
+  const KernelBinding* kb = KernelTable::Get().Find(def.id, dev.type);
+  if (!kb || !kb->fn || kb->view) return Tensor();
+  if (kb->contiguous_inputs)
+    for (const Tensor* t : in)
+      if (!t->is_contiguous()) return Tensor();
+  Tensor result = Tensor::Empty(*shape, static_cast<DType>(out), dev);
+  const Tensor* outs[1] = {&result};
+  static const ir::Attrs kNoAttrs;
+  Push(def, *kb, dev, kNoAttrs, in, outs);
+  if (autograd::IsRecording()) {
+    Tensor copies[3];
+    for (size_t i = 0; i < in.size(); ++i) copies[i] = *in[i];
+    std::span<const Tensor> ins(copies, in.size());
+    if (autograd::NeedsRecord(ins)) autograd::Record(def.id, kNoAttrs, ins, {&result, 1});
+  }
+  return result;
+}
+
 }  // namespace
 
 std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& given,
                            std::optional<Device> device) {
   const ir::OpDef& def = ir::GetOp(op);
+  if (given.empty() && !device && inputs.size() <= 3) {
+    TensorPtrs in(inputs);
+    if (Tensor t = TrySameShape(def, in.span); t.defined()) return {std::move(t)};
+  }
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!inputs[i].defined())
       KILN_THROW(ValueError) << def.name << ": input " << i << " is an undefined tensor";
@@ -251,6 +374,7 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   }
   std::vector<ir::TensorType> out_types = def.Infer(types, attrs);
   const KernelBinding& kb = FindKernel(def, dev);
+  LearnSameShape(def, inputs, attrs, out_types);
 
   std::vector<Tensor> outputs;
   outputs.reserve(out_types.size());
@@ -274,7 +398,7 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   std::vector<Tensor> scratch;
   std::span<const Tensor> args = KernelInputs(kb, inputs, scratch);
   for (const ir::TensorType& t : out_types) outputs.push_back(Tensor::Empty(t.shape, t.dtype, dev));
-  Push(def, kb, dev, attrs, args, outputs);
+  Push(def, kb, dev, attrs, TensorPtrs(args).span, TensorPtrs(outputs).span);
   if (autograd::NeedsRecord(inputs)) autograd::Record(op, attrs, inputs, outputs);
   return outputs;
 }
@@ -286,10 +410,30 @@ std::vector<Tensor> Invoke(std::string_view op, std::span<const Tensor> inputs, 
 
 Tensor Invoke1(std::string_view op, std::initializer_list<Tensor> inputs, const ir::Attrs& attrs,
                std::optional<Device> device) {
-  std::vector<Tensor> out = Invoke(ir::FindOp(op), std::span<const Tensor>(inputs.begin(), inputs.size()),
-                                   attrs, device);
+  std::span<const Tensor> in(inputs.begin(), inputs.size());
+  if (!device) return Invoke1(ir::FindOp(op), TensorPtrs(in).span, attrs);
+  std::vector<Tensor> out = Invoke(ir::FindOp(op), in, attrs, device);
   KILN_CHECK(out.size() == 1) << op << " has " << out.size() << " outputs; use Invoke";
-  return out[0];
+  return std::move(out[0]);
+}
+
+Tensor Invoke1(ir::OpId op, std::span<const Tensor* const> inputs, const ir::Attrs& attrs) {
+  const ir::OpDef& def = ir::GetOp(op);
+  if (attrs.empty())
+    if (Tensor t = TrySameShape(def, inputs); t.defined()) return t;
+  Tensor small[4];
+  std::vector<Tensor> big;
+  std::span<const Tensor> in;
+  if (inputs.size() <= 4) {
+    for (size_t i = 0; i < inputs.size(); ++i) small[i] = *inputs[i];
+    in = {small, inputs.size()};
+  } else {
+    for (const Tensor* t : inputs) big.push_back(*t);
+    in = big;
+  }
+  std::vector<Tensor> out = Invoke(op, in, attrs);
+  KILN_CHECK(out.size() == 1) << def.name << " has " << out.size() << " outputs; use Invoke";
+  return std::move(out[0]);
 }
 
 void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& given,
@@ -345,7 +489,7 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
       copy_back.emplace_back(tmp, o);
       o = tmp;
     }
-  Push(def, kb, dev, attrs, args, outs);
+  Push(def, kb, dev, attrs, TensorPtrs(args).span, TensorPtrs(outs).span);
   for (auto& [tmp, dst] : copy_back) tmp.CopyTo(dst);
 }
 

@@ -21,6 +21,15 @@ Tensor Call1(ir::OpId op, std::initializer_list<Tensor> in, const ir::Attrs& att
              std::optional<Device> dev = std::nullopt) {
   return Invoke(op, std::span<const Tensor>(in.begin(), in.size()), attrs, dev)[0];
 }
+// Unary and binary elementwise ops pass their operands by pointer (the small-op path of dispatch.cc).
+Tensor Call1(ir::OpId op, const Tensor& x) {
+  const Tensor* in[1] = {&x};
+  return Invoke1(op, in);
+}
+Tensor Call1(ir::OpId op, const Tensor& a, const Tensor& b) {
+  const Tensor* in[2] = {&a, &b};
+  return Invoke1(op, in);
+}
 
 // Binary ops take one dtype: promote tensor operands, and let a scalar take the tensor's dtype
 // (a non-integral scalar with an integer tensor gives float32, as in PyTorch).
@@ -37,8 +46,9 @@ DType ScalarDType(const Tensor& t, double v) {
 }
 
 Tensor Binary(ir::OpId op, const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.dtype() == b.dtype()) return Call1(op, a, b);
   auto [x, y] = Promote(a, b);
-  return Call1(op, {x, y});
+  return Call1(op, x, y);
 }
 // A Python number as an operand: a 0-d tensor. While tracing it is a `full` node, so the graph
 // holds the value (the compiler folds it into fused kernels) rather than a captured tensor.
@@ -48,11 +58,11 @@ Tensor ScalarOperand(double v, DType t, Device d) {
 }
 Tensor Binary(ir::OpId op, const Tensor& a, double b) {
   DType t = ScalarDType(a, b);
-  return Call1(op, {a.AsType(t), ScalarOperand(b, t, a.device())});
+  return Call1(op, a.AsType(t), ScalarOperand(b, t, a.device()));
 }
 Tensor Binary(ir::OpId op, double a, const Tensor& b) {
   DType t = ScalarDType(b, a);
-  return Call1(op, {ScalarOperand(a, t, b.device()), b.AsType(t)});
+  return Call1(op, ScalarOperand(a, t, b.device()), b.AsType(t));
 }
 }  // namespace
 
@@ -87,7 +97,7 @@ void seed(uint64_t s) { ManualSeed(s); }
 // ---- elementwise ----
 
 #define KILN_UNARY(fn, op) \
-  Tensor fn(const Tensor& x) { return Call1(KILN_OP_ID(op), {x}); }
+  Tensor fn(const Tensor& x) { return Call1(KILN_OP_ID(op), x); }
 KILN_UNARY(negative, "neg") KILN_UNARY(abs, "abs") KILN_UNARY(sign, "sign") KILN_UNARY(square, "square")
 KILN_UNARY(sqrt, "sqrt") KILN_UNARY(rsqrt, "rsqrt") KILN_UNARY(reciprocal, "reciprocal") KILN_UNARY(exp, "exp")
 KILN_UNARY(log, "log") KILN_UNARY(log1p, "log1p") KILN_UNARY(expm1, "expm1") KILN_UNARY(sin, "sin")

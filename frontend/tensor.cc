@@ -43,15 +43,6 @@ Tensor Tensor::Scalar(double value, DType dtype, Device device) {
   return device.is_cpu() ? t : t.To(device);
 }
 
-TensorView Tensor::View() const {
-  TensorView v;
-  v.data = static_cast<char*>(impl_->storage->data()) + impl_->offset * static_cast<int64_t>(DTypeSize(impl_->dtype));
-  v.dtype = impl_->dtype;
-  v.shape = impl_->shape;
-  v.strides = impl_->strides;
-  return v;
-}
-
 void Tensor::WaitToRead() const {
   if (impl_->symbol) trace::ThrowSymbolicRead("reading an array (asnumpy, item, wait_to_read, print)");
   engine::Engine::Get().WaitForVar(impl_->storage->var());

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +29,21 @@ size_t RoundAllocationSize(size_t n) {
 
 namespace {
 
+// The pools' lock: held for a few loads and stores, so a spin lock (one atomic exchange to take,
+// a plain store to release) costs less than a mutex (two atomic operations) on every tiny tensor.
+class PoolLock {
+ public:
+  void lock() {
+    for (int spins = 0; flag_.exchange(true, std::memory_order_acquire);)
+      while (flag_.load(std::memory_order_relaxed))
+        if (++spins > 1000) std::this_thread::yield();
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
 class CachingAllocator final : public Allocator {
  public:
   using RawAlloc = std::function<void*(size_t)>;
@@ -38,12 +54,12 @@ class CachingAllocator final : public Allocator {
   void* Allocate(size_t nbytes) override {
     size_t size = RoundAllocationSize(nbytes);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      std::lock_guard<PoolLock> g(mu_);
       ++stats_.num_allocs;
-      auto it = pool_.find(size);
-      if (it != pool_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
+      std::vector<void*>* blocks = Find(size);
+      if (blocks && !blocks->empty()) {
+        void* p = blocks->back();
+        blocks->pop_back();
         stats_.bytes_cached -= static_cast<int64_t>(size);
         Use(size);
         return p;
@@ -62,7 +78,7 @@ class CachingAllocator final : public Allocator {
                                 << Stats().bytes_in_use << " bytes; free tensors or use smaller batches";
       }
     }
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<PoolLock> g(mu_);
     Use(size);
     return p;
   }
@@ -70,32 +86,49 @@ class CachingAllocator final : public Allocator {
   void Free(void* p, size_t nbytes) override {
     if (!p) return;
     size_t size = RoundAllocationSize(nbytes);
-    std::lock_guard<std::mutex> g(mu_);
-    pool_[size].push_back(p);
+    std::lock_guard<PoolLock> g(mu_);
+    std::vector<void*>* blocks = Find(size);
+    (blocks ? *blocks : pool_[size]).push_back(p);
     stats_.bytes_in_use -= static_cast<int64_t>(size);
     stats_.bytes_cached += static_cast<int64_t>(size);
   }
 
   AllocatorStats Stats() const override {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<PoolLock> g(mu_);
     return stats_;
   }
   void ResetPeak() override {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<PoolLock> g(mu_);
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
   }
   void EmptyCache() override {
     std::unordered_map<size_t, std::vector<void*>> pool;
+    std::vector<std::vector<void*>> small(kSmallClasses);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      std::lock_guard<PoolLock> g(mu_);
       pool.swap(pool_);
+      for (size_t i = 0; i < kSmallClasses; ++i) small[i].swap(small_[i]);
       stats_.bytes_cached = 0;
     }
     for (auto& [size, blocks] : pool)
       for (void* p : blocks) raw_free_(p);
+    for (auto& blocks : small)
+      for (void* p : blocks) raw_free_(p);
   }
 
  private:
+  // Size classes up to kSmallMax (64 bytes, then multiples of 512) have a pool in an array; the
+  // larger ones live in the map.
+  static constexpr size_t kSmallMax = 64 << 10;
+  static constexpr size_t kSmallClasses = kSmallMax / 512 + 1;
+  std::vector<void*>* Find(size_t size) {
+    if (size > kSmallMax) {
+      auto it = pool_.find(size);
+      return it == pool_.end() ? nullptr : &it->second;
+    }
+    return &small_[size == 64 ? 0 : size / 512];
+  }
+
   void Use(size_t size) {
     stats_.bytes_in_use += static_cast<int64_t>(size);
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
@@ -103,8 +136,9 @@ class CachingAllocator final : public Allocator {
 
   RawAlloc raw_alloc_;
   RawFree raw_free_;
-  mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> pool_;
+  mutable PoolLock mu_;
+  std::unordered_map<size_t, std::vector<void*>> pool_;  // size classes above kSmallMax
+  std::vector<void*> small_[kSmallClasses];
   AllocatorStats stats_;
 };
 

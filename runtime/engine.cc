@@ -487,6 +487,7 @@ class ThreadedEngine final : public EngineBase {
             const TaskOptions& opts) override {
     if (!tls_on_worker) {
       if (graveyard_.load(std::memory_order_relaxed)) Reap();
+      if (opts.may_run_inline && opts.device.is_cpu() && RunInline(fn, reads, writes, opts)) return;
       Backpressure(static_cast<int64_t>(opts.bytes));
     }
     Task* t = NewTask();
@@ -545,6 +546,13 @@ class ThreadedEngine final : public EngineBase {
   }
 
   bool IsNaive() const override { return false; }
+
+  EngineStats Stats() const override {  // inline runs count as pushed and completed at once
+    EngineStats s = EngineBase::Stats();
+    int64_t n = inline_runs_.load(std::memory_order_relaxed);
+    s.pushed += n, s.completed += n;
+    return s;
+  }
 
  private:
   // A waiter reads v like any task but must run even if v holds an error, and runs inline
@@ -615,6 +623,105 @@ class ThreadedEngine final : public EngineBase {
       return;
     }
     Schedule(t);
+  }
+
+  // The inline path without a Task: when every variable of `fn` is idle at Push, it runs right
+  // here. Its reads are granted as lock-free reads of idle variables (see Enter) and its writes
+  // take the variables under their locks, so a task pushed meanwhile by another thread waits for
+  // it exactly as for a queued one; variables need no extra reference (the caller holds them for
+  // the duration of Push). It is never counted as pending (it is done before Push returns), which
+  // saves the counters, the task block, the graveyard and the reference counts of the general
+  // path. Returns false, having changed nothing, when a variable is busy or holds an error (the
+  // general path then applies every rule of engine.h).
+  bool RunInline(const std::function<void()>& fn, std::span<Var* const> reads_in,
+                 std::span<Var* const> writes_in, const TaskOptions& opts) {
+    constexpr size_t kMax = 8;
+    if (reads_in.size() > kMax || writes_in.size() > kMax) return false;
+    Var* writes[kMax];
+    Var* reads[kMax];
+    size_t nw = 0, nr = 0;
+    for (Var* w : writes_in) {
+      bool dup = false;
+      for (size_t i = 0; i < nw; ++i) dup |= writes[i] == w;
+      if (!dup) writes[nw++] = w;
+    }
+    for (Var* r : reads_in) {
+      bool dup = false;
+      for (size_t i = 0; i < nw; ++i) dup |= writes[i] == r;
+      for (size_t i = 0; i < nr; ++i) dup |= reads[i] == r;
+      if (!dup) reads[nr++] = r;
+    }
+    {
+      std::lock_guard<SpinLock> order(push_mu_);
+      for (size_t i = 0; i < nr; ++i) {
+        Var* r = reads[i];
+        if (r->busy.load(std::memory_order_acquire) || r->has_error.load(std::memory_order_acquire)) return false;
+      }
+      for (size_t i = 0; i < nw; ++i) {
+        Var* w = writes[i];
+        bool idle = false;
+        if (!w->busy.load(std::memory_order_acquire) && !w->has_error.load(std::memory_order_acquire)) {
+          std::lock_guard<SpinLock> g(w->mu);
+          // With push_mu_ held no read can be issued, so once the issued ones are done none is in
+          // flight, and `busy` can be set after the check (Enter sets it before, for that race).
+          // Only pushers read `busy` for an idle variable, under push_mu_: a release store will do.
+          idle = !w->running_write && w->running_reads == 0 && w->QueueEmpty() && w->FastReadsDone();
+          if (idle) {
+            w->running_write = true;
+            w->busy.store(true, std::memory_order_release);
+          }
+        }
+        if (!idle) {
+          for (size_t j = 0; j < i; ++j) {  // nobody queued behind them: push_mu_ is held
+            std::lock_guard<SpinLock> g(writes[j]->mu);
+            writes[j]->running_write = false;
+            writes[j]->busy.store(false);
+          }
+          return false;
+        }
+      }
+      for (size_t i = 0; i < nr; ++i) {
+        std::atomic<int64_t>& issued = reads[i]->fast_issued;
+        issued.store(issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      }
+      inline_runs_.store(inline_runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    }
+    std::exception_ptr err;
+    {
+      struct InTask {  // inside the task this thread is a worker: no throttling, waits refused
+        InTask() { tls_on_worker = true; }
+        ~InTask() { tls_on_worker = false; }
+      } in_task;
+      try {
+        fn();
+      } catch (...) {
+        err = NameError(std::current_exception(), opts);
+        std::lock_guard<std::mutex> g(error_mu_);
+        if (!first_error_) first_error_ = err;
+      }
+    }
+    std::vector<Task*> ready;
+    for (size_t i = 0; i < nr; ++i) {
+      Var* r = reads[i];
+      r->fast_done.fetch_add(1);  // before looking at busy: see Enter
+      if (!r->busy.load()) continue;
+      std::lock_guard<SpinLock> g(r->mu);
+      GrantQueued(r, &ready);
+    }
+    for (size_t i = 0; i < nw; ++i) {
+      Var* w = writes[i];
+      std::lock_guard<SpinLock> g(w->mu);
+      if (err) {  // the variable held no error (checked above): nothing to clear on success
+        w->error = err;
+        w->has_error.store(err != nullptr, std::memory_order_release);
+      }
+      w->running_write = false;
+      if (w->QueueEmpty()) w->busy.store(false, std::memory_order_release);  // nobody came meanwhile
+      else GrantQueued(w, &ready);
+    }
+    for (Task* r : ready)
+      if (r->wait.fetch_sub(1, std::memory_order_acq_rel) == 1) Schedule(r);
+    return true;
   }
 
   // Grants what the head of v's queue waits for, if it may run now; under v->mu.
@@ -747,6 +854,7 @@ class ThreadedEngine final : public EngineBase {
   static constexpr int kMaxDevices = 64;
   int cpu_workers_;
   std::atomic<Task*> graveyard_{nullptr};
+  std::atomic<int64_t> inline_runs_{0};  // written under push_mu_ (RunInline)
   SpinLock push_mu_;  // held for a few loads and stores per variable: a sleeping mutex costs more
   std::mutex pool_mu_;
   std::atomic<WorkerPool*> pools_[2 * kMaxDevices * 4] = {};

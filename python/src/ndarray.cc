@@ -1,8 +1,10 @@
 // kiln._C.NDArray (the C++ Tensor) and the eager ops of kiln::nd. Operators are CPython number
 // slots written here, so that `a + b` from Python costs a type check on top of the C++ dispatch;
 // they also apply the Python-side dtype rules nd:: cannot see (the kind of a scalar operand, true
-// division). Indexing and the friendlier signatures live in python/kiln/ndarray.py; DLPack in
-// dlpack.cc.
+// division). Their results are made, and NDArrays freed, without pybind11's per-object type
+// lookups; the elementwise module functions (nd.relu, nd.add, ...) likewise bypass pybind11's
+// dispatcher for plain calls. Indexing and the friendlier signatures live in
+// python/kiln/ndarray.py; DLPack in dlpack.cc.
 #include <cstring>
 
 #include "bind.h"
@@ -26,19 +28,63 @@ PyTypeObject* g_ndarray_type = nullptr;
 const pyb::detail::type_info* g_ndarray_tinfo = nullptr;
 PyObject* g_numpy_generic = nullptr;  // numpy.generic: NumPy scalars count as Python scalars
 
+bool g_simple_layout = false;  // NDArray instances have pybind11's simple layout (InstallOperatorSlots)
+
 const Tensor* AsTensor(PyObject* o) {
+  if (Py_TYPE(o) == g_ndarray_type && g_simple_layout)  // the value pointer, as get_value_and_holder reads it
+    return static_cast<const Tensor*>(reinterpret_cast<pyb::detail::instance*>(o)->simple_value_holder[0]);
   if (Py_TYPE(o) != g_ndarray_type && !PyType_IsSubtype(Py_TYPE(o), g_ndarray_type)) return nullptr;
   auto* inst = reinterpret_cast<pyb::detail::instance*>(o);
   return inst->get_value_and_holder(g_ndarray_tinfo, false).value_ptr<Tensor>();
 }
 
+// The result of an operator as a new NDArray. pybind11's own cast looks the type up by its C++
+// type name twice (init_instance) and by its Python type once (allocate_layout) per object, and
+// registers the object in a global hash map; NDArray has the simple layout (one C++ type, its
+// holder inline), so the instance is set up here directly, as those functions would, without the
+// registration. That map serves only to hand back the same Python object when C++ returns a
+// reference to the very Tensor a wrapper owns; no kiln binding does (copyto returns its argument).
+using Holder = std::unique_ptr<Tensor>;
+
 PyObject* Wrap(Tensor&& t) {
-  auto move = [](const void* p) -> void* {
-    return new Tensor(std::move(*const_cast<Tensor*>(static_cast<const Tensor*>(p))));
-  };
-  return pyb::detail::type_caster_generic::cast(&t, pyb::return_value_policy::move, nullptr, g_ndarray_tinfo,
-                                                nullptr, move)
-      .ptr();
+  if (!g_simple_layout) {
+    auto move = [](const void* p) -> void* {
+      return new Tensor(std::move(*const_cast<Tensor*>(static_cast<const Tensor*>(p))));
+    };
+    return pyb::detail::type_caster_generic::cast(&t, pyb::return_value_policy::move, nullptr,
+                                                  g_ndarray_tinfo, nullptr, move)
+        .ptr();
+  }
+  Holder holder(new Tensor(std::move(t)));
+  PyObject* self = g_ndarray_type->tp_alloc(g_ndarray_type, 0);  // zeroed: no weakrefs, no patients
+  if (!self) throw pyb::error_already_set();
+  auto* inst = reinterpret_cast<pyb::detail::instance*>(self);
+  Tensor* value = holder.get();
+  inst->simple_layout = true;
+  inst->owned = true;
+  inst->simple_value_holder[0] = value;
+  new (&inst->simple_value_holder[1]) Holder(std::move(holder));
+  inst->simple_holder_constructed = true;
+  return self;
+}
+
+// tp_dealloc of NDArray: pybind11_object_dealloc without its type lookups, for instances Wrap or
+// pybind11 made with the simple layout; anything else (subclasses, a pending Python error that the
+// destructor must not see, weak references, kept-alive patients) goes to pybind11's own.
+destructor g_pybind11_dealloc = nullptr;
+
+void NDArrayDealloc(PyObject* self) {
+  auto* inst = reinterpret_cast<pyb::detail::instance*>(self);
+  PyTypeObject* type = Py_TYPE(self);
+  if (type != g_ndarray_type || !inst->simple_layout || !inst->simple_holder_constructed || inst->weakrefs ||
+      inst->has_patients || PyErr_Occurred())
+    return g_pybind11_dealloc(self);
+  void* value = inst->simple_value_holder[0];
+  if (inst->simple_instance_registered && !pyb::detail::deregister_instance(inst, value, g_ndarray_tinfo))
+    pyb::pybind11_fail("pybind11_object_dealloc(): Tried to deallocate unregistered instance!");
+  reinterpret_cast<Holder*>(&inst->simple_value_holder[1])->~Holder();
+  type->tp_free(self);
+  Py_DECREF(type);
 }
 
 // Python bool/int/float and NumPy scalars of those kinds (value-based, as NumPy 1.x treats them).
@@ -195,6 +241,15 @@ void InstallOperatorSlots(pyb::class_<Tensor>& cls) {
   g_numpy_bool = pyb::object(np.attr("bool_")).release().ptr();
   g_numpy_integer = pyb::object(np.attr("integer")).release().ptr();
   g_numpy_floating = pyb::object(np.attr("floating")).release().ptr();
+  // Wrap's and NDArrayDealloc's preconditions, as pybind11's allocate_layout decides the layout.
+  g_simple_layout = pyb::detail::all_type_info(g_ndarray_type).size() == 1 &&
+                    g_ndarray_tinfo->holder_size_in_ptrs <= pyb::detail::instance_simple_holder_in_ptrs() &&
+                    g_ndarray_tinfo->simple_ancestors && g_ndarray_type->tp_dictoffset == 0 &&
+                    !PyType_HasFeature(g_ndarray_type, Py_TPFLAGS_HAVE_GC);
+  if (g_simple_layout) {
+    g_pybind11_dealloc = g_ndarray_type->tp_dealloc;
+    g_ndarray_type->tp_dealloc = NDArrayDealloc;
+  }
   PyNumberMethods* n = g_ndarray_type->tp_as_number;
   n->nb_add = SlotAdd, n->nb_subtract = SlotSub, n->nb_multiply = SlotMul, n->nb_true_divide = SlotDiv;
   n->nb_inplace_add = SlotAdd_inplace, n->nb_inplace_subtract = SlotSub_inplace;
@@ -202,6 +257,53 @@ void InstallOperatorSlots(pyb::class_<Tensor>& cls) {
   n->nb_power = SlotPow;
   g_ndarray_type->tp_richcompare = SlotCompare;
   PyType_Modified(g_ndarray_type);
+}
+
+// ---- module functions without pybind11's dispatcher ----
+// nd.relu(x), nd.add(a, b) and the like: pybind11's dispatcher (argument loaders, overload
+// resolution, the generic result cast) costs more than a tiny op itself. Each of these functions is
+// replaced by a vectorcall builtin that serves the plain call (positional NDArray operands) itself
+// and hands any other call to the pybind11 function it replaces, so conversions, keyword
+// arguments and error messages stay exactly as they were.
+struct FastFunction {
+  PyMethodDef def{};
+  PyObject* fallback = nullptr;  // the pybind11 function (a reference held for the process)
+  Tensor (*unary)(const Tensor&) = nullptr;
+  Op binary = Op::kAdd;  // when `unary` is null
+};
+
+PyObject* CallFast(PyObject* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  auto* f = static_cast<FastFunction*>(PyCapsule_GetPointer(self, nullptr));
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (f && !kwnames) {
+    if (f->unary && n == 1) {
+      if (const Tensor* x = AsTensor(args[0])) {
+        try {
+          return Wrap(f->unary(*x));
+        } catch (...) {
+          return Raise();
+        }
+      }
+    } else if (!f->unary && n == 2 && (AsTensor(args[0]) || AsTensor(args[1]))) {
+      PyObject* r = BinarySlot(f->binary, args[0], args[1]);
+      if (r != Py_NotImplemented) return r;
+      Py_DECREF(r);  // the pybind11 function raises the error
+    }
+  }
+  if (!f) return nullptr;
+  return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+void InstallFast(pyb::module_& m, const char* name, FastFunction* f) {
+  pyb::object fallback = m.attr(name);
+  pyb::object doc = fallback.attr("__doc__");
+  f->fallback = fallback.release().ptr();
+  f->def.ml_name = name;
+  f->def.ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&CallFast));
+  f->def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
+  f->def.ml_doc = doc.is_none() ? nullptr : strdup(doc.cast<std::string>().c_str());  // lives as long
+  pyb::object self = Steal(PyCapsule_New(f, nullptr, nullptr));
+  m.attr(name) = Steal(PyCFunction_NewEx(&f->def, self.ptr(), m.attr("__name__").ptr()));
 }
 
 // item() as a Python number, exact for int64 (Tensor::Item goes through double).
@@ -297,7 +399,7 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
         if (pyb::isinstance<Device>(dst)) return pyb::cast(t.To(dst.cast<const Device&>(), true));
         const Tensor& d = dst.cast<const Tensor&>();
         t.CopyTo(d);
-        return pyb::cast(d);
+        return pyb::reinterpret_borrow<pyb::object>(dst);
       }, "Copies into another NDArray (same shape) or onto a device; returns the destination.")
       .def("attach_grad", [](Tensor& t, const std::string& req) {
         GradReq r = req == "write" ? GradReq::kWrite : req == "add" ? GradReq::kAdd : GradReq::kNull;
@@ -446,12 +548,18 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   });
 
   // ---- composites and ops with typed options ----
-#define KILN_U(name) m.def(#name, [](const Tensor& x) { return nd::name(x); });
+  static FastFunction fast_unary[24], fast_binary[11];  // referenced by the builtins for the process
+  size_t n_unary = 0;
+#define KILN_U(name)                                                  \
+  m.def(#name, [](const Tensor& x) { return nd::name(x); });         \
+  fast_unary[n_unary].unary = [](const Tensor& x) { return nd::name(x); }; \
+  InstallFast(m, #name, &fast_unary[n_unary++]);
   KILN_U(negative) KILN_U(abs) KILN_U(sign) KILN_U(square) KILN_U(sqrt) KILN_U(rsqrt) KILN_U(reciprocal)
   KILN_U(exp) KILN_U(log) KILN_U(log1p) KILN_U(expm1) KILN_U(sin) KILN_U(cos) KILN_U(tanh) KILN_U(erf)
   KILN_U(relu) KILN_U(floor) KILN_U(ceil) KILN_U(round) KILN_U(logical_not) KILN_U(stop_gradient)
   KILN_U(sigmoid) KILN_U(gelu) KILN_U(flatten)
 #undef KILN_U
+  KILN_CHECK(n_unary == std::size(fast_unary)) << n_unary << " unary functions";
 #define KILN_B(name)                                                                              \
   m.def(#name, [](pyb::handle a, pyb::handle b) -> Tensor {                                        \
     if (!pyb::isinstance<Tensor>(a)) {                                                             \
@@ -469,7 +577,9 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
       {"add", Op::kAdd}, {"subtract", Op::kSub}, {"multiply", Op::kMul}, {"divide", Op::kDiv},
       {"power", Op::kPow}, {"equal", Op::kEq}, {"not_equal", Op::kNe}, {"less", Op::kLt},
       {"less_equal", Op::kLe}, {"greater", Op::kGt}, {"greater_equal", Op::kGe}};
-  for (auto [name, op] : kOperatorOps)
+  static_assert(std::size(kOperatorOps) == std::size(fast_binary));
+  for (size_t i = 0; i < std::size(kOperatorOps); ++i) {
+    auto [name, op] = kOperatorOps[i];
     m.def(name, [op = op](pyb::object a, pyb::object b) {
       if (!AsTensor(a.ptr()) && !AsTensor(b.ptr())) a = pyb::cast(ToTensor(a));
       pyb::object r = Steal(BinarySlot(op, a.ptr(), b.ptr()));
@@ -478,6 +588,9 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
                                << Py_TYPE(b.ptr())->tp_name << "; pass NDArrays, NumPy arrays or numbers";
       return r;
     }, pyb::arg("lhs"), pyb::arg("rhs"));
+    fast_binary[i].binary = op;
+    InstallFast(m, name, &fast_binary[i]);
+  }
   m.def("where", &nd::where);
   m.def("cast", [](const Tensor& x, pyb::handle d) { return nd::cast(x, ToDType(d)); });
   m.def("clip", &nd::clip);

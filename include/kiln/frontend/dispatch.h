@@ -71,6 +71,10 @@ std::vector<Tensor> Invoke(std::string_view op, std::span<const Tensor> inputs,
 /// Invoke for single-output ops.
 Tensor Invoke1(std::string_view op, std::initializer_list<Tensor> inputs, const ir::Attrs& attrs = {},
                std::optional<Device> device = std::nullopt);
+/// Invoke for single-output ops, taking the inputs by pointer (no Tensor copies). Elementwise ops
+/// without attributes on inputs of one shape, dtype and device take the small-op path (see
+/// dispatch.cc); every other call goes through Invoke, with the same results and errors.
+Tensor Invoke1(ir::OpId op, std::span<const Tensor* const> inputs, const ir::Attrs& attrs = {});
 /// Runs `op` writing into existing `outputs` (shapes and dtypes must match what `op` infers).
 void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& attrs,
                 std::span<const Tensor> outputs);

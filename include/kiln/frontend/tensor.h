@@ -67,8 +67,13 @@ class Tensor {
   int64_t numel() const { return impl_->shape.numel(); }
   int64_t offset() const { return impl_->offset; }
   bool is_contiguous() const { return View().is_contiguous(); }
-  /// The kernel's view of this tensor (pointer already offset).
-  TensorView View() const;
+  /// The kernel's view of this tensor (pointer already offset). Inline: every queued op builds
+  /// one per operand.
+  TensorView View() const {
+    return TensorView{static_cast<char*>(impl_->storage->data()) +
+                          impl_->offset * static_cast<int64_t>(DTypeSize(impl_->dtype)),
+                      impl_->dtype, impl_->shape, impl_->strides};
+  }
   const StoragePtr& storage() const { return impl_->storage; }
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
