@@ -1,23 +1,36 @@
-// Row groups of the fusion step (DESIGN.md section 9): a float32 reduction over the trailing axes
-// of a tensor (sum, mean, max, min with keepdims; ops of fusion kind kReduce), grown backwards by
-// its elementwise producers and forwards by its elementwise consumers, per-row ops on reduced
-// values and chained reductions over the same rows, becomes one codegen::RowKernel. Softmax and
-// log-softmax over the last axis are one group each: max -> sub -> exp -> sum -> log/div -> sub.
+// Row groups of the fusion step (DESIGN.md section 9): a float32 reduction (sum, mean, max, min;
+// ops of fusion kind kReduce) over the trailing axes of a tensor, or over leading and trailing
+// axes around one kept block (batch-norm statistics over (0, 2, 3) of NCHW: one row per channel;
+// a sum over (0,) of a matrix: one row per column),
+// grown backwards by its elementwise producers and forwards by its elementwise consumers, per-row
+// ops on reduced values and chained reductions over the same rows, becomes one
+// codegen::RowKernel. Softmax and log-softmax over the last axis are one group each: max -> sub ->
+// exp -> sum -> log/div -> sub; cross-entropy adds its one_hot (read as labels), mul, sum and neg;
+// batch norm's mean -> sub -> square -> mean -> rsqrt -> mul (and its backward's sums) are one
+// strided group. broadcast_to to the whole shape is elementwise here, and reshapes of reduced
+// values (numel rows) are the same row values. Sibling reductions over the same rows (batch
+// norm's backward sums of dy and dy * x-hat) join one group: the kernel reads the rows once.
 //
 // Every value of the group lives at one of two levels: per element (the tensor's shape S, viewed
-// as rows x len) or per row (numel rows, such as a keepdims reduction). Members may be read
+// as rows x len) or per row (numel rows, such as a reduction's result). Members may be read
 // outside the group: their values are then written by the kernel (materialized), as are graph
-// outputs; the kernel runs at the group's last node, so such readers must come after it (a group
-// is cut back until they do), and no operand of the group may depend on the group.
+// outputs; the kernel runs at the group's last node, so such readers must come after it (a
+// producer is dropped, otherwise the group is cut back until they do), and no operand of the group
+// may depend on the group.
 //
-// Not here: reductions over leading or middle axes, or without keepdims (they run unfused), and
-// GPUs (the caller fuses only on CPU). Very long rows in few rows stay unfused: the kernel splits
-// work by rows only.
+// Not here: reductions over axes that are not leading and trailing around one block, or whose
+// trailing reduced axes hold 2 to 7 elements (they run unfused), column groups that would only
+// save the re-read of a value written anyway (OnePassOverWrittenValues), the final reduction over
+// the rows of a loss (another kernel), and GPUs (the caller fuses only on CPU). Very long rows in
+// few rows stay unfused: the kernel splits work by rows only.
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <unordered_map>
 
+#include "kiln/runtime/cpu/loops.h"
 #include "plan.h"
 
 #if KILN_WITH_CODEGEN
@@ -30,9 +43,24 @@ using codegen::RowProgram;
 
 enum class Level : uint8_t { kElement, kRow };
 
+// A strided row is read in stretches of `inner` contiguous floats, vectorized within a stretch;
+// with no trailing axis reduced (inner 1) the rows are columns, vectorized across adjacent rows
+// instead (RowProgram::kColumns). Between the two, stretches of 2 to 7 floats run slower fused
+// than unfused (measured: (0, 2) of (4096, 64, 4) 1.1x slower, of (2048, 64, 8) 1.8x faster).
+constexpr int64_t kMinStretch = 8;
+
+// How a reduction's input is viewed as rows: `len` elements per row, `rows` rows, laid out as
+// RowProgram::Layout says (kStrided: stretches of `inner` contiguous elements).
+struct RowShape {
+  RowProgram::StepKind kind = RowProgram::kSum;
+  RowProgram::Layout layout = RowProgram::kContiguous;
+  int64_t len = 0, inner = 0;
+};
+
 // The reduction a node computes, when it is one a row kernel can take: a float32 sum, mean, max
-// or min with keepdims over axes k..rank-1 of its input, k < rank. Sets the row length.
-std::optional<RowProgram::StepKind> RowReduction(const ir::Node& n, int64_t* len) {
+// or min (keepdims, or not unless to a scalar) over the trailing axes (contiguous rows), or over
+// leading axes and the trailing ones after a kept block (strided rows: (0, 2, 3) of NCHW).
+std::optional<RowShape> RowReduction(const ir::Node& n) {
   const ir::OpDef& d = n.def();
   if (d.fusion != ir::FusionKind::kReduce || n.inputs().size() != 1 || n.outputs().size() != 1)
     return std::nullopt;
@@ -44,58 +72,126 @@ std::optional<RowProgram::StepKind> RowReduction(const ir::Node& n, int64_t* len
   auto kind = kinds.find(d.name);
   if (kind == kinds.end()) return std::nullopt;
   const ir::Value* x = n.input(0);
-  const int rank = x->shape().rank();
-  if (x->dtype() != DType::kFloat32 || n.output()->dtype() != DType::kFloat32 || rank == 0 ||
-      !n.attrs().Bool("keepdims"))
+  const Shape& s = x->shape();
+  const int rank = s.rank();
+  if (x->dtype() != DType::kFloat32 || n.output()->dtype() != DType::kFloat32 || rank == 0)
     return std::nullopt;
-  std::vector<int> axes;
-  for (int64_t a : n.attrs().Ints("axes")) axes.push_back(static_cast<int>(a < 0 ? a + rank : a));
-  if (axes.empty())
-    for (int a = 0; a < rank; ++a) axes.push_back(a);
-  std::sort(axes.begin(), axes.end());
-  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
-  if (axes.front() < 0 || axes.back() != rank - 1 ||
-      axes.back() - axes.front() + 1 != static_cast<int>(axes.size()))
-    return std::nullopt; // not the trailing axes
-  *len = 1;
-  for (int a : axes) *len *= x->shape()[a];
-  return kind->second;
+  // A total reduction to a rank-0 scalar is left to the reduce kernel, which splits a long one
+  // across threads (a row kernel runs one row on one thread).
+  if (n.output()->shape().rank() == 0) return std::nullopt;
+  std::vector<bool> reduced(static_cast<size_t>(rank), false);
+  bool any = false;
+  for (int64_t a : n.attrs().Ints("axes")) {
+    int64_t b = a < 0 ? a + rank : a;
+    if (b < 0 || b >= rank) return std::nullopt;
+    reduced[static_cast<size_t>(b)] = any = true;
+  }
+  if (!any) reduced.assign(static_cast<size_t>(rank), true);
+  int p = 0, q = rank; // reduced: [0, p) and [q, rank); kept: [p, q)
+  while (p < rank && reduced[static_cast<size_t>(p)]) ++p;
+  while (q > p && reduced[static_cast<size_t>(q - 1)]) --q;
+  for (int a = p; a < q; ++a)
+    if (reduced[static_cast<size_t>(a)]) return std::nullopt; // a reduced axis inside the kept block
+  int64_t outer = 1, inner = 1;
+  for (int a = 0; a < p && a < q; ++a) outer *= s[a];
+  for (int a = q; a < rank; ++a) inner *= s[a];
+  RowShape r;
+  r.kind = kind->second;
+  if (p == q) { // every axis: one row
+    r.len = r.inner = s.numel();
+  } else if (outer == 1) { // no leading axis left to reduce: contiguous rows
+    r.len = r.inner = inner;
+  } else if (inner == 1) { // only leading axes: columns
+    r.layout = RowProgram::kColumns;
+    r.len = outer;
+    r.inner = 1;
+  } else if (inner < kMinStretch) {
+    return std::nullopt; // the kernel would read a few floats per stretch
+  } else {
+    r.layout = RowProgram::kStrided;
+    r.len = outer * inner;
+    r.inner = inner;
+  }
+  return r;
+}
+
+// The element values of `one_hot` over the rows: a float32 one-hot (1 on, 0 off) of depth len whose
+// indices are one per row, read by a contiguous row kernel as labels (RowProgram::kOneHot).
+std::optional<RowProgram::InputKind> OneHotLabels(const ir::Node& n, const Shape& full, int64_t rows,
+                                                  int64_t len, RowProgram::Layout layout) {
+  if (n.def().name != "one_hot" || layout != RowProgram::kContiguous || n.output()->shape() != full ||
+      n.output()->dtype() != DType::kFloat32 || n.attrs().Int("depth") != len ||
+      n.attrs().Float("on_value") != 1.0 || n.attrs().Float("off_value") != 0.0 ||
+      n.input(0)->shape().numel() != rows)
+    return std::nullopt;
+  if (n.input(0)->dtype() == DType::kInt64) return RowProgram::kOneHot;
+  if (n.input(0)->dtype() == DType::kInt32) return RowProgram::kOneHot32;
+  return std::nullopt;
+}
+
+// Ops that keep their input's elements in order (a row value keeps its rows through them).
+bool KeepsOrder(const ir::Node& n) {
+  static const std::set<std::string> names = {"reshape", "expand_dims", "squeeze"};
+  return names.count(n.def().name) && n.inputs().size() == 1 && n.outputs().size() == 1;
 }
 
 class RowGroupBuilder {
 public:
+  /// `wide`: also sibling reductions and consumers before the seed (what may close a cycle through
+  /// outside nodes; the caller then grows again without).
   RowGroupBuilder(const ir::Graph& g, const std::vector<bool>& live, const std::vector<bool>& claimed,
-                  const std::vector<std::vector<int>>& readers)
-      : g_(g), live_(live), claimed_(claimed), readers_(readers), member_(g.nodes().size(), false),
-        tainted_(g.nodes().size(), false) {}
+                  const std::vector<std::vector<int>>& readers, bool wide)
+      : g_(g), live_(live), claimed_(claimed), readers_(readers), wide_(wide),
+        member_(g.nodes().size(), false), tainted_(g.nodes().size(), false), leaf_(g.nodes().size(), false) {}
 
   /// Grows the group of reduction node `seed`; returns its members in order (empty: no group).
-  std::vector<int> Grow(int seed, int64_t len, RowProgram::StepKind kind) {
+  std::vector<int> Grow(int seed, const RowShape& shape) {
     const ir::Node& red = *g_.nodes()[static_cast<size_t>(seed)];
     full_ = red.input(0)->shape();
-    len_ = len;
-    rows_ = len == 0 ? 0 : full_.numel() / len;
-    if (rows_ == 0 || (len_ > (1 << 16) && rows_ < 64)) return {}; // empty, or too few rows to split
+    shape_ = shape;
+    len_ = shape.len;
+    // A row value broadcast along the tensor repeats every `stride_` elements: len (contiguous)
+    // or inner (strided).
+    stride_ = shape.layout == RowProgram::kContiguous ? len_ : shape.inner;
+    rows_ = len_ == 0 ? 0 : full_.numel() / len_;
+    // Empty, or too few rows to split long ones across threads: the kernel splits by rows only.
+    if (rows_ == 0 || (len_ > (1 << 16) && rows_ < std::min(64, 4 * host::NumThreads()))) return {};
     Admit(seed, Level::kRow);
-    reduction_[seed] = kind;
+    reduction_[seed] = shape.kind;
     GrowProducers(red.input(0));
-    const int first = members_.empty() ? seed : *std::min_element(members_.begin(), members_.end());
-    for (int i = first; i < static_cast<int>(g_.nodes().size()); ++i) {
-      if (i > seed && !member_[i] && Consumer(i)) continue; // admitted (tainted as a member)
-      if (!member_[i]) tainted_[i] = DependsOnGroup(*g_.nodes()[static_cast<size_t>(i)]);
+    // Sweeps until nothing more comes in: a sibling reduction's producers, taken in late, may be
+    // read by nodes the sweep has passed.
+    for (bool late = false, admitted = true; admitted; late = true) {
+      admitted = false;
+      const int first = *std::min_element(members_.begin(), members_.end());
+      for (int i = first; i < static_cast<int>(g_.nodes().size()); ++i) {
+        // A consumer may come before the seed too: it reads a producer, not the reduction.
+        if (!member_[i] && (wide_ || i > seed) && Consumer(i, late)) {
+          admitted = wide_; // tainted as a member
+          continue;
+        }
+        if (!member_[i]) tainted_[i] = DependsOnGroup(*g_.nodes()[static_cast<size_t>(i)]);
+      }
     }
     CutBack(seed);
     std::vector<int> m = members_;
     std::sort(m.begin(), m.end());
     bool has_reduction = false;
     for (int i : m) has_reduction |= static_cast<bool>(reduction_.count(i));
-    if (m.size() < 2 || !has_reduction || !Acyclic()) return {};
+    if (m.size() < 2 || !has_reduction) return {};
+    if (!Acyclic()) {
+      cyclic_ = true;
+      return {};
+    }
     return m;
   }
 
   const Shape& full() const { return full_; }
   int64_t rows() const { return rows_; }
   int64_t len() const { return len_; }
+  const RowShape& shape() const { return shape_; }
+  /// The last Grow found no group because a member read a member through an outside node.
+  bool cyclic() const { return cyclic_; }
   Level LevelOf(const ir::Value* v) const { return level_.at(v); }
   bool IsMemberValue(const ir::Value* v) const {
     return v->node() && member_[static_cast<size_t>(v->node()->id())];
@@ -103,6 +199,16 @@ public:
   std::optional<RowProgram::StepKind> ReductionOf(int i) const {
     auto it = reduction_.find(i);
     return it == reduction_.end() ? std::nullopt : std::optional(it->second);
+  }
+  /// How a one_hot node's labels are read, if `n` is one the kernel computes.
+  std::optional<RowProgram::InputKind> OneHot(const ir::Node& n) const {
+    return OneHotLabels(n, full_, rows_, len_, shape_.layout);
+  }
+  /// broadcast_to of a value the kernel reads per element, to the whole shape.
+  bool IsBroadcast(const ir::Node& n) const {
+    return n.def().name == "broadcast_to" && n.inputs().size() == 1 && n.outputs().size() == 1 &&
+           n.output()->shape() == full_ && n.output()->dtype() == DType::kFloat32 &&
+           n.input(0)->dtype() == DType::kFloat32;
   }
 
   /// How an external operand `w` of a node at `level` is read, or nullopt when it cannot be.
@@ -116,8 +222,9 @@ public:
     auto b = BroadcastIndex(w->shape(), full_);
     if (!b) return std::nullopt;
     if (b->second == 0) return RowProgram::kElement;
-    if (b->first == len_ && b->second == rows_) return RowProgram::kRow;
-    if (b->first == 1 && b->second == len_) return RowProgram::kColumn;
+    if (b->first == stride_ && b->second == rows_) return RowProgram::kRow;
+    if (shape_.layout == RowProgram::kContiguous && b->first == 1 && b->second == len_)
+      return RowProgram::kColumn;
     return std::nullopt;
   }
 
@@ -146,7 +253,7 @@ private:
     if (from == Level::kElement) return level == Level::kElement;
     if (level == Level::kRow) return true;
     auto b = BroadcastIndex(w->shape(), full_);
-    return b && ((b->second == 0 && len_ == 1) || (b->first == len_ && b->second == rows_) ||
+    return b && ((b->second == 0 && len_ == 1) || (b->first == stride_ && b->second == rows_) ||
                  (b->second == 1 && rows_ == 1));
   }
 
@@ -166,34 +273,85 @@ private:
     return any_member || !need_member;
   }
 
+  // Elementwise in the kernel's terms: an op with a scalar function, or a broadcast to the whole shape.
+  bool Elementwise(const ir::Node& n) const { return Fusable(n) || IsBroadcast(n); }
+
+  // Admits the producers of element value `v` that the kernel can compute instead of reading:
+  // elementwise ops over readable operands, and one-hot labels. They are leaves: when read
+  // outside the group before the kernel runs, they are dropped again (CutBack).
   void GrowProducers(const ir::Value* v) {
     const ir::Node* n = v->node();
-    if (!n || v->shape() != full_ || ScalarConst(v) || !Available(n->id()) || !Fusable(*n)) return;
-    if (!OperandsOk(*n, Level::kElement, false)) return;
+    if (!n || v->shape() != full_ || ScalarConst(v) || !Available(n->id())) return;
+    if (OneHot(*n)) {
+      if (n->input(0)->node() && tainted_[static_cast<size_t>(n->input(0)->node()->id())]) return;
+      Admit(n->id(), Level::kElement);
+      leaf_[static_cast<size_t>(n->id())] = true;
+      return;
+    }
+    if (!Elementwise(*n) || !OperandsOk(*n, Level::kElement, false)) return;
     Admit(n->id(), Level::kElement);
-    producers_.push_back(n->id());
+    leaf_[static_cast<size_t>(n->id())] = true;
     for (const ir::Value* w : n->inputs()) GrowProducers(w);
   }
 
-  // Admits node i as a consumer when it reads the group and fits: true if admitted.
-  bool Consumer(int i) {
+  // Admits node i as a consumer when it reads the group and fits: true if admitted. A `late` one
+  // (a later sweep) may already be read by members, as an operand computed outside: only element
+  // members may have read it, and only as an element value.
+  bool Consumer(int i, bool late) {
     if (!Available(i)) return false;
     const ir::Node& n = *g_.nodes()[static_cast<size_t>(i)];
-    int64_t len = 0;
-    if (auto kind = RowReduction(n, &len)) { // a chained reduction over the same rows
+    if (late && !ReadOnlyAsElement(i)) return false;
+    if (auto r = RowReduction(n)) { // a chained reduction over the same rows, or a sibling
       const ir::Value* x = n.input(0);
-      if (len != len_ || x->shape() != full_ || !IsMemberValue(x) || level_.at(x) != Level::kElement)
+      if (r->layout != shape_.layout || r->len != len_ || r->inner != shape_.inner || x->shape() != full_)
         return false;
+      if (!IsMemberValue(x)) {
+        if (!wide_) return false;
+        // A sibling reduction (of another value over the same rows): one kernel reads the rows
+        // once for both. Its elementwise producers come in when they can.
+        if (x->node() && tainted_[static_cast<size_t>(x->node()->id())]) return false;
+        GrowProducers(x);
+        if (!IsMemberValue(x) && ExternalKind(x, Level::kElement, full_) != RowProgram::kElement)
+          return false;
+      } else if (level_.at(x) != Level::kElement) {
+        return false;
+      }
       Admit(i, Level::kRow);
-      reduction_[i] = *kind;
+      reduction_[i] = r->kind;
       return true;
     }
-    if (!Fusable(n)) return false;
+    if (KeepsOrder(n)) { // a row value in another shape
+      const ir::Value* x = n.input(0);
+      if (!IsMemberValue(x) || level_.at(x) != Level::kRow || n.output()->shape().numel() != rows_ ||
+          n.output()->dtype() != DType::kFloat32)
+        return false;
+      Admit(i, Level::kRow);
+      return true;
+    }
+    if (!Elementwise(n)) return false;
     const Shape& out = n.output()->shape();
     Level level = out == full_ ? Level::kElement : Level::kRow;
     if (level == Level::kRow && out.numel() != rows_) return false;
     if (!OperandsOk(n, level, true)) return false;
     Admit(i, level);
+    // Element operands computed outside only for this group come in as producers.
+    if (level == Level::kElement)
+      for (const ir::Value* w : n.inputs())
+        if (!IsMemberValue(w) && w->node() && w->node()->id() < i) GrowProducers(w);
+    return true;
+  }
+
+  // Node i (not a member) is read by members only as an element value of the whole shape.
+  bool ReadOnlyAsElement(int i) const {
+    if (g_.nodes()[static_cast<size_t>(i)]->output()->shape() != full_) {
+      for (int r : readers_[static_cast<size_t>(i)])
+        if (member_[static_cast<size_t>(r)]) return false;
+      return true;
+    }
+    for (int r : readers_[static_cast<size_t>(i)]) {
+      if (!member_[static_cast<size_t>(r)] || reduction_.count(r)) continue;
+      if (level_.at(g_.nodes()[static_cast<size_t>(r)]->output()) != Level::kElement) return false;
+    }
     return true;
   }
 
@@ -213,7 +371,7 @@ private:
       for (int m : std::vector<int>(members_)) {
         for (int r : readers_[static_cast<size_t>(m)]) {
           if (member_[static_cast<size_t>(r)] || r > root) continue;
-          if (m < seed)
+          if (m < seed || leaf_[static_cast<size_t>(m)])
             Drop(m);
           else
             for (int k : std::vector<int>(members_))
@@ -248,13 +406,42 @@ private:
   const std::vector<bool>& live_;
   const std::vector<bool>& claimed_;
   const std::vector<std::vector<int>>& readers_;
-  std::vector<bool> member_, tainted_;
-  std::vector<int> members_, producers_;
+  const bool wide_;
+  bool cyclic_ = false;
+  std::vector<bool> member_, tainted_, leaf_;
+  std::vector<int> members_;
   std::unordered_map<const ir::Value*, Level> level_;
   std::unordered_map<int, RowProgram::StepKind> reduction_;
   Shape full_;
-  int64_t rows_ = 0, len_ = 0;
+  RowShape shape_;
+  int64_t rows_ = 0, len_ = 0, stride_ = 0;
 };
+
+// A column group that reads the elements once and computes no element value it does not write
+// anyway (the bias gradient's sum of a relu-masked gradient the weight gradient also reads) saves
+// only the reduce kernel's re-read, and runs slower fused: its loop across a few columns costs
+// more per element (measured: the sum over (0,) of a written x * m, (4096, 64) 0.85x, (256, 10)
+// 0.95x).
+bool OnePassOverWrittenValues(const RowProgram& p, const std::vector<int>& members,
+                              const std::vector<int>& materialized,
+                              const std::function<Level(int)>& level_of) {
+  int passes = 0;
+  for (const RowProgram::Step& s : p.steps) passes += s.kind != RowProgram::kPerRow;
+  for (size_t k = 0; k < p.outputs.size(); ++k) {
+    const RowProgram::Output& o = p.outputs[k];
+    const bool own_stash = o.expr.nodes.size() == 1 && o.expr.nodes[0].kind == codegen::Expr::Kind::kInput &&
+                           o.expr.nodes[0].input == static_cast<int>(p.inputs.size() + p.steps.size() + k);
+    if (o.row_value < 0 && !own_stash) { // a pass that writes element values (row.cc skips own stashes)
+      ++passes;
+      break;
+    }
+  }
+  if (passes > 1) return false;
+  for (int m : members)
+    if (level_of(m) == Level::kElement && !std::count(materialized.begin(), materialized.end(), m))
+      return false;
+  return true;
+}
 
 } // namespace
 
@@ -270,17 +457,22 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
     if (v->node()) is_output[static_cast<size_t>(v->node()->id())] = true;
 
   for (size_t seed = 0; seed < n_nodes; ++seed) {
-    int64_t len = 0;
     if (!live[seed] || (*claimed)[seed]) continue;
-    auto seed_kind = RowReduction(*graph.nodes()[seed], &len);
-    if (!seed_kind) continue;
-    RowGroupBuilder b(graph, live, *claimed, readers);
-    std::vector<int> members = b.Grow(static_cast<int>(seed), len, *seed_kind);
+    auto seed_shape = RowReduction(*graph.nodes()[seed]);
+    if (!seed_shape) continue;
+    auto builder = std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/true);
+    std::vector<int> members = builder->Grow(static_cast<int>(seed), *seed_shape);
+    if (members.empty() && builder->cyclic()) {
+      builder = std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/false);
+      members = builder->Grow(static_cast<int>(seed), *seed_shape);
+    }
     if (members.empty()) continue;
+    const RowGroupBuilder& b = *builder;
 
     // The program: operands first (arrays, by value and how they are read), then one step per row
     // value in graph order, element values inlined into the expressions that read them.
     RowProgram prog;
+    prog.layout = b.shape().layout;
     auto fused = std::make_unique<Plan::Fused>();
     std::map<std::pair<const ir::Value*, RowProgram::InputKind>, int> array;
     std::unordered_map<const ir::Value*, int> step_of;
@@ -291,6 +483,13 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
     for (int m : members) {
       const ir::Node& n = *graph.nodes()[static_cast<size_t>(m)];
       Level level = b.ReductionOf(m) ? Level::kElement : level_of(m); // a reduction reads elements
+      if (auto kind = b.OneHot(n)) {                                  // its labels
+        if (array.emplace(std::pair(n.input(0), *kind), static_cast<int>(fused->inputs.size())).second) {
+          fused->inputs.push_back(n.input(0));
+          prog.inputs.push_back(*kind);
+        }
+        continue;
+      }
       for (const ir::Value* w : n.inputs()) {
         if (b.IsMemberValue(w) || ScalarConst(w)) continue;
         auto kind = *b.ExternalKind(w, level, level == Level::kElement ? b.full() : n.output()->shape());
@@ -319,6 +518,10 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
         k = e.Input(array.at({v, kind}));
       } else if (b.LevelOf(v) == Level::kRow) {
         k = e.Input(n_in + step_of.at(v));
+      } else if (auto kind = b.OneHot(*v->node())) {
+        k = e.Input(array.at({v->node()->input(0), *kind}));
+      } else if (b.IsBroadcast(*v->node())) {
+        k = emit(e, at, v->node()->input(0), level);
       } else {
         const ir::Node& n = *v->node();
         const ir::OpDef& d = n.def();
@@ -339,8 +542,8 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
       if (auto r = b.ReductionOf(m)) {
         kind = *r;
         emit(e, at, n.input(0), Level::kElement);
-      } else if (n.def().unary_fn == UnaryFn::kIdentity && b.IsMemberValue(n.input(0))) {
-        step_of[n.output()] = step_of.at(n.input(0)); // stop_gradient: the same row value
+      } else if ((n.def().unary_fn == UnaryFn::kIdentity || KeepsOrder(n)) && b.IsMemberValue(n.input(0))) {
+        step_of[n.output()] = step_of.at(n.input(0)); // stop_gradient, reshape: the same row value
         continue;
       } else {
         const ir::OpDef& d = n.def();
@@ -372,14 +575,15 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
         outside |= !std::binary_search(members.begin(), members.end(), r);
       if (outside) materialized.push_back(m);
     }
-    // The stash: the last reduction's operand when it is an element member that other members read.
+    // The stash: the operand of the last reduction whose operand is an element member read by
+    // other members or outside (cross-entropy's exp(x - max), also saved for the backward).
     for (auto it = members.rbegin(); it != members.rend() && !stashed; ++it) {
       if (!b.ReductionOf(*it)) continue;
       const ir::Value* x = graph.nodes()[static_cast<size_t>(*it)]->input(0);
       const size_t xi = static_cast<size_t>(x->node() ? x->node()->id() : 0);
       if (!b.IsMemberValue(x) || b.LevelOf(x) != Level::kElement ||
           (readers[xi].size() < 2 && !is_output[xi]))
-        break;
+        continue;
       int into = -1;
       for (size_t k = 0; k < materialized.size(); ++k) {
         if (level_of(materialized[k]) != Level::kElement) continue;
@@ -403,11 +607,15 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
         prog.AddOutput(std::move(e));
       }
     }
+    if (prog.layout == RowProgram::kColumns &&
+        OnePassOverWrittenValues(prog, members, materialized, level_of))
+      continue; // runs unfused
     try {
       fused->row_kernel = codegen::CompileRow(prog);
     } catch (const codegen::UnsupportedError&) {
       continue; // runs unfused
     }
+    if (prog.layout == RowProgram::kStrided) fused->row_kernel = fused->row_kernel->Bind(b.shape().inner);
     fused->rows = b.rows(), fused->len = b.len();
     p->report.codegen_ms += fused->row_kernel->compile_ms();
     CompileReport::Group& r = p->report.groups.emplace_back();
