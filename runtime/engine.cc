@@ -539,8 +539,10 @@ class ThreadedEngine final : public EngineBase {
   void WaitForAll() override {
     if (tls_on_worker)
       KILN_THROW(StateError) << "waitall called inside an engine task: that would deadlock";
-    for (int i = 0; i < 2000 && Pending() != 0; ++i) KILN_PAUSE();  // as in WaitForVar
-    SleepUntil([&] { return Pending() == 0; });
+    for (int i = 0; i < 2000 && (Pending() != 0 || inline_in_flight_.load() != 0); ++i) KILN_PAUSE();
+    // An inline run on another thread (a C++ caller racing with exit's drain) is waited for too.
+    auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
+    SleepUntil(idle);
     Reap();
     RethrowFirstError();
   }
@@ -684,13 +686,17 @@ class ThreadedEngine final : public EngineBase {
         std::atomic<int64_t>& issued = reads[i]->fast_issued;
         issued.store(issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       }
+      // Counted as pushed and completed here (Stats() may see a running one as completed);
+      // in flight until its grants are done, which WaitForAll waits for.
       inline_runs_.store(inline_runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      inline_in_flight_.fetch_add(1, std::memory_order_seq_cst);
     }
     std::exception_ptr err;
     {
       struct InTask {  // inside the task this thread is a worker: no throttling, waits refused
+        bool was = tls_on_worker;
         InTask() { tls_on_worker = true; }
-        ~InTask() { tls_on_worker = false; }
+        ~InTask() { tls_on_worker = was; }
       } in_task;
       try {
         fn();
@@ -721,6 +727,8 @@ class ThreadedEngine final : public EngineBase {
     }
     for (Task* r : ready)
       if (r->wait.fetch_sub(1, std::memory_order_acq_rel) == 1) Schedule(r);
+    if (inline_in_flight_.fetch_sub(1, std::memory_order_seq_cst) == 1 && drained_.HasSleepers())
+      drained_.Notify();
     return true;
   }
 
@@ -855,6 +863,7 @@ class ThreadedEngine final : public EngineBase {
   int cpu_workers_;
   std::atomic<Task*> graveyard_{nullptr};
   std::atomic<int64_t> inline_runs_{0};  // written under push_mu_ (RunInline)
+  std::atomic<int64_t> inline_in_flight_{0};  // inline runs between their start and their grants
   SpinLock push_mu_;  // held for a few loads and stores per variable: a sleeping mutex costs more
   std::mutex pool_mu_;
   std::atomic<WorkerPool*> pools_[2 * kMaxDevices * 4] = {};

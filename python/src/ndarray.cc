@@ -46,6 +46,10 @@ const Tensor* AsTensor(PyObject* o) {
 // reference to the very Tensor a wrapper owns; no kiln binding does (copyto returns its argument).
 using Holder = std::unique_ptr<Tensor>;
 
+// Results are not entered in pybind11's registered-instance map (a tenth of the per-op cost):
+// a binding that returns a reference or pointer to a Tensor a Python object already owns would
+// get a new object (or a dangling one); return the owning Python object itself instead, as
+// copyto does.
 PyObject* Wrap(Tensor&& t) {
   if (!g_simple_layout) {
     auto move = [](const void* p) -> void* {

@@ -17,6 +17,8 @@
 // Inline: a task marked may_run_inline whose variables are all free at Push runs on the pushing
 // thread before Push returns (the frontend marks CPU ops that touch few bytes: the hand-off to a
 // worker would cost more than the op). Ordering and errors are exactly as if a worker ran it.
+// The caller must keep the variables alive for the duration of Push (an inline run takes no
+// reference of its own); WaitForAll also waits for inline runs in progress on other threads.
 //
 // KILN_ENGINE=naive runs every task on the calling thread at Push (same error semantics).
 // What it does not do: priorities, or fairness between devices beyond FIFO per worker.
