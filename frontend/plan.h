@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,10 @@
 #endif
 
 namespace kiln {
+
+namespace fusion {
+struct EpilogueCall;  // fuse_epilogue.cc
+}
 
 /// Where a value lives while a plan runs.
 struct Slot {
@@ -40,7 +45,9 @@ struct Plan {
   int64_t random_numel = 0;
   /// Fused groups: at the group's last node, one generated kernel over the group's inputs; the
   /// other members are skipped (their values never exist, unless a row group writes them).
+  /// An epilogue group is one library call instead: a matmul/conv with its elementwise consumers.
   struct Fused {
+    std::shared_ptr<const fusion::EpilogueCall> epilogue;  ///< set for an epilogue group
 #if KILN_WITH_CODEGEN
     std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
     std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
@@ -57,8 +64,7 @@ struct Plan {
   CompileReport::PlanReport report;            ///< what building it did
 };
 
-#if KILN_WITH_CODEGEN
-/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc).
+/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc).
 namespace fusion {
 /// A float32 elementwise op of the op table (unary_fn or binary_fn) with one output.
 bool Fusable(const ir::Node& n);
@@ -68,6 +74,19 @@ bool Fusable(const ir::Node& n);
 std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const Shape& out);
 /// The value of a `full` constant (every element equal), if `v` is one.
 std::optional<double> ScalarConst(const ir::Value* v);
+/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): each live float32 op of fusion kind
+/// out-elementwise-fusable that has a library kernel taking an epilogue (matmul, conv2d on CPU),
+/// with the chain of elementwise consumers that oneDNN post-ops express (a per-channel bias,
+/// activations, scalar affine steps, binary ops with a same-shape or per-channel tensor), each
+/// link the only reader of the value before it; set at the chain's last node in `p`, members
+/// marked in `claimed`. Returns the number of groups.
+int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
+/// Runs an epilogue group: `in` are the group's inputs (Fused::inputs), `out` the last node's output.
+void RunEpilogue(const EpilogueCall& call, std::span<const TensorView> in, const TensorView& out);
+}  // namespace fusion
+
+#if KILN_WITH_CODEGEN
+namespace fusion {
 /// Row groups (fuse_rows.cc): each float32 reduction over trailing axes with keepdims, grown by
 /// its elementwise producers and consumers (and chained reductions over the same rows) into one
 /// row kernel, set at the group's last node in `p`. Marks members in `claimed` (the elementwise

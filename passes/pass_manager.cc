@@ -37,6 +37,8 @@ constexpr const char* kOptionalPasses[] = {
 constexpr const char* kPlanSteps[] = {
     // Elementwise chains and trees into one generated kernel each (codegen/).
     "fusion",
+    // A matmul/conv and the elementwise ops after it into one oneDNN call with post-ops (within fusion).
+    "epilogue",
     // Memory planning lets an elementwise output take the block of an input that dies there.
     "inplace",
 };

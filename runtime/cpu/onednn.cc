@@ -1,4 +1,4 @@
-// The oneDNN path of the neural-network kernels (onednn.h), in four parts:
+// The oneDNN path of the neural-network kernels (onednn.h), in five parts:
 //   1. one engine for the process, one stream and growable scratch buffers per thread;
 //   2. an LRU cache of primitives keyed by (op, dtype, shapes, attributes), so a repeated call
 //      costs a hash lookup instead of a primitive-descriptor creation;
@@ -7,7 +7,8 @@
 //      few input channels or more run channels-last, their operands reordered on each call;
 //   4. the entry points: trivial (empty) cases, the hand-written kernels of direct_nn.h where
 //      they apply, then oneDNN for float32/bfloat16, and the plain loops of reference_nn.cc for
-//      other dtypes or where oneDNN has no kernel for the dtype.
+//      other dtypes or where oneDNN has no kernel for the dtype;
+//   5. matmul and conv2d with an elementwise epilogue (post-ops), and its fallback loop.
 // Primitives use a user-provided scratchpad so one cached primitive can run on several threads.
 #include "kiln/runtime/cpu/onednn.h"
 
@@ -17,10 +18,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -62,7 +65,7 @@ dnnl::stream& Stream() {
 
 /// Per-thread 64-byte aligned buffers that only grow: scratchpad, workspace, a temporary, and
 /// one per argument that a primitive takes in another layout than the caller's.
-enum Slot { kScratchpad, kWorkspace, kTemp, kArg0, kNumSlots = kArg0 + 3 };
+enum Slot { kScratchpad, kWorkspace, kTemp, kArg0, kMaxArgs = 8, kNumSlots = kArg0 + kMaxArgs };
 void* Buffer(Slot slot, size_t bytes) {
   struct Buf {
     void* p = nullptr;
@@ -90,6 +93,9 @@ struct Prim {
   /// caller's (the channels-last convolutions), the reorder between the two, run into a
   /// per-thread temporary before the primitive (inputs) or out of one after it (outputs).
   std::vector<std::shared_ptr<Prim>> reorders;
+  /// Matmul/conv with an epilogue: how many of its steps the primitive applies as post-ops (the
+  /// rest run after it, see MakePostOps).
+  size_t epilogue_steps = 0;
 };
 
 template <class P, class PD>
@@ -127,10 +133,12 @@ void Run(const Prim& p, void* const* ptrs) {
 
 // `work`: multiply-adds (or elements) the primitive does. Below a few hundred thousand, waking
 // the OpenMP team costs more than it saves: such calls run on the calling thread alone.
-void Execute(const Prim& p, std::initializer_list<void*> ptrs, int64_t work = INT64_MAX) {
+void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work = INT64_MAX) {
   constexpr int64_t kSerialWork = 1 << 18;
+  KILN_CHECK(p.reorders.size() <= kMaxArgs) << "a oneDNN primitive with " << p.reorders.size() << " arguments";
   if (work < kSerialWork) omp_set_num_threads(1);
-  std::vector<void*> caller(ptrs), mine(ptrs); // mine: temporaries where an argument is reordered
+  const std::vector<void*>& caller = ptrs;
+  std::vector<void*> mine(ptrs); // mine: temporaries where an argument is reordered
   for (size_t i = 0; i < p.reorders.size(); ++i) {
     if (!p.reorders[i]) continue;
     mine[i] = Buffer(Slot(kArg0 + i), p.args[i].second.get_size());
@@ -313,14 +321,18 @@ struct ConvDescs {
   }
 };
 
+/// With `bias` (one value per output channel) and `attr` (post-ops) when given.
 dnnl::convolution_forward::primitive_desc ConvForwardPD(const Shape& x, const Shape& w, const Shape& y,
                                                         const Conv2dParams& p, dt t, prop kind,
-                                                        ConvLayout l) {
+                                                        ConvLayout l, const memory::desc* bias = nullptr,
+                                                        const dnnl::primitive_attr* attr = nullptr) {
   ConvGeometry g(p);
   ConvDescs m(x, w, y, p, t, l);
-  dnnl::convolution_forward::desc d(kind, alg::convolution_direct, m.x, m.w, m.y, g.strides, g.dilates,
-                                    g.pad_l, g.pad_r);
-  return {d, UserScratchpad(), Engine()};
+  auto d = bias ? dnnl::convolution_forward::desc(kind, alg::convolution_direct, m.x, m.w, *bias, m.y, g.strides,
+                                                  g.dilates, g.pad_l, g.pad_r)
+                : dnnl::convolution_forward::desc(kind, alg::convolution_direct, m.x, m.w, m.y, g.strides,
+                                                  g.dilates, g.pad_l, g.pad_r);
+  return {d, attr ? *attr : UserScratchpad(), Engine()};
 }
 
 std::shared_ptr<Prim> Reorder(const memory::desc& from, const memory::desc& to) {
@@ -331,9 +343,8 @@ std::shared_ptr<Prim> Reorder(const memory::desc& from, const memory::desc& to) 
 /// A convolution primitive over `args` (argument, the primitive's layout, the caller's layout);
 /// nullptr when channels-last got no better kernel than the plain layout's (im2col + GEMM, or
 /// the reference loops on a CPU without a jit kernel for it).
-template <class P, class PD>
-std::shared_ptr<Prim> ConvPrim(const PD& pd, ConvLayout l,
-                               std::initializer_list<std::tuple<int, memory::desc, memory::desc>> args) {
+using ArgDescs = std::vector<std::tuple<int, memory::desc, memory::desc>>;
+template <class P, class PD> std::shared_ptr<Prim> ConvPrim(const PD& pd, ConvLayout l, const ArgDescs& args) {
   if (l == ConvLayout::kChannelsLast) {
     std::string impl = pd.impl_info_str();
     if (impl.find("gemm") != std::string::npos || impl.rfind("ref", 0) == 0) return nullptr;
@@ -670,6 +681,270 @@ void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParam
     });
   if (!prim) return reference::AvgPool2dGrad(dy, dx, p);
   Execute(*prim, {dy.data, dx.data});
+}
+
+// ---- 5. epilogues ---------------------------------------------------------------------------------
+
+bool EpilogueSupports(UnaryFn f) {
+  switch (f) {
+  case UnaryFn::kRelu: case UnaryFn::kTanh: case UnaryFn::kNeg: case UnaryFn::kAbs: case UnaryFn::kSquare:
+  case UnaryFn::kSqrt: case UnaryFn::kExp: case UnaryFn::kLog: return true;
+  default: return false;
+  }
+}
+
+bool EpilogueSupports(BinaryFn f) {
+  switch (f) {
+  case BinaryFn::kAdd: case BinaryFn::kSub: case BinaryFn::kMul: case BinaryFn::kDiv: case BinaryFn::kMaximum:
+  case BinaryFn::kMinimum: return true;
+  default: return false;
+  }
+}
+
+namespace {
+
+/// ApplyEpilogue over all of `y`, split across threads; steps from `first` on.
+void ApplyEpilogueAll(const TensorView& y, int64_t inner, int64_t channels, const Epilogue& all,
+                      std::span<const TensorView> operands, size_t first = 0) {
+  if (first == all.steps.size()) return;
+  Epilogue rest;
+  if (first) rest.steps.assign(all.steps.begin() + static_cast<ptrdiff_t>(first), all.steps.end());
+  const Epilogue& e = first ? rest : all;
+  float* py = y.ptr<float>();
+  ParallelFor(y.numel(), int64_t{1} << 15,
+              [&](int64_t b, int64_t end) { ApplyEpilogue(py, b, end, inner, channels, e, operands); });
+}
+
+/// A first per-channel add is the primitive's bias argument.
+bool BiasStep(const Epilogue& e) {
+  return !e.steps.empty() && e.steps[0].kind == EpilogueStep::kBinary && e.steps[0].binary == BinaryFn::kAdd &&
+         e.steps[0].per_channel;
+}
+
+alg EltwiseAlg(UnaryFn f, float* alpha) {
+  *alpha = 0.f;
+  switch (f) {
+  case UnaryFn::kRelu: return alg::eltwise_relu;
+  case UnaryFn::kTanh: return alg::eltwise_tanh;
+  case UnaryFn::kNeg: *alpha = -1.f; return alg::eltwise_linear;
+  case UnaryFn::kAbs: return alg::eltwise_abs;
+  case UnaryFn::kSquare: return alg::eltwise_square;
+  case UnaryFn::kSqrt: return alg::eltwise_sqrt;
+  case UnaryFn::kExp: return alg::eltwise_exp;
+  case UnaryFn::kLog: return alg::eltwise_log;
+  default: KILN_CHECK(false) << "epilogue: unsupported unary function " << static_cast<int>(f); return alg::undef;
+  }
+}
+
+alg BinaryAlg(BinaryFn f) {
+  switch (f) {
+  case BinaryFn::kAdd: return alg::binary_add;
+  case BinaryFn::kSub: return alg::binary_sub;
+  case BinaryFn::kMul: return alg::binary_mul;
+  case BinaryFn::kDiv: return alg::binary_div;
+  case BinaryFn::kMaximum: return alg::binary_max;
+  case BinaryFn::kMinimum: return alg::binary_min;
+  default: KILN_CHECK(false) << "epilogue: unsupported binary function " << static_cast<int>(f); return alg::undef;
+  }
+}
+
+memory::desc Contiguous(const Shape& s, dt t) { return memory::desc(Dims(s), t, Dims(s.ContiguousStrides())); }
+
+/// The epilogue as oneDNN attributes: the bias descriptor (when the first step is one), the
+/// post-ops, and the binary post-ops' arguments (id, the primitive's layout, the caller's).
+struct PostOps {
+  dnnl::primitive_attr attr = UserScratchpad();
+  std::optional<memory::desc> bias;
+  ArgDescs binaries;
+  size_t steps = 0;  ///< the epilogue's first `steps` steps are these; the others run after the primitive
+};
+
+/// `conv`: bias of shape (C); else (matmul) of out's rank. `channels_last`: the primitive's
+/// output is NHWC, and so are its full-shape binary operands (reordered on each call).
+PostOps MakePostOps(const Epilogue& e, const Shape& out, int channel_axis, bool conv, bool channels_last) {
+  PostOps r;
+  const int64_t channels = out[channel_axis];
+  Shape per_channel;
+  for (int d = 0; d < out.rank(); ++d) per_channel.push_back(d == channel_axis ? channels : 1);
+  size_t first = 0;
+  if (BiasStep(e)) {
+    r.bias = conv ? memory::desc({channels}, dt::f32, tag::a) : Contiguous(per_channel, dt::f32);
+    first = 1;
+  }
+  dnnl::post_ops po;
+  // oneDNN 2.6's x64 kernels give every eltwise post-op of one algorithm the first one's alpha and
+  // beta (sigmoid's 0.5 * x, tanh, 0.5 * x + 0.5 came out without the last + 0.5): an algorithm
+  // seen before with other parameters ends the post-ops there, and a run of linear steps is one,
+  // a1 * (a0 * x + b0) + b1, within an ulp or two of the steps one by one.
+  std::vector<std::tuple<alg, float, float>> eltwise;
+  auto append_eltwise = [&](alg a, float alpha, float beta) {
+    for (const auto& [a0, alpha0, beta0] : eltwise)
+      if (a0 == a && (alpha0 != alpha || beta0 != beta)) return false;
+    eltwise.emplace_back(a, alpha, beta);
+    po.append_eltwise(1.f, a, alpha, beta);
+    return true;
+  };
+  size_t k = first;
+  for (bool ok = true; ok && k < e.steps.size(); k += ok) {
+    const EpilogueStep& s = e.steps[k];
+    switch (s.kind) {
+    case EpilogueStep::kUnary: {
+      float alpha;
+      alg a = EltwiseAlg(s.unary, &alpha);
+      ok = append_eltwise(a, alpha, 0.f);
+      break;
+    }
+    case EpilogueStep::kLinear: {
+      float alpha = s.alpha, beta = s.beta;
+      size_t last = k;
+      for (; last + 1 < e.steps.size() && e.steps[last + 1].kind == EpilogueStep::kLinear; ++last) {
+        const EpilogueStep& next = e.steps[last + 1];
+        alpha *= next.alpha;
+        beta = next.alpha * beta + next.beta;
+      }
+      ok = append_eltwise(alg::eltwise_linear, alpha, beta);
+      if (ok) k = last;
+      break;
+    }
+    case EpilogueStep::kBinary: {
+      memory::desc user = Contiguous(s.per_channel ? per_channel : out, dt::f32);
+      memory::desc mine = channels_last && !s.per_channel ? memory::desc(Dims(out), dt::f32, tag::nhwc) : user;
+      r.binaries.emplace_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len()) | DNNL_ARG_SRC_1, mine, user);
+      po.append_binary(BinaryAlg(s.binary), mine);
+      break;
+    }
+    }
+  }
+  r.steps = k;
+  r.attr.set_post_ops(po);
+  return r;
+}
+
+void AppendEpilogue(Key& k, const Epilogue& e) {
+  k.push_back(-1);  // after the shapes: no key without an epilogue ends this way
+  for (const EpilogueStep& s : e.steps) {
+    uint32_t alpha, beta;
+    std::memcpy(&alpha, &s.alpha, 4);
+    std::memcpy(&beta, &s.beta, 4);
+    k.insert(k.end(), {s.kind, static_cast<int64_t>(s.unary), static_cast<int64_t>(s.binary), s.per_channel,
+                       static_cast<int64_t>(alpha), static_cast<int64_t>(beta)});
+  }
+}
+
+/// The buffers of the primitive's arguments after (src, weights, dst): bias, then binary operands
+/// of the steps it applies.
+void AppendOperands(std::vector<void*>& ptrs, const Prim& prim, const Epilogue& e,
+                    std::span<const TensorView> operands) {
+  for (size_t k = 0; k < prim.epilogue_steps; ++k)
+    if (e.steps[k].kind == EpilogueStep::kBinary) {
+      const TensorView& o = operands[static_cast<size_t>(e.steps[k].operand)];
+      KILN_CHECK(o.dtype == DType::kFloat32 && o.is_contiguous()) << "epilogue operands are contiguous float32";
+      ptrs.push_back(o.data);
+    }
+}
+
+TensorView Images(const TensorView& t, int64_t n0, int64_t n1) {
+  TensorView s = t;
+  s.data = t.ptr<float>() + n0 * (t.numel() / t.shape[0]);
+  s.shape[0] = n1 - n0;
+  s.strides = s.shape.ContiguousStrides();
+  return s;
+}
+
+/// The hand-written convolution image by image, each image's epilogue run while its output is in
+/// cache; false when that kernel does not handle the case.
+bool DirectConv2d(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p,
+                  const Epilogue& e, std::span<const TensorView> operands) {
+  const int64_t n = x.shape[0], per_image = y.numel() / n, inner = y.shape[2] * y.shape[3], c = y.shape[1];
+  if (!direct::Conv2d(Images(x, 0, 1), w, Images(y, 0, 1), p)) return false;
+  ApplyEpilogue(y.ptr<float>(), 0, per_image, inner, c, e, operands);
+  ParallelFor(n - 1, 1, [&](int64_t b, int64_t end) {
+    for (int64_t i = b + 1; i < end + 1; ++i) {
+      direct::Conv2d(Images(x, i, i + 1), w, Images(y, i, i + 1), p);
+      ApplyEpilogue(y.ptr<float>(), i * per_image, (i + 1) * per_image, inner, c, e, operands);
+    }
+  });
+  return true;
+}
+
+} // namespace
+
+void MatmulEpilogue(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p,
+                    const Epilogue& e, std::span<const TensorView> operands) {
+  KILN_CHECK(out.dtype == DType::kFloat32) << "matmul epilogues are float32";
+  const int r = out.rank();
+  const int64_t channels = out.shape[r - 1];
+  // A few rows (the streaming kernel) or nothing to compute: the epilogue after the product.
+  const bool small = a.rank() == 2 && b.rank() == 2 && !p.transpose_a && a.shape[0] <= 4;
+  std::shared_ptr<Prim> prim;
+  if (!small && out.numel() > 0 && a.numel() > 0 && b.numel() > 0) {
+    KILN_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous()) << "NN kernels take contiguous operands";
+    Key k{static_cast<int64_t>(Kind::kMatmul), static_cast<int64_t>(dt::f32), p.transpose_a, p.transpose_b};
+    Append(k, a.shape);
+    Append(k, b.shape);
+    AppendEpilogue(k, e);
+    prim = Cache().Get(k, [&] {
+      return TryMake([&] {
+        memory::desc am = MatmulOperand(a.shape, r, p.transpose_a, dt::f32);
+        memory::desc bm = MatmulOperand(b.shape, r, p.transpose_b, dt::f32);
+        memory::desc cm = MatmulOperand(out.shape, r, false, dt::f32);
+        PostOps po = MakePostOps(e, out.shape, r - 1, false, false);
+        auto d = po.bias ? dnnl::matmul::desc(am, bm, *po.bias, cm) : dnnl::matmul::desc(am, bm, cm);
+        dnnl::matmul::primitive_desc pd(d, po.attr, Engine());
+        std::vector<std::pair<int, memory::desc>> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+        if (po.bias) args.emplace_back(DNNL_ARG_BIAS, *po.bias);
+        for (const auto& [arg, md, user] : po.binaries) args.emplace_back(arg, md);
+        auto prim = MakePrim<dnnl::matmul>(pd, std::move(args));
+        prim->epilogue_steps = po.steps;
+        return prim;
+      });
+    });
+  }
+  if (!prim) {
+    Matmul(a, b, out, p);
+    return ApplyEpilogueAll(out, 1, channels, e, operands);
+  }
+  std::vector<void*> ptrs{a.data, b.data, out.data};
+  AppendOperands(ptrs, *prim, e, operands);
+  Execute(*prim, ptrs, out.shape.numel() * a.shape[a.rank() - (p.transpose_a ? 2 : 1)]);
+  ApplyEpilogueAll(out, 1, channels, e, operands, prim->epilogue_steps);
+}
+
+void Conv2dEpilogue(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p,
+                    const Epilogue& e, std::span<const TensorView> operands) {
+  KILN_CHECK(y.dtype == DType::kFloat32) << "conv2d epilogues are float32";
+  const int64_t inner = y.shape[2] * y.shape[3], channels = y.shape[1];
+  if (Trivial(y, {&x, &w})) return ApplyEpilogueAll(y, inner, channels, e, operands);
+  if (DirectConv2d(x, w, y, p, e, operands)) return;
+  std::shared_ptr<Prim> prim;
+  Key key = ConvKey(Kind::kConv, dt::f32, x.shape, w.shape, y.shape, p);
+  AppendEpilogue(key, e);
+  prim = Cache().Get(key, [&] {
+    return TryMake([&] {
+      return ChooseConv(ConvOp::kForward, w.shape, [&](ConvLayout l) {
+        PostOps po = MakePostOps(e, y.shape, 1, true, l == ConvLayout::kChannelsLast);
+        auto pd = ConvForwardPD(x.shape, w.shape, y.shape, p, dt::f32, prop::forward_inference, l,
+                                po.bias ? &*po.bias : nullptr, &po.attr);
+        ConvDescs user(x.shape, w.shape, y.shape, p, dt::f32, ConvLayout::kPlain);
+        ArgDescs args{{DNNL_ARG_SRC, pd.src_desc(), user.x},
+                      {DNNL_ARG_WEIGHTS, pd.weights_desc(), user.w},
+                      {DNNL_ARG_DST, pd.dst_desc(), user.y}};
+        if (po.bias) args.emplace_back(DNNL_ARG_BIAS, *po.bias, *po.bias);
+        args.insert(args.end(), po.binaries.begin(), po.binaries.end());
+        auto prim = ConvPrim<dnnl::convolution_forward>(pd, l, args);
+        if (prim) prim->epilogue_steps = po.steps;
+        return prim;
+      });
+    });
+  });
+  if (!prim) {
+    Conv2d(x, w, y, p);
+    return ApplyEpilogueAll(y, inner, channels, e, operands);
+  }
+  std::vector<void*> ptrs{x.data, w.data, y.data};
+  AppendOperands(ptrs, *prim, e, operands);
+  Execute(*prim, ptrs);
+  ApplyEpilogueAll(y, inner, channels, e, operands, prim->epilogue_steps);
 }
 
 } // namespace kiln::host

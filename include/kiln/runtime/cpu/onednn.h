@@ -8,7 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
+#include "kiln/runtime/scalar_fn.h"
 #include "kiln/runtime/tensor_view.h"
 
 namespace kiln::host {
@@ -45,6 +48,35 @@ void MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
 void MaxPool2dGrad(const TensorView& dy, const TensorView& x, const TensorView& dx, const Pool2dParams& p);
 void AvgPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p);
 void AvgPool2dGrad(const TensorView& dy, const TensorView& dx, const Pool2dParams& p);
+
+/// An elementwise epilogue of a float32 matmul or conv2d: steps applied in order to each output
+/// element x before it is stored. oneDNN runs it as post-ops of the same primitive (a first
+/// per-channel add as the primitive's own bias); where oneDNN is not used (the hand-written
+/// kernels, or no kernel with these post-ops), the steps run over the output in blocks while it is
+/// in cache. The channel axis is 1 for conv2d (NCHW) and the last axis for matmul.
+struct EpilogueStep {
+  enum Kind : uint8_t { kUnary, kLinear, kBinary } kind = kUnary;
+  UnaryFn unary = UnaryFn::kIdentity;  ///< kUnary: one of those EpilogueSupports accepts
+  float alpha = 1, beta = 0;           ///< kLinear: alpha * x + beta
+  BinaryFn binary = BinaryFn::kAdd;    ///< kBinary: x op operand (x on the left)
+  bool per_channel = false;            ///< kBinary: the operand holds one value per channel, else the output's shape
+  int operand = 0;                     ///< kBinary: index into the call's operands
+};
+struct Epilogue {
+  std::vector<EpilogueStep> steps;
+};
+/// The functions an epilogue step may apply (those oneDNN has an eltwise or binary algorithm for).
+bool EpilogueSupports(UnaryFn f);
+bool EpilogueSupports(BinaryFn f);
+/// Matmul and Conv2d, float32, followed by `e` over `operands` (contiguous float32).
+void MatmulEpilogue(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p,
+                    const Epilogue& e, std::span<const TensorView> operands);
+void Conv2dEpilogue(const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p,
+                    const Epilogue& e, std::span<const TensorView> operands);
+/// `e` over elements [begin, end) of the float32 buffer `y` whose channel axis has `channels`
+/// entries each `inner` elements apart (the fallback of the two above, and tests' reference).
+void ApplyEpilogue(float* y, int64_t begin, int64_t end, int64_t inner, int64_t channels, const Epilogue& e,
+                   std::span<const TensorView> operands);
 
 /// Counters of the oneDNN primitive cache (process-wide).
 struct OneDnnCacheStats {
