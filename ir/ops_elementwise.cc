@@ -106,8 +106,11 @@ void RegisterElementwiseOps(OpTable& t) {
     Value* e = g.Op("exp", {g.Neg(g.Mul(x, x))});
     return std::vector<Value*>{g.Mul(g.out_grad(), g.Mul(S(g, 1.1283791670955126), e))};
   }, "error function");
+  // From the output: relu(x) > 0 exactly where x > 0 (NaN and -0 included), and the output is
+  // what the next layer reads anyway, so training keeps no pre-activation and conv/matmul + bias
+  // + relu stays one fused group.
   DeclareUnary(t, "relu", F::kRelu, D::kNumeric, [](GradContext& g) {
-    return std::vector<Value*>{g.Mul(g.out_grad(), Mask(g, "greater", g.input(0), S(g, 0)))};
+    return std::vector<Value*>{g.Mul(g.out_grad(), Mask(g, "greater", g.output(), S(g, 0)))};
   }, "max(x, 0)");
   DeclareUnary(t, "floor", F::kFloor, D::kNumeric, nullptr, "round down");
   DeclareUnary(t, "ceil", F::kCeil, D::kNumeric, nullptr, "round up");

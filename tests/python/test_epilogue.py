@@ -78,15 +78,34 @@ def test_the_report_lists_the_epilogue_groups_by_their_ops():
     assert "group 0: conv2d, add, relu -> 1 kernel (in0, in1, in2), 3 ops" in net.compile_report()
 
 
-def test_training_keeps_the_pre_activation_the_backward_reads():
-    # relu's gradient reads its input: in training the bias add ends the group, its output written.
+class _SquaredDense(nn.HybridBlock):
+    """Dense followed by square: square's gradient reads its input, the pre-activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(9, in_units=19)
+
+    def forward(self, x):
+        return nd.square(self.dense(x))
+
+
+def _training_groups(make):
     x = nd.random.normal(shape=(4, 19))
-    _, net = _pair(_dense_net, x)
+    eager, net = _pair(make, x)
     with autograd.record():
         net(x).sum().backward()
     plans = {p["name"]: p for p in net.compile_report(as_dict=True)["plans"]}
-    ops = [g["ops"] for g in plans["training forward"]["groups"] if g["expr"].startswith("oneDNN ")]
-    assert ["matmul", "add"] in ops and ["matmul", "add", "relu"] not in ops
+    return [g["ops"] for g in plans["training forward"]["groups"] if g["expr"].startswith("oneDNN ")]
+
+
+def test_training_fuses_relu_whose_gradient_reads_its_output():
+    assert ["matmul", "add", "relu"] in _training_groups(_dense_net)
+
+
+def test_training_keeps_the_pre_activation_the_backward_reads():
+    # square's gradient reads its input: in training the bias add ends the group, its output written
+    ops = _training_groups(_SquaredDense)
+    assert ["matmul", "add"] in ops and ["matmul", "add", "square"] not in ops
 
 
 def test_kiln_disable_pass_epilogue_turns_it_off():
