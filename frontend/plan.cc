@@ -237,6 +237,73 @@ bool FreezeFoldStep(std::unique_ptr<ir::Graph>& g) {
 
 }  // namespace
 
+// Streams: the nodes that run become steps, each depending on the producers of what it reads
+// and, through memory reuse, on the users of the arena bytes it overwrites. Costs are the bytes a
+// step moves (four times that for matmul/conv, which compute more per byte). The steps run
+// concurrently only when the work off the critical path is worth the hand-off to other threads.
+
+// The steps of a plan (the nodes that run, in order) with their data dependencies and costs,
+// assigned to streams before memory is planned.
+template <class Reads, class Writes>
+std::vector<streams::Step> PlanSteps(const ir::Graph& graph, const std::vector<bool>& executes,
+                                     const Reads& reads, const Writes& writes, Plan* p) {
+  std::vector<int> producer(p->slots.size(), -1);  // value id -> step that writes it
+  std::vector<streams::Step> steps;
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    if (!executes[i]) continue;
+    int step = static_cast<int>(steps.size());
+    p->step_nodes.push_back(static_cast<int>(i));
+    streams::Step st;
+    std::vector<const ir::Value*> in = reads(i), out = writes(i);
+    for (const ir::Value* v : in)
+      if (int d = producer[v->id()]; d >= 0 && std::find(st.deps.begin(), st.deps.end(), d) == st.deps.end())
+        st.deps.push_back(d);
+    st.cost = static_cast<double>(Traffic(in, out));
+    bool library = graph.nodes()[i]->def().fusion == ir::FusionKind::kOutEwiseFusable ||
+                   (p->fused[i] && p->fused[i]->epilogue);  // a matmul/conv with its epilogue
+    if (library) st.cost *= 4;
+    for (const ir::Value* o : out) producer[o->id()] = step;
+    steps.push_back(std::move(st));
+  }
+  int max_streams = passes::PassDisabled("streams") ? 1 : streams::MaxStreams();
+  p->schedule = streams::Assign(steps, max_streams);
+  const streams::Schedule& s = p->schedule;
+  p->concurrent = s.num_streams > 1 && s.total - s.critical >= streams::MinConcurrentWork() &&
+                  s.critical <= 0.9 * s.total;
+  return steps;
+}
+
+// After memory planning: the reuse of arena bytes across streams becomes waits too, then the
+// final schedule (the streams kept) decides whether running them concurrently still pays.
+template <class Reads, class Writes>
+void FinishStreams(const ir::Graph& graph, std::vector<streams::Step> steps, const Reads& reads,
+                   const Writes& writes, Plan* p) {
+  CompileReport::PlanReport& r = p->report;
+  r.streams = p->schedule.num_streams;
+  if (p->concurrent) {
+    std::vector<streams::Buffer> buffers;
+    std::vector<int> buffer_of(p->slots.size(), -1);
+    for (size_t k = 0; k < p->step_nodes.size(); ++k) {
+      size_t i = static_cast<size_t>(p->step_nodes[k]);
+      int step = static_cast<int>(k);
+      for (const ir::Value* v : reads(i))
+        if (int b = buffer_of[v->id()]; b >= 0) buffers[static_cast<size_t>(b)].readers.push_back(step);
+      for (const ir::Value* o : writes(i)) {
+        const Slot& s = p->stream_slots[o->id()];
+        if (s.kind != Slot::kArena) continue;
+        buffer_of[o->id()] = static_cast<int>(buffers.size());
+        buffers.push_back({s.index, s.index + static_cast<int64_t>(Bytes(o)), step, {}});
+      }
+    }
+    streams::ReuseDeps(buffers, steps);
+    p->schedule = streams::Finalize(steps, p->schedule.stream);
+    const streams::Schedule& s = p->schedule;
+    p->concurrent = s.total - s.critical >= streams::MinConcurrentWork() && s.critical <= 0.9 * s.total;
+  }
+  r.concurrent = p->concurrent;
+  r.critical_fraction = p->schedule.total > 0 ? p->schedule.critical / p->schedule.total : 1;
+}
+
 // Lays out the intermediates: a value takes the smallest free block that fits once its producer
 // runs, and frees its block after its last reader. An elementwise node's output may instead take
 // the block of an input that dies there (in place); other blocks are freed only after the node's
@@ -288,7 +355,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   // an input of its size and dtype that no later node reads. Not copies (a memcpy onto itself),
   // nor ops that read other elements than the one they write (matmul, transpose, reductions).
   const bool in_place = !passes::PassDisabled("inplace");
-  auto dying_input = [&](size_t i, const ir::Value* o) -> const ir::Value* {
+  auto dying_input = [&](size_t i, const ir::Value* o, const std::vector<Slot>& slots,
+                         const std::vector<int>& last_use) -> const ir::Value* {
     if (!in_place) return nullptr;
     const ir::Node& n = *graph.nodes()[i];
     const ir::OpDef& d = n.def();
@@ -298,13 +366,17 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
                                    : d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity);
     if (!device.is_cpu() || !elementwise || n.outputs().size() != 1) return nullptr;
     for (const ir::Value* v : reads(i))
-      if (p->slots[v->id()].kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i) &&
+      if (slots[v->id()].kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i) &&
           v->dtype() == o->dtype() && v->shape().numel() == o->shape().numel())
         return v;
     return nullptr;
   };
-  std::multimap<size_t, size_t> free_blocks;  // size -> offset
-  size_t end = 0;
+  // Streams first: when they may run concurrently, memory is laid out twice, once for running
+  // serially and once keeping each stream's freed blocks for that stream (a block shared across
+  // streams would make them wait for each other); the run picks the layout of its mode.
+  std::vector<bool> executes(graph.nodes().size());
+  for (size_t i = 0; i < graph.nodes().size(); ++i) executes[i] = live[i] && !p->fused_member[i] && !unread(i);
+  std::vector<streams::Step> steps = PlanSteps(graph, executes, reads, writes, p.get());
   uint64_t rnd = 0;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& n = *graph.nodes()[i];
@@ -319,7 +391,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
       rnd += static_cast<uint64_t>((numel + 3) / 4 * 4);
     }
     if (live[i]) ++r.kernels_before, r.bytes_before += Traffic(n.inputs(), n.outputs());
-    if (!live[i] || p->fused_member[i] || unread(i)) {  // not needed, or its group computes it
+    if (!executes[i]) {  // not needed, or its group computes it
       p->kernels.push_back(nullptr);
       continue;
     }
@@ -328,42 +400,64 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
       KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
                               << (device.is_cpu() ? "CPU" : "GPU") << " devices in a compiled graph";
     p->kernels.push_back(kb);
-    const std::vector<const ir::Value*> written = writes(i);
-    ++r.kernels_after, r.bytes_after += Traffic(reads(i), written);
-    for (const ir::Value* o : written) {
-      Slot& s = p->slots[o->id()];
-      if (s.kind != Slot::kNone) continue;
-      size_t need = Bytes(o);
-      ++r.intermediates, r.unshared_bytes += need;
-      if (const ir::Value* v = dying_input(i, o)) {
-        s = p->slots[v->id()];
-        last_use[v->id()] = -2;  // its block now belongs to `o`: not freed here
-        ++r.in_place;
-        continue;
+    ++r.kernels_after, r.bytes_after += Traffic(reads(i), writes(i));
+  }
+  // Places every intermediate into `slots`; returns the arena size. With `per_stream`, a block
+  // freed on a stream is taken again only on that stream (the concurrent layout).
+  const std::vector<int> first_use = last_use;
+  auto place = [&](bool per_stream, std::vector<Slot>& slots) -> size_t {
+    std::vector<int> last_use = first_use;
+    std::vector<std::multimap<size_t, size_t>> free_lists(  // per stream: size -> offset
+        static_cast<size_t>(per_stream ? p->schedule.num_streams : 1));
+    size_t end = 0;
+    for (int step = 0; step < static_cast<int>(p->step_nodes.size()); ++step) {
+      size_t i = static_cast<size_t>(p->step_nodes[static_cast<size_t>(step)]);
+      std::multimap<size_t, size_t>& free_blocks =
+          free_lists[per_stream ? static_cast<size_t>(p->schedule.stream[static_cast<size_t>(step)]) : 0];
+      const std::vector<const ir::Value*> written = writes(i);
+      for (const ir::Value* o : written) {
+        Slot& s = slots[o->id()];
+        if (s.kind != Slot::kNone) continue;
+        size_t need = Bytes(o);
+        if (!per_stream) ++r.intermediates, r.unshared_bytes += need;
+        if (const ir::Value* v = dying_input(i, o, slots, last_use)) {
+          s = slots[v->id()];
+          last_use[v->id()] = -2;  // its block now belongs to `o`: not freed here
+          if (!per_stream) ++r.in_place;
+          continue;
+        }
+        auto it = free_blocks.lower_bound(need);
+        if (it != free_blocks.end()) {
+          s = {Slot::kArena, static_cast<int64_t>(it->second)};
+          if (it->first > need) free_blocks.emplace(it->first - need, it->second + need);
+          free_blocks.erase(it);
+        } else {
+          s = {Slot::kArena, static_cast<int64_t>(end)};
+          end += need;
+        }
       }
-      auto it = free_blocks.lower_bound(need);
-      if (it != free_blocks.end()) {
-        s = {Slot::kArena, static_cast<int64_t>(it->second)};
-        if (it->first > need) free_blocks.emplace(it->first - need, it->second + need);
-        free_blocks.erase(it);
-      } else {
-        s = {Slot::kArena, static_cast<int64_t>(end)};
-        end += need;
+      for (const ir::Value* v : reads(i)) {
+        const Slot& s = slots[v->id()];
+        if (s.kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i)) {
+          free_blocks.emplace(Bytes(v), static_cast<size_t>(s.index));
+          last_use[v->id()] = -2;  // freed once, even when the node reads it twice (a * a)
+        }
       }
+      for (const ir::Value* o : written)  // outputs nobody reads
+        if (slots[o->id()].kind == Slot::kArena && last_use[o->id()] < 0)
+          free_blocks.emplace(Bytes(o), static_cast<size_t>(slots[o->id()].index));
     }
-    for (const ir::Value* v : reads(i)) {
-      const Slot& s = p->slots[v->id()];
-      if (s.kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i)) {
-        free_blocks.emplace(Bytes(v), static_cast<size_t>(s.index));
-        last_use[v->id()] = -2;  // freed once, even when the node reads it twice (a * a)
-      }
-    }
-    for (const ir::Value* o : written)  // outputs nobody reads
-      if (p->slots[o->id()].kind == Slot::kArena && last_use[o->id()] < 0)
-        free_blocks.emplace(Bytes(o), static_cast<size_t>(p->slots[o->id()].index));
+    return end;
+  };
+  std::vector<Slot> io_slots = p->slots;  // inputs and outputs only, so far
+  size_t end = place(false, p->slots);
+  if (p->concurrent) {
+    p->stream_slots = io_slots;
+    p->stream_arena_bytes = place(true, p->stream_slots);
   }
   p->arena_bytes = r.arena_bytes = end;
   p->random_numel = static_cast<int64_t>(rnd);
+  FinishStreams(graph, std::move(steps), reads, writes, p.get());
   p->graph = std::move(g);
   r.codegen_cache = CodegenCounters();
   for (size_t k = 0; k < r.codegen_cache.size(); ++k) r.codegen_cache[k].second -= cache_before[k].second;
@@ -431,13 +525,24 @@ uint8_t* Arena(size_t bytes) {
 
 void RunPlan(const Plan& p, const KernelArgs& a) {
   const ir::Graph& g = *p.graph;
-  uint8_t* arena = p.arena_bytes ? Arena(p.arena_bytes) : nullptr;
+  // Concurrent streams, or the timing trial's turn for them: the layout kept per stream.
+  bool use_streams = false;
+  int call = -1;
+  if (p.concurrent) {
+    int decided = p.trial.decided.load(std::memory_order_acquire);
+    if (streams::AlwaysConcurrent()) use_streams = true;
+    else if (decided >= 0) use_streams = decided == 1;
+    else use_streams = (call = p.trial.calls.fetch_add(1)) % 2 == 1;
+  }
+  const std::vector<Slot>& slots = use_streams ? p.stream_slots : p.slots;
+  size_t arena_bytes = use_streams ? p.stream_arena_bytes : p.arena_bytes;
+  uint8_t* arena = arena_bytes ? Arena(arena_bytes) : nullptr;
   struct Depth {  // nested plans take the next arena
     Depth() { ++tls_plan_depth; }
     ~Depth() { --tls_plan_depth; }
   } depth;
   auto view = [&](const ir::Value* v) {
-    const Slot& s = p.slots[v->id()];
+    const Slot& s = slots[v->id()];
     switch (s.kind) {
       case Slot::kInput: return a.in[static_cast<size_t>(s.index)];
       case Slot::kOutput: return a.out[static_cast<size_t>(s.index)];
@@ -451,38 +556,65 @@ void RunPlan(const Plan& p, const KernelArgs& a) {
       }
     }
   };
-  std::vector<TensorView> in, out;
-  std::vector<const float*> fused_in;  // kept across nodes: one allocation per call, not per group
-  std::vector<float*> fused_out;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (!p.kernels[i]) continue;  // dead, or computed by its fused group
+  // Runs node i with the scratch vectors of the thread running it.
+  struct Scratch {
+    std::vector<TensorView> in, out;
+    std::vector<const float*> fused_in;
+    std::vector<float*> fused_out;
+  };
+  auto run = [&](size_t i, Scratch& sc) {
     const ir::Node& n = *g.nodes()[i];
     if (const Plan::Fused* f = p.fused[i].get(); f && f->epilogue) {
-      in.clear();
-      for (const ir::Value* v : f->inputs) in.push_back(view(v));
-      fusion::RunEpilogue(*f->epilogue, in, view(n.output()));
-      continue;
+      sc.in.clear();
+      for (const ir::Value* v : f->inputs) sc.in.push_back(view(v));
+      fusion::RunEpilogue(*f->epilogue, sc.in, view(n.output()));
+      return;
     }
 #if KILN_WITH_CODEGEN
     if (const Plan::Fused* f = p.fused[i].get()) {
-      fused_in.clear();
-      for (const ir::Value* v : f->inputs) fused_in.push_back(static_cast<const float*>(view(v).data));
+      sc.fused_in.clear();
+      for (const ir::Value* v : f->inputs) sc.fused_in.push_back(static_cast<const float*>(view(v).data));
       if (f->row_kernel) {
-        fused_out.clear();
-        for (const ir::Value* v : f->outputs) fused_out.push_back(static_cast<float*>(view(v).data));
-        f->row_kernel->Run(fused_in.data(), fused_out.data(), f->rows, f->len);
+        sc.fused_out.clear();
+        for (const ir::Value* v : f->outputs) sc.fused_out.push_back(static_cast<float*>(view(v).data));
+        f->row_kernel->Run(sc.fused_in.data(), sc.fused_out.data(), f->rows, f->len);
       } else {
-        f->kernel->Run(fused_in.data(), static_cast<float*>(view(n.output()).data), n.output()->shape().numel());
+        f->kernel->Run(sc.fused_in.data(), static_cast<float*>(view(n.output()).data), n.output()->shape().numel());
       }
-      continue;
+      return;
     }
 #endif
-    in.clear(), out.clear();
-    for (const ir::Value* v : n.inputs()) in.push_back(view(v));
-    for (const ir::Value* v : n.outputs()) out.push_back(view(v));
-    p.kernels[i]->fn(KernelArgs{n.def(), in, out, n.attrs(), a.device, a.seed, a.offset + p.random_offsets[i]});
-  }
-  for (int k : p.out_of_place) host::CopyConvert(view(g.outputs()[static_cast<size_t>(k)]), a.out[static_cast<size_t>(k)]);
+    sc.in.clear(), sc.out.clear();
+    for (const ir::Value* v : n.inputs()) sc.in.push_back(view(v));
+    for (const ir::Value* v : n.outputs()) sc.out.push_back(view(v));
+    p.kernels[i]->fn(KernelArgs{n.def(), sc.in, sc.out, n.attrs(), a.device, a.seed, a.offset + p.random_offsets[i]});
+  };
+  auto CopyOutOfPlace = [&] {
+    for (int k : p.out_of_place)
+      host::CopyConvert(view(g.outputs()[static_cast<size_t>(k)]), a.out[static_cast<size_t>(k)]);
+  };
+  auto serial = [&] {
+    Scratch sc;  // kept across nodes: one allocation per call, not per group
+    for (int i : p.step_nodes) run(static_cast<size_t>(i), sc);
+  };
+  auto concurrent = [&] {
+    streams::Execute(p.schedule, [&](int step) {
+      Scratch sc;  // per step: steps are big when streams run concurrently, and may nest plans
+      run(static_cast<size_t>(p.step_nodes[static_cast<size_t>(step)]), sc);
+    });
+  };
+  if (call < 0) return (use_streams ? concurrent() : serial()), CopyOutOfPlace();
+  // Whether the streams pay off depends on how many threads each kernel already keeps busy: the
+  // first calls alternate and are timed, then the faster way stays.
+  Plan::StreamTrial& t = p.trial;
+  const Clock::time_point t0 = Clock::now();
+  use_streams ? concurrent() : serial();
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (call >= 2) (use_streams ? t.concurrent_ns : t.serial_ns).fetch_add(ns);  // the first two warm up
+  if (call == 2 + 2 * Plan::StreamTrial::kRounds - 1)
+    t.decided.store(t.concurrent_ns.load() < 0.95 * static_cast<double>(t.serial_ns.load()) ? 1 : 0,
+                    std::memory_order_release);
+  CopyOutOfPlace();
 }
 
 // ---- the compile report's text -----------------------------------------------------------------
@@ -544,6 +676,8 @@ std::string CompileReport::str() const {
        << "  memory: arena " << HumanBytes(static_cast<int64_t>(p.arena_bytes)) << " at peak ("
        << HumanBytes(static_cast<int64_t>(p.unshared_bytes)) << " unshared); " << p.in_place << " of "
        << p.intermediates << " intermediates in place\n"
+       << "  streams: " << p.streams << (p.concurrent ? ", run concurrently" : p.streams > 1 ? ", run one after another (too little work apart)" : "")
+       << "; estimated critical path " << static_cast<int>(p.critical_fraction * 100 + 0.5) << "% of the serial time\n"
        << "  time: " << Ms(p.total_ms()) << " (pipeline " << Ms(p.pipeline_ms) << ", planning "
        << Ms(p.plan_ms) << ", codegen " << Ms(p.codegen_ms) << ")\n";
     if (!p.codegen_cache.empty()) {

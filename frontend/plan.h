@@ -4,6 +4,7 @@
 // from or when they run.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
+#include "streams.h"
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
@@ -42,6 +44,23 @@ struct Plan {
   std::vector<Slot> slots;                     ///< per value id
   std::vector<int> out_of_place;               ///< outputs whose value lives elsewhere: copied at the end
   size_t arena_bytes = 0;
+  /// Stream assignment: the nodes that run (steps), in order, and their streams; the steps run
+  /// concurrently, stream by stream, when `concurrent` (see streams.h).
+  std::vector<int> step_nodes;
+  streams::Schedule schedule;
+  bool concurrent = false;  ///< streams worth trying concurrently (enough independent work)
+  /// With `concurrent`: the memory layout for running the streams concurrently (each stream
+  /// reuses only its own freed blocks); `slots` and `arena_bytes` are the serial layout.
+  std::vector<Slot> stream_slots;
+  size_t stream_arena_bytes = 0;
+  /// The first calls of a plan with `concurrent` alternate serial and concurrent runs and are
+  /// timed; then the faster stays (`decided`: 1 concurrent, 0 serial, -1 not yet).
+  struct StreamTrial {
+    static constexpr int kRounds = 4;
+    std::atomic<int> calls{0}, decided{-1};
+    std::atomic<int64_t> serial_ns{0}, concurrent_ns{0};
+  };
+  mutable StreamTrial trial;
   int64_t random_numel = 0;
   /// Fused groups: at the group's last node, one generated kernel over the group's inputs; the
   /// other members are skipped (their values never exist, unless a row group writes them).

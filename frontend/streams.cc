@@ -22,10 +22,8 @@
 namespace kiln::streams {
 
 Schedule Assign(std::span<const Step> steps, int max_streams) {
-  Schedule s;
   size_t n = steps.size();
-  s.stream.assign(n, 0);
-  s.waits.assign(n, {});
+  std::vector<int> stream(n, 0);
   std::vector<double> finish(n, 0);
   std::vector<double> free_at;  // per stream: when its last step ends
   std::vector<int> tail;        // per stream: its last step
@@ -52,28 +50,42 @@ Schedule Assign(std::span<const Step> steps, int max_streams) {
       best_start = ready;
       free_at.push_back(0);
       tail.push_back(-1);
-      s.lists.emplace_back();
     }
     size_t b = static_cast<size_t>(best);
-    s.stream[i] = best;
+    stream[i] = best;
     finish[i] = best_start + steps[i].cost;
     free_at[b] = finish[i];
     tail[b] = static_cast<int>(i);
-    s.lists[b].push_back(static_cast<int>(i));
-    s.total += steps[i].cost;
-    s.critical = std::max(s.critical, finish[i]);
   }
-  s.num_streams = std::max<int>(1, static_cast<int>(s.lists.size()));
-  if (s.lists.empty()) s.lists.emplace_back();
-  // Waits: per other stream, only its latest step this one needs (streams run in order).
+  return Finalize(steps, std::move(stream));
+}
+
+Schedule Finalize(std::span<const Step> steps, std::vector<int> stream) {
+  Schedule s;
+  size_t n = steps.size();
+  KILN_CHECK(stream.size() == n) << stream.size() << " streams for " << n << " steps";
+  s.stream = std::move(stream);
+  for (int k : s.stream) s.num_streams = std::max(s.num_streams, k + 1);
+  s.lists.assign(static_cast<size_t>(s.num_streams), {});
+  s.waits.assign(n, {});
+  std::vector<double> finish(n, 0), free_at(static_cast<size_t>(s.num_streams), 0);
   for (size_t i = 0; i < n; ++i) {
+    size_t k = static_cast<size_t>(s.stream[i]);
+    double start = free_at[k];
+    // Waits: per other stream, only its latest step this one needs (streams run in order).
     std::vector<int> latest(static_cast<size_t>(s.num_streams), -1);
     for (int d : steps[i].deps) {
-      int t = s.stream[static_cast<size_t>(d)];
-      if (t != s.stream[i]) latest[static_cast<size_t>(t)] = std::max(latest[static_cast<size_t>(t)], d);
+      KILN_CHECK(d >= 0 && static_cast<size_t>(d) < i) << "step " << i << " depends on step " << d;
+      start = std::max(start, finish[static_cast<size_t>(d)]);
+      size_t t = static_cast<size_t>(s.stream[static_cast<size_t>(d)]);
+      if (t != k) latest[t] = std::max(latest[t], d);
     }
     for (int d : latest)
       if (d >= 0) s.waits[i].push_back(d);
+    finish[i] = free_at[k] = start + steps[i].cost;
+    s.lists[k].push_back(static_cast<int>(i));
+    s.total += steps[i].cost;
+    s.critical = std::max(s.critical, finish[i]);
   }
   return s;
 }
@@ -92,6 +104,16 @@ void ReuseDeps(std::span<const Buffer> buffers, std::vector<Step>& steps) {
       for (int r : earlier.readers) add(r);
     }
   }
+}
+
+double& MinConcurrentWork() {
+  static double bytes = 4 << 20;
+  return bytes;
+}
+
+bool& AlwaysConcurrent() {
+  static bool always = false;
+  return always;
 }
 
 int MaxStreams() {

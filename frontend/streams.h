@@ -38,6 +38,10 @@ struct Schedule {
 /// Splits `steps` (in a valid order: every dep is an earlier step) into at most `max_streams`.
 Schedule Assign(std::span<const Step> steps, int max_streams);
 
+/// The schedule of a given stream per step (waits, lists, estimated times): after dependencies
+/// were added to steps already assigned (memory reuse, ReuseDeps).
+Schedule Finalize(std::span<const Step> steps, std::vector<int> stream);
+
 /// An arena buffer: bytes [begin, end), the step that writes it and the steps that read it.
 struct Buffer {
   int64_t begin = 0, end = 0;
@@ -55,7 +59,14 @@ void ReuseDeps(std::span<const Buffer> buffers, std::vector<Step>& steps);
 /// remaining steps are skipped).
 void Execute(const Schedule& s, const std::function<void(int)>& run);
 
-/// Helper threads available to Execute (cores - 1, at least 1).
+/// Streams Execute can run at once (the cores, at least 2).
 int MaxStreams();
+
+/// A plan's streams run concurrently only when the work they take off the critical path is at
+/// least this (in the cost unit of plans: bytes moved); 4 MB by default. Tests set it to 0.
+double& MinConcurrentWork();
+
+/// Tests: plans whose streams are worth trying always run them concurrently (no timing trial).
+bool& AlwaysConcurrent();
 
 }  // namespace kiln::streams

@@ -41,8 +41,9 @@ constexpr const char* kPlanSteps[] = {
     "epilogue",
     // Memory planning lets an elementwise output take the block of an input that dies there.
     "inplace",
+    // Independent branches on separate streams, run concurrently when the branches are big enough.
+    "streams",
 };
-
 
 /// The names in a comma-separated switch value, spaces trimmed, empty items skipped. Each must
 /// be a known pass (or `all` where `allow_all`); otherwise ValueError with the closest name.

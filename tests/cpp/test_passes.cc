@@ -245,7 +245,7 @@ TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest 
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DISABLE_PASS: unknown pass 'csee'; did you mean 'cse'? The passes are: "
-        "constant_fold, simplify, cse, dce, freeze_fold, fusion, epilogue, inplace");
+        "constant_fold, simplify, cse, dce, freeze_fold, fusion, epilogue, inplace, streams");
   }
   {
     ScopedEnv env("KILN_DUMP_IR", "simplfy");

@@ -133,3 +133,104 @@ TEST_CASE("streams: an error in one stream stops the others and reaches the call
   kiln::streams::Execute(s, [&](int) { ++again; });
   CHECK(again.load() == 40);
 }
+
+// ---- compiled plans ------------------------------------------------------------------------------
+
+#include <cmath>
+#include <random>
+
+#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/ops.h"
+#include "test_util.h"
+
+namespace {
+
+using kiln::Shape;
+using kiln::Tensor;
+namespace nd = kiln::nd;
+
+// A random DAG of matmuls, elementwise ops and reductions over `branches` independent inputs of
+// shape (n, n), joined at the end: memory gets reused across branches, and branches run side by
+// side when streams run concurrently.
+std::vector<Tensor> RandomProgram(std::mt19937& rng, const std::vector<Tensor>& in, int nodes) {
+  std::vector<Tensor> vals = in;
+  for (int k = 0; k < nodes; ++k) {
+    auto pick = [&] { return vals[std::uniform_int_distribution<size_t>(0, vals.size() - 1)(rng)]; };
+    // Prefer recent values: long chains per branch, with occasional cross links.
+    auto recent = [&] {
+      size_t lo = vals.size() > 4 ? vals.size() - 4 : 0;
+      return vals[std::uniform_int_distribution<size_t>(lo, vals.size() - 1)(rng)];
+    };
+    Tensor a = rng() % 3 ? recent() : pick();
+    switch (rng() % 6) {
+      case 0: vals.push_back(nd::tanh(nd::matmul(a, pick()))); break;
+      case 1: vals.push_back(nd::add(a, pick())); break;
+      case 2: vals.push_back(nd::multiply(nd::exp(nd::multiply(a, 0.1)), 0.5)); break;
+      case 3: vals.push_back(nd::relu(nd::subtract(a, 0.25))); break;
+      case 4: vals.push_back(nd::add(a, nd::sum(a, {1}, true))); break;
+      default: vals.push_back(nd::sigmoid(a)); break;
+    }
+  }
+  // Every value nobody read yet is an output, so nothing is dead.
+  return {vals.end() - std::min<std::ptrdiff_t>(3, static_cast<std::ptrdiff_t>(vals.size())), vals.end()};
+}
+
+std::shared_ptr<kiln::CachedGraph> TraceRandom(uint32_t seed, int branches, int64_t n, int nodes) {
+  std::mt19937 rng(seed);
+  kiln::trace::TraceScope scope;
+  std::vector<Tensor> in;
+  for (int b = 0; b < branches; ++b)
+    in.push_back(scope.Input(std::string(1, static_cast<char>('a' + b)), Shape{n, n}, kiln::DType::kFloat32, kiln::cpu()));
+  return scope.Finish(RandomProgram(rng, in, nodes));
+}
+
+struct ForceConcurrent {  // every plan with two streams runs them concurrently
+  double saved = kiln::streams::MinConcurrentWork();
+  ForceConcurrent() { kiln::streams::MinConcurrentWork() = 0, kiln::streams::AlwaysConcurrent() = true; }
+  ~ForceConcurrent() { kiln::streams::MinConcurrentWork() = saved, kiln::streams::AlwaysConcurrent() = false; }
+};
+
+}  // namespace
+
+TEST_CASE("streams: random compiled graphs give the same results with streams concurrent") {
+  int concurrent_plans = 0;
+  for (uint32_t seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    int branches = 2 + static_cast<int>(seed % 3);
+    int64_t n = 8 + (seed % 5) * 9;
+    std::shared_ptr<kiln::CachedGraph> serial, concurrent;
+    {
+      kiln::testing::ScopedEnv off("KILN_DISABLE_PASS", "streams");
+      serial = TraceRandom(seed, branches, n, 14);
+    }
+    ForceConcurrent force;  // planned and run concurrently
+    concurrent = TraceRandom(seed, branches, n, 14);
+    kiln::CompileReport rs = serial->compile_report(), rc = concurrent->compile_report();
+    REQUIRE(rs.plans.size() == 1);
+    CHECK(rs.plans[0].streams == 1);
+    CHECK_FALSE(rs.plans[0].concurrent);
+    concurrent_plans += rc.plans[0].concurrent;
+    std::vector<Tensor> in;
+    for (int b = 0; b < branches; ++b) in.push_back(nd::random::uniform(-1, 1, Shape{n, n}));
+    for (int rep = 0; rep < 3; ++rep) {  // the arena is reused between calls too
+      std::vector<Tensor> want = serial->Call(in), got = concurrent->Call(in);
+      REQUIRE(want.size() == got.size());
+      for (size_t o = 0; o < want.size(); ++o) {
+        std::vector<float> w = want[o].ToVector<float>(), g = got[o].ToVector<float>();
+        for (size_t i = 0; i < w.size(); ++i)
+          if (w[i] != g[i] && !(std::abs(w[i] - g[i]) <= 1e-5f * (1 + std::abs(w[i]))) && !(std::isnan(w[i]) && std::isnan(g[i]))) {
+            FAIL_CHECK("output " << o << " element " << i << ": serial " << w[i] << ", concurrent " << g[i]);
+            break;
+          }
+      }
+    }
+  }
+  CHECK(concurrent_plans >= 30);  // the comparison is not serial against serial
+}
+
+TEST_CASE("streams: a small plan stays serial by default and reports its streams") {
+  std::shared_ptr<kiln::CachedGraph> g = TraceRandom(7, 2, 8, 6);
+  kiln::CompileReport r = g->compile_report();
+  CHECK_FALSE(r.plans[0].concurrent);  // far below the work that pays for a hand-off
+  CHECK(r.str().find("streams: ") != std::string::npos);
+}

@@ -109,6 +109,9 @@ struct CompileReport {
     size_t unshared_bytes = 0;     ///< the intermediates' blocks summed, as if none shared memory
     int intermediates = 0;         ///< values placed in the arena
     int in_place = 0;              ///< of those, outputs written over an input that dies there
+    int streams = 1;               ///< streams the kernels were assigned to
+    bool concurrent = false;       ///< whether they run concurrently (enough independent work)
+    double critical_fraction = 1;  ///< estimated time with streams concurrent / one after another
     /// What freeze_fold did, for a frozen graph (hybridize(freeze=True)); empty otherwise.
     std::optional<Freeze> freeze;
     double pipeline_ms = 0, plan_ms = 0, codegen_ms = 0;  ///< plan_ms excludes codegen_ms
