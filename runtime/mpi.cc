@@ -420,24 +420,6 @@ void AllreduceLocked(char* buf, int64_t count, DType dtype, ReduceOp op, const c
 
 // ---- public ----
 
-ReduceOp ParseReduceOp(std::string_view name) {
-  if (name == "sum") return ReduceOp::kSum;
-  if (name == "mean") return ReduceOp::kMean;
-  if (name == "max") return ReduceOp::kMax;
-  if (name == "min") return ReduceOp::kMin;
-  KILN_THROW(ValueError) << "reduce op '" << name << "': expected one of sum, mean, max, min";
-}
-
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::kSum: return "sum";
-  case ReduceOp::kMean: return "mean";
-  case ReduceOp::kMax: return "max";
-  case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
 void Init(double timeout_s) {
   std::lock_guard<std::mutex> g(InitMutex());
   World& w = W();

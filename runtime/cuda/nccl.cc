@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "nccl_types.h"
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,30 +43,8 @@ void CudaCheck(cudaError_t e, const char* what) {
                             << ")";
 }
 
-ncclDataType_t NcclType(DType dt) {
-  switch (dt) {
-  case DType::kFloat32: return ncclFloat32;
-  case DType::kFloat64: return ncclFloat64;
-  case DType::kFloat16: return ncclFloat16;
-  case DType::kBFloat16: return ncclBfloat16;
-  case DType::kInt32: return ncclInt32;
-  case DType::kInt64: return ncclInt64;
-  case DType::kUInt8: return ncclUint8;
-  case DType::kBool: break;
-  }
-  KILN_THROW(DTypeError) << "NCCL collectives: dtype " << DTypeName(dt)
-                         << " is not supported; cast it to uint8 or int32 first";
-}
-
-ncclRedOp_t NcclOp(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::kSum: return ncclSum;
-  case ReduceOp::kMean: return ncclAvg;
-  case ReduceOp::kMax: return ncclMax;
-  case ReduceOp::kMin: return ncclMin;
-  }
-  return ncclSum;
-}
+ncclDataType_t NcclType(DType dt) { return nccl::Type(dt, "NCCL collectives"); }
+ncclRedOp_t NcclOp(ReduceOp op) { return nccl::Op(op); }
 
 // The communicators and streams of one ordered device set.
 class Clique {

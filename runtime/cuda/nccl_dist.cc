@@ -12,6 +12,8 @@
 #if KILN_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "nccl_types.h"
 #endif
 
 namespace kiln::mpi {
@@ -38,30 +40,8 @@ void Check(ncclResult_t rc, const char* call) {
                                     "and that the other ranks are alive";
 }
 
-ncclDataType_t NcclType(DType t) {
-  switch (t) {
-  case DType::kFloat32: return ncclFloat32;
-  case DType::kFloat64: return ncclFloat64;
-  case DType::kFloat16: return ncclFloat16;
-  case DType::kBFloat16: return ncclBfloat16;
-  case DType::kInt32: return ncclInt32;
-  case DType::kInt64: return ncclInt64;
-  case DType::kUInt8: return ncclUint8;
-  default:
-    KILN_THROW(DTypeError) << "allreduce on GPU: expected a numeric dtype, found " << DTypeName(t)
-                           << "; cast with astype('float32')";
-  }
-}
-
-ncclRedOp_t NcclOp(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::kSum: return ncclSum;
-  case ReduceOp::kMean: return ncclAvg;
-  case ReduceOp::kMax: return ncclMax;
-  case ReduceOp::kMin: return ncclMin;
-  }
-  return ncclSum;
-}
+ncclDataType_t NcclType(DType t) { return coll::nccl::Type(t, "allreduce on GPU"); }
+ncclRedOp_t NcclOp(ReduceOp op) { return coll::nccl::Op(op); }
 
 ncclComm_t CommFor(int device_index) {
   NcclState& s = State();

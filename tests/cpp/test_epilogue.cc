@@ -14,6 +14,7 @@
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/cpu/onednn.h"
 #include "test_util.h"
+#include "trace_util.h"
 
 namespace {
 
@@ -21,15 +22,8 @@ using namespace kiln;
 using kiln::testing::Contains;
 using kiln::testing::ScopedEnv;
 using Names = std::vector<std::string>;
-using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-
-std::shared_ptr<CachedGraph> Trace(const Fn& f, const std::vector<Tensor>& examples) {
-  trace::TraceScope scope;
-  std::vector<Tensor> in;
-  for (size_t i = 0; i < examples.size(); ++i)
-    in.push_back(scope.Input("data" + std::to_string(i), examples[i].shape(), examples[i].dtype(), cpu()));
-  return scope.Finish(f(in));
-}
+using Fn = kiln::testing::TraceFn;
+using kiln::testing::Trace;
 
 /// The ops of the forward plan's epilogue groups, in order.
 std::vector<Names> EpilogueGroups(const CachedGraph& g) {

@@ -15,6 +15,7 @@
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/ops.h"
 #include "test_util.h"
+#include "trace_util.h"
 
 namespace {
 
@@ -22,28 +23,9 @@ using namespace kiln;
 using kiln::testing::Contains;
 using kiln::testing::ScopedEnv;
 
-using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-
-std::shared_ptr<CachedGraph> Trace(const Fn& f, const std::vector<Tensor>& examples) {
-  trace::TraceScope scope;
-  std::vector<Tensor> in;
-  for (size_t i = 0; i < examples.size(); ++i)
-    in.push_back(scope.Input("data" + std::to_string(i), examples[i].shape(), examples[i].dtype(), cpu()));
-  return scope.Finish(f(in));
-}
-
-/// Elementwise within atol + rtol * |b|; equal infinities and NaN positions must match.
-void CheckClose(const Tensor& a, const Tensor& b, double rtol = 2e-5, double atol = 2e-6) {
-  REQUIRE(a.shape() == b.shape());
-  std::vector<double> x = a.ToVector<double>(), y = b.ToVector<double>();
-  int bad = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    bool ok = std::isnan(y[i]) ? std::isnan(x[i])
-                               : (x[i] == y[i] || std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]));
-    if (!ok && ++bad <= 3) MESSAGE("at " << i << ": got " << x[i] << ", expected " << y[i]);
-  }
-  CHECK(bad == 0);
-}
+using Fn = kiln::testing::TraceFn;
+using kiln::testing::Trace;
+using kiln::testing::CheckClose;
 
 Tensor LogSumExpShift(const Tensor& x) { // x - logsumexp(x) over the last axis, written out
   Tensor m = nd::stop_gradient(nd::max(x, {-1}, true));

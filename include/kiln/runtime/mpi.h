@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/runtime/collectives.h"
 #include "kiln/runtime/dtype.h"
 #include "kiln/runtime/error.h"
 
@@ -36,11 +37,11 @@ class DistributedError : public StateError {
 
 namespace mpi {
 
-enum class ReduceOp : uint8_t { kSum, kMean, kMax, kMin };
-
-/// "sum", "mean", "max", "min"; ValueError listing them otherwise.
-ReduceOp ParseReduceOp(std::string_view name);
-const char* ReduceOpName(ReduceOp op);
+// The ops of the in-process collectives ("sum", "mean", "max", "min"; ParseReduceOp throws
+// ValueError listing them otherwise).
+using coll::ReduceOp;
+using coll::ParseReduceOp;
+using coll::ReduceOpName;
 
 /// Starts MPI (MPI_Init_thread on the communication thread) unless already started; idempotent.
 /// `timeout_s` > 0 sets the deadline of every wait; otherwise KILN_DIST_TIMEOUT or 60 s.
