@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -29,8 +30,11 @@ struct Entry {
   std::once_flag backward_once;
   std::unique_ptr<Plan> backward;  // built on first use, or with the entry (training variants)
   std::atomic<bool> has_backward{false};  // set once `backward` is: the report reads it from any thread
-  std::once_flag training_once;
-  std::atomic<int64_t> training_id{-1};   // the variant that saves what its backward reads
+  // Training variants (they save what their backward reads), one per set of inputs that need a
+  // gradient: a data batch without attach_grad gets none computed (no matmul/conv grad_data).
+  std::mutex training_mu;
+  std::map<std::vector<bool>, int64_t> training_ids;
+  std::atomic<int64_t> training_id{-1};   // the variant used last, for the report
 };
 
 // KILN_REPORT=1: the report of plans just built, on stderr.
@@ -93,16 +97,18 @@ struct TrainingPair {
   int num_grad_outputs = 0;
 };
 
-TrainingPair MakeTrainingPair(const ir::Graph& fwd) {
+TrainingPair MakeTrainingPair(const ir::Graph& fwd, const std::vector<bool>& needs_grad) {
   // G: the forward cloned, then the gradient nodes the autodiff pass appends.
   ir::Graph g;
   std::unordered_map<const ir::Value*, ir::Value*> to_g;
   std::unordered_map<const ir::Value*, const ir::Value*> from_g;
-  std::vector<ir::Value*> xs;
-  for (const ir::Value* v : fwd.inputs()) {
+  std::vector<ir::Value*> xs, wrt;  // every input; those a gradient is computed for
+  for (size_t i = 0; i < fwd.inputs().size(); ++i) {
+    const ir::Value* v = fwd.inputs()[i];
     ir::Value* c = g.AddInput(v->name(), v->type());
     to_g[v] = c, from_g[c] = v;
     xs.push_back(c);
+    if (needs_grad[i]) wrt.push_back(c);
   }
   for (const auto& n : fwd.nodes()) {
     std::vector<ir::Value*> in;
@@ -119,7 +125,10 @@ TrainingPair MakeTrainingPair(const ir::Graph& fwd) {
     ys.push_back(to_g.at(fwd.outputs()[k]));
     dys.push_back(g.AddInput("grad" + std::to_string(k), fwd.outputs()[k]->type()));
   }
-  std::vector<ir::Value*> grads = passes::BuildGradients(g, ys, dys, xs);
+  std::vector<ir::Value*> wrt_grads = passes::BuildGradients(g, ys, dys, wrt);
+  std::vector<ir::Value*> grads(xs.size(), nullptr);  // none (zeros) for inputs that need none
+  for (size_t i = 0, k = 0; i < xs.size(); ++i)
+    if (needs_grad[i]) grads[i] = wrt_grads[k++];
 
   // The forward values the gradient nodes read (or that are gradients themselves).
   auto produced_by_forward = [&](const ir::Value* v) {
@@ -502,11 +511,19 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
   if (!trace::Active() && autograd::NeedsRecord(in)) {
     // Training: the variant that saves what its backward reads (no forward recomputation).
     std::shared_ptr<Entry> e = GetEntry(id_);
-    std::call_once(e->training_once, [&] {
-      TrainingPair p = MakeTrainingPair(*e->forward->graph);
-      e->training_id = Register(std::move(p.forward), device_, std::move(p.backward), p.num_grad_outputs);
-    });
-    id = e->training_id.load();
+    std::vector<bool> needs_grad(in.size());
+    for (size_t i = 0; i < in.size(); ++i) needs_grad[i] = autograd::NeedsRecord(std::span<const Tensor>(&in[i], 1));
+    {
+      std::lock_guard<std::mutex> g(e->training_mu);
+      auto it = e->training_ids.find(needs_grad);
+      if (it == e->training_ids.end()) {
+        TrainingPair p = MakeTrainingPair(*e->forward->graph, needs_grad);
+        it = e->training_ids.emplace(needs_grad, Register(std::move(p.forward), device_, std::move(p.backward),
+                                                          p.num_grad_outputs)).first;
+      }
+      id = it->second;
+    }
+    e->training_id.store(id);
     n_out = static_cast<int>(ir::GetGraphSignature(id).outputs.size());
   }
   std::vector<Tensor> out = Invoke(ir::FindOp("call_graph"), in,

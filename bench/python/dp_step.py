@@ -9,7 +9,8 @@ repeated steps (every step waits for the engine at its end):
   step:    forward + backward + trainer.step (the bucketed allreduce queued behind the backward,
            then the update).
 If communication overlapped the backward perfectly, step would equal compute; without any overlap
-step = compute + comm. Prints JSON lines per model:
+step = compute + comm. Hybridized, each device's backward is one compiled task that writes every
+gradient at its end, so only the eager case (many tasks, 1 MB buckets) can overlap. Prints JSON lines per model:
   {"bench": "dp_step", "case": "<model>_compute"|"<model>_comm"|"<model>_step", "metric": "ms", ...}
   {"bench": "dp_step", "case": "<model>_step/(compute+comm)", "metric": "fraction", ...}
   {"bench": "dp_step", "case": "<model>_hidden", "metric": "fraction", "value": share of comm hidden}
@@ -43,11 +44,12 @@ def lenet():
     return net, (1, 28, 28)
 
 
-def measure(name, make, devices, batch, repeat):
+def measure(name, make, devices, batch, repeat, hybridize=True, bucket_mb=None):
     net, shape = make()
     net.initialize(init=kiln.init.Normal(0.01), device=devices)
-    net.hybridize()
-    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    if hybridize:
+        net.hybridize()
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, bucket_mb=bucket_mb)
     loss = kiln.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.default_rng(0)
     X = rng.random((batch,) + shape, dtype=np.float32)
@@ -112,8 +114,12 @@ def main():
     devices = kiln.gpus()[:2]
     if len(devices) < 2:
         devices = [kiln.cpu(0), kiln.cpu(1)]
-    measure("mlp", mlp, devices, 64 if args.quick else 256, repeat)
-    measure("lenet", lenet, devices, 64 if args.quick else 256, repeat)
+    batch = 64 if args.quick else 256
+    measure("mlp", mlp, devices, batch, repeat)
+    measure("lenet", lenet, devices, batch, repeat)
+    # Eager, with buckets of 1 MB: the backward is many tasks, so a bucket's allreduce can start
+    # while the earlier layers' gradients are still being computed.
+    measure("mlp_eager", mlp, devices, batch, repeat, hybridize=False, bucket_mb=1)
 
 
 if __name__ == "__main__":

@@ -292,3 +292,34 @@ def test_the_shape_finding_first_call_compiles_no_child_alone():
     np.testing.assert_allclose(net(x).asnumpy(), want, rtol=1e-5)  # compiled, as one graph
     assert len(net._cache) == 1
     assert all(not child._cache for child in net._children.values())
+
+
+def test_training_computes_no_gradient_for_a_data_batch_without_attach_grad():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(16, activation="relu", in_units=8), nn.Dense(3, in_units=16))
+    net.initialize()
+    net.hybridize()
+    x = nd.random.normal(shape=(5, 8))
+
+    def backward_bytes():
+        with autograd.record():
+            net(x).sum().backward()
+        plans = {p["name"]: p for p in net.compile_report(as_dict=True)["plans"]}
+        return plans["training backward"]["bytes_before"]
+
+    without = backward_bytes()  # x needs no gradient: no matmul for it, a fill of zeros
+    w_grad = net[0].weight.grad().asnumpy().copy()
+    x.attach_grad()
+    with_x = backward_bytes()   # another variant, which computes x's gradient too
+    assert with_x > without
+    np.testing.assert_allclose(net[0].weight.grad().asnumpy(), w_grad, rtol=1e-6)
+    eager = nn.HybridSequential()
+    eager.add(nn.Dense(16, activation="relu", in_units=8), nn.Dense(3, in_units=16))
+    eager.initialize()
+    for p, q in zip(net.collect_params().values(), eager.collect_params().values()):
+        q.set_data(p.data().copy())
+    x2 = x.copy()
+    x2.attach_grad()
+    with autograd.record():
+        eager(x2).sum().backward()
+    np.testing.assert_allclose(x.grad.asnumpy(), x2.grad.asnumpy(), rtol=1e-5, atol=1e-6)
