@@ -6,6 +6,7 @@
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cuda.h"
+#include "test_util.h"
 
 using namespace kiln;
 
@@ -71,3 +72,49 @@ TEST_CASE("gpu: without a usable GPU the error says why, for this build") {
     CHECK(m.find("kiln.cpu()") != std::string::npos);
   }
 }
+
+// ---- kernels through the driver API (CUDA builds): what a real GPU reports ----
+#ifdef KILN_WITH_CUDA
+namespace {
+// A kernel that does nothing, in PTX old enough for every driver kiln supports.
+const char* kNoopPtx = R"(.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry kiln_noop()
+{
+  ret;
+}
+)";
+}  // namespace
+
+TEST_CASE("gpu: the driver and the device describe themselves") {
+  KILN_REQUIRE_GPU();
+  CHECK(cuda::DriverVersion() >= 12000);
+  CHECK(cuda::ComputeCapability(gpu(0)) >= 75);
+  std::string d = cuda::DeviceDescription(gpu(0));
+  MESSAGE("gpu(0): " << d << "; driver CUDA " << cuda::DriverVersion());
+  CHECK(d.find("sm_") != std::string::npos);
+}
+
+TEST_CASE("gpu: PTX modules load once, launch, and report the driver's errors") {
+  KILN_REQUIRE_GPU();
+  void* fn = cuda::LoadKernel(gpu(0), kNoopPtx, "kiln_noop");
+  CHECK(cuda::LoadKernel(gpu(0), kNoopPtx, "kiln_noop") == fn);
+  cuda::LaunchKernel(fn, 4, 256, 0, nullptr);
+  cuda::SynchronizeDevice(gpu(0));
+  // Block size above the device's 1024 threads: the driver refuses the launch.
+  CHECK(testing::Contains(testing::ErrorOf<DeviceError>([&] { cuda::LaunchKernel(fn, 1, 2048, 0, nullptr); }),
+                          "CUDA_ERROR_INVALID_VALUE"));
+  // Dynamic shared memory above 48 KiB without the per-kernel opt-in is refused as well.
+  CHECK(testing::Contains(testing::ErrorOf<DeviceError>([&] { cuda::LaunchKernel(fn, 1, 32, 64 << 10, nullptr); }),
+                          "CUDA_ERROR_INVALID_VALUE"));
+  cuda::SynchronizeDevice(gpu(0));  // a refused launch leaves the context usable
+  cuda::LaunchKernel(fn, 1, 32, 0, nullptr);
+  cuda::SynchronizeDevice(gpu(0));
+  std::string msg = testing::ErrorOf<DeviceError>([] { cuda::LoadKernel(gpu(0), kNoopPtx, "kiln_missing"); });
+  CHECK(testing::Contains(msg, "no kernel 'kiln_missing'"));
+  msg = testing::ErrorOf<DeviceError>([] { cuda::LoadKernel(gpu(0), ".version 7.0\n.target sm_75\nnot ptx;\n", "k"); });
+  CHECK(testing::Contains(msg, "cuModuleLoadDataEx"));
+  CHECK(testing::Contains(msg, "JIT log"));
+}
+#endif  // KILN_WITH_CUDA

@@ -1,10 +1,9 @@
 // codegen/ PTX: kernels generated through LLVM's NVPTX backend for several GPU architectures,
 // assembled with the CUDA toolkit's ptxas when it is installed (no GPU needed), and run on a GPU
-// when there is one (through the CUDA driver API, loaded with dlopen) against the CPU kernels.
+// when there is one (kiln::cuda::LoadKernel/LaunchKernel, as an engine task) against the CPU kernels.
 #ifdef KILN_WITH_CODEGEN
 #include <doctest/doctest.h>
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -18,6 +17,9 @@
 #include "gpu_skip.h"
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/ptx.h"
+#include "kiln/frontend/tensor.h"
+#include "kiln/runtime/cuda.h"
+#include "kiln/runtime/engine.h"
 #include "test_util.h"
 
 namespace {
@@ -99,101 +101,55 @@ TEST_CASE("ptx: an equal expression is generated once, an unknown architecture i
   CHECK_THROWS_AS(GeneratePtx(bad, "sm_80"), kiln::codegen::UnsupportedError);
 }
 
-// ---- on a GPU: the CUDA driver API, loaded at run time (no link-time dependency on libcuda) ----
+// ---- on a GPU: loaded and launched through kiln::cuda (the driver API by entry point) ----
 
-namespace {
-
-struct Driver {
-  using CUresult = int;
-  using CUdevice = int;
-  using CUcontext = void*;
-  using CUmodule = void*;
-  using CUfunction = void*;
-  using CUdeviceptr = unsigned long long;
-  CUresult (*cuInit)(unsigned) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
-  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
-  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
-  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
-  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
-  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             void*, void**, void**) = nullptr;
-  CUresult (*cuCtxSynchronize)() = nullptr;
-  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
-
-  bool Load() {
-    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) return false;
-    auto sym = [&](auto& f, const char* a, const char* b = nullptr) {
-      void* p = dlsym(h, a);
-      if (!p && b) p = dlsym(h, b);
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(p);
-      return p != nullptr;
-    };
-    return sym(cuInit, "cuInit") && sym(cuDeviceGet, "cuDeviceGet") &&
-           sym(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") && sym(cuCtxSetCurrent, "cuCtxSetCurrent") &&
-           sym(cuModuleLoadData, "cuModuleLoadData") && sym(cuModuleGetFunction, "cuModuleGetFunction") &&
-           sym(cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc") && sym(cuMemFree, "cuMemFree_v2", "cuMemFree") &&
-           sym(cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD") && sym(cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH") &&
-           sym(cuLaunchKernel, "cuLaunchKernel") && sym(cuCtxSynchronize, "cuCtxSynchronize") &&
-           sym(cuDeviceGetAttribute, "cuDeviceGetAttribute");
-  }
-};
-
-}  // namespace
-
-TEST_CASE("ptx: generated kernels run on the GPU and match the CPU kernels") {
+#ifdef KILN_WITH_CUDA
+TEST_CASE("ptx: generated kernels run on the GPU as engine tasks and match the CPU kernels") {
   KILN_REQUIRE_GPU();
-  Driver d;
-  REQUIRE(d.Load());
-  REQUIRE(d.cuInit(0) == 0);
-  Driver::CUdevice dev = 0;
-  REQUIRE(d.cuDeviceGet(&dev, 0) == 0);
-  int major = 0, minor = 0;
-  d.cuDeviceGetAttribute(&major, 75, dev);  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-  d.cuDeviceGetAttribute(&minor, 76, dev);
-  std::string arch = "sm_" + std::to_string(major * 10 + minor);
-  if (major * 10 + minor > 90) arch = "sm_90";  // PTX is forward compatible: the driver compiles it
-  Driver::CUcontext ctx = nullptr;
-  REQUIRE(d.cuDevicePrimaryCtxRetain(&ctx, dev) == 0);
-  REQUIRE(d.cuCtxSetCurrent(ctx) == 0);
+  const kiln::Device dev = kiln::gpu(0);
+  std::string arch = "sm_" + std::to_string(kiln::cuda::ComputeCapability(dev));
+  if (kiln::cuda::ComputeCapability(dev) > 90) arch = "sm_90";  // PTX is forward compatible: the driver compiles it
+  MESSAGE("ptx: running " << arch << " PTX on " << kiln::cuda::DeviceDescription(dev));
   for (const Expr& e : {Chain(), Transcendental()}) {
     CAPTURE(e.ToString());
     auto k = GeneratePtx(e, arch);
-    Driver::CUmodule mod = nullptr;
-    Driver::CUfunction fn = nullptr;
-    REQUIRE(d.cuModuleLoadData(&mod, k.ptx.c_str()) == 0);
-    REQUIRE(d.cuModuleGetFunction(&fn, mod, k.name.c_str()) == 0);
+    void* fn = kiln::cuda::LoadKernel(dev, k.ptx, k.name);
+    CHECK(kiln::cuda::LoadKernel(dev, k.ptx, k.name) == fn);  // loaded once
     const int64_t n = 1000003;
     std::mt19937 rng(5);
     std::uniform_real_distribution<float> u(-2, 2);
     std::vector<std::vector<float>> ins(3, std::vector<float>(static_cast<size_t>(n)));
     for (auto& v : ins)
       for (float& x : v) x = u(rng);
-    std::vector<float> expect(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    std::vector<float> expect(static_cast<size_t>(n));
     const float* ptrs[] = {ins[0].data(), ins[1].data(), ins[2].data()};
     kiln::codegen::CompileElementwise(e)->Run(ptrs, expect.data(), n);
-    Driver::CUdeviceptr dout = 0, din[3] = {};
-    REQUIRE(d.cuMemAlloc(&dout, n * sizeof(float)) == 0);
-    for (int j = 0; j < 3; ++j) {
-      REQUIRE(d.cuMemAlloc(&din[j], n * sizeof(float)) == 0);
-      REQUIRE(d.cuMemcpyHtoD(din[j], ins[static_cast<size_t>(j)].data(), n * sizeof(float)) == 0);
-    }
-    int64_t count = n;
-    void* args[] = {&dout, &din[0], &din[1], &din[2], &count};
-    REQUIRE(d.cuLaunchKernel(fn, 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0);  // fewer threads than n
-    REQUIRE(d.cuCtxSynchronize() == 0);
-    REQUIRE(d.cuMemcpyDtoH(got.data(), dout, n * sizeof(float)) == 0);
+    std::vector<kiln::Tensor> din;
+    for (const auto& v : ins) din.push_back(kiln::Tensor::FromVector(v, kiln::Shape({n})).To(dev));
+    kiln::Tensor dout = kiln::Tensor::Empty(kiln::Shape({n}), kiln::DType::kFloat32, dev);
+    // The launch is a task on the device's compute stream, ordered after the copies by the engine.
+    kiln::engine::Var* reads[] = {din[0].storage()->var(), din[1].storage()->var(), din[2].storage()->var()};
+    kiln::engine::Var* writes[] = {dout.storage()->var()};
+    kiln::engine::TaskOptions o;
+    o.device = dev;
+    o.stream = kiln::engine::StreamKind::kCompute;
+    o.name = "ptx_test_kernel";
+    kiln::engine::Engine::Get().Push(
+        [fn, din, dout, n] {
+          void* out = dout.View().data;
+          void* in[3] = {din[0].View().data, din[1].View().data, din[2].View().data};
+          int64_t count = n;
+          void* args[] = {&out, &in[0], &in[1], &in[2], &count};
+          kiln::cuda::LaunchKernel(fn, 256, 256, 0, args);  // fewer threads than n: the grid-stride loop
+        },
+        reads, writes, o);
+    std::vector<float> got = dout.ToVector<float>();
     int bad = 0;
     for (size_t i = 0; i < got.size(); ++i)
       bad += !(std::fabs(got[i] - expect[i]) <= 1e-5f + 1e-5f * std::fabs(expect[i]));
     CHECK(bad == 0);
-    d.cuMemFree(dout);
-    for (auto p : din) d.cuMemFree(p);
   }
 }
+#endif  // KILN_WITH_CUDA
+
 #endif  // KILN_WITH_CODEGEN

@@ -2,9 +2,14 @@
 // streams, device memory and copies. Implemented over the CUDA runtime in runtime/cuda/ when
 // kiln is built with CUDA, and by runtime/gpu_none.cc (no GPUs, every call a DeviceError)
 // otherwise. Headers of the CUDA toolkit never leak through this file.
+//
+// Kernels (DriverVersion, LoadKernel, LaunchKernel) go through the CUDA driver API reached by
+// cudaGetDriverEntryPointByVersion (never dlsym of a bare legacy name); they exist in CUDA builds
+// only (guard callers with KILN_WITH_CUDA).
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "kiln/runtime/device.h"
 
@@ -35,5 +40,21 @@ void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind);
 void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Device& src_dev,
                    size_t nbytes);
 void Memset(void* dst, int value, size_t nbytes);
+
+/// The CUDA version the driver supports (13000 for 13.0); 0 without a driver.
+int DriverVersion();
+/// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB" for device `d`.
+std::string DeviceDescription(const Device& d);
+/// The compute capability of `d` as 10 * major + minor (90 for sm_90).
+int ComputeCapability(const Device& d);
+/// Loads the PTX module `ptx` on device `d` (the driver JIT-compiles it; cached by the driver for
+/// the process) and returns its kernel `name` as an opaque CUfunction. A module the driver rejects
+/// (PTX newer than the driver, a wrong name) is a DeviceError quoting the driver's JIT log.
+void* LoadKernel(const Device& d, const std::string& ptx, const std::string& name);
+/// Launches `kernel` with a 1-D grid on `stream` (a cudaStream_t; nullptr: the calling worker's
+/// stream). `args` is the real void** of kernel parameters. Launch errors (block too large, too
+/// much shared memory) are DeviceErrors with the driver's name for them.
+void LaunchKernel(void* kernel, unsigned grid, unsigned block, unsigned shared_bytes, void** args,
+                  void* stream = nullptr);
 
 }  // namespace kiln::cuda
