@@ -228,7 +228,8 @@ TEST_CASE("optim: mismatched arguments are typed errors naming the parameter") {
 
 TEST_CASE("optim: GPU tensors are a DeviceError until the CUDA kernels land") {
   KILN_REQUIRE_GPU();
-  std::vector<Tensor> w = {nd::ones({2}, DType::kFloat32, gpu(0))};
+  // Copied to the GPU: creating it there (nd::ones) would need a GPU kernel too.
+  std::vector<Tensor> w = {Tensor::FromVector<float>({1, 1}, Shape({2})).To(gpu(0))};
   std::string msg = ErrorOf<DeviceError>([&] { optim::SGDUpdate(w, w, {}, optim::SGDOptions{}); });
   CHECK(Has(msg, "not supported yet on GPU"));
 }
