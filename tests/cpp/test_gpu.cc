@@ -2,6 +2,8 @@
 // built without CUDA) these report themselves skipped, and CPU work is unaffected.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "gpu_skip.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/allocator.h"
@@ -33,6 +35,24 @@ TEST_CASE("gpu: host-device round trip through pinned staging") {
   CHECK(d.ToVector<float>() == v);
   Tensor d2 = d.To(gpu(0), /*copy=*/true);  // device to device
   CHECK(d2.ToVector<float>() == v);
+}
+
+TEST_CASE("gpu: copies of several staging buffers and a tail keep every byte, both ways") {
+  KILN_REQUIRE_GPU();
+  // 8 MiB staging buffers: 5 full ones and a partial one; an odd offset into the host storage.
+  const int64_t n = 5 * (int64_t{2} << 20) + 12345;
+  std::vector<float> v(static_cast<size_t>(n + 1));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 2654435761u) % 100003);
+  Tensor h = Tensor::FromVector(v, {n + 1});
+  Tensor d = nd::slice(h, {1}, {n + 1}, {1}).To(gpu(0));
+  std::vector<float> back = d.To(cpu()).ToVector<float>();
+  REQUIRE(back.size() == static_cast<size_t>(n));
+  CHECK(std::equal(back.begin(), back.end(), v.begin() + 1));
+  // Two copies queued back to back on the same worker reuse its staging buffers safely.
+  Tensor d2 = h.To(gpu(0));
+  Tensor h2 = d2.To(cpu());
+  Tensor d3 = h2.To(gpu(0));
+  CHECK(d3.ToVector<float>() == v);
 }
 
 TEST_CASE("gpu: caching allocator reuses device blocks") {
