@@ -34,7 +34,9 @@ void* HostMallocPinned(size_t nbytes);
 void HostFreePinned(void* p);
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
-/// Copies on the calling worker's stream (asynchronous when the host side is pinned).
+/// Copies on the calling worker's stream (asynchronous when the host side is pinned). On a GPU
+/// worker, 1 MiB or more of pageable host memory goes through the worker's pinned staging buffers
+/// (the host side is then done when this returns; the device side when the stream is).
 void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind);
 /// Copies between two GPUs (peer access when available, staged otherwise).
 void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Device& src_dev,
