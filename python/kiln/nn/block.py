@@ -11,7 +11,7 @@ import json
 import os
 import threading
 
-from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError
+from .._C import ArgumentError, FormatError, NDArray as _NDArray, SignatureCache as _SignatureCache, StateError
 from .._C import is_recording as _is_recording, is_training as _is_training
 from .. import init as _init
 from .. import sym as _sym
@@ -261,7 +261,9 @@ class HybridBlock(Block):
     kiln.sym while tracing and kiln.nd otherwise) runs once on symbolic arrays that carry shape,
     dtype and device but no data, and every op is recorded into a graph. Later calls with the
     same input signature (shapes, dtypes, devices, training mode) run the compiled graph as one
-    engine task, with no Python per op; a new signature traces again. Parameters are graph
+    engine task, with no Python per op; a new signature traces again. The compiled graphs are kept
+    in a bounded cache (_C.SignatureCache, KILN_GRAPH_CACHE_SIZE, default 64): beyond it the least
+    recently used signature is dropped, and traced again if it comes back. Parameters are graph
     inputs, so training updates reach the compiled graph, and under autograd.record() gradients
     flow through it to the parameters as in eager mode.
 
@@ -284,7 +286,7 @@ class HybridBlock(Block):
         self._active = False
         self._freeze = False
         self._flags = {}
-        self._cache = {}
+        self._cache = _SignatureCache()
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
 
@@ -294,7 +296,7 @@ class HybridBlock(Block):
         self._active = active
         self._freeze = bool(freeze)
         self._flags = dict(kwargs)
-        self._cache = {}
+        self._cache = _SignatureCache()
         self._retrace_reported = self._freeze_reported = False
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
@@ -368,7 +370,7 @@ class HybridBlock(Block):
             return out
         from . import parameter as _parameter
         if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
-            self._cache = {}  # some Parameter's arrays were replaced: the graphs captured the old ones
+            self._cache.clear()  # some Parameter's arrays were replaced: the graphs captured the old ones
         self._cache_generation = _parameter._generation
         frozen = self._freezing()
         key = self._signature(args, frozen)
@@ -379,7 +381,7 @@ class HybridBlock(Block):
             # devices is worth a warning.
             def devices(k):
                 return tuple(a[2] for a in k[2:] if a[0] != "const")
-            same = [k for k in self._cache if devices(k) == devices(key)]
+            same = [k for k in self._cache.keys() if devices(k) == devices(key)]
             if same and not getattr(self, "_retrace_reported", False):
                 self._retrace_reported = True  # once per block: the reason, not a stream of warnings
                 old = same[0]
@@ -466,7 +468,8 @@ class HybridBlock(Block):
                 # Cached as a call would cache it, so the next inference call need not trace.
                 key = (False, self._freeze) + tuple((a.shape, a.dtype, a.device) if isinstance(a, _Spec)
                                                     else ("const", repr(a)) for a in traced.specs)
-                self._cache.setdefault(key, (traced.graph, traced.structure))
+                if key not in self._cache:
+                    self._cache[key] = (traced.graph, traced.structure)
                 self._last_inference_trace = traced
         params = self.collect_params()
         names = _captured_names(traced.graph.captured, params)
