@@ -102,6 +102,10 @@ using NamedHostTensor = std::pair<std::string, HostTensor>;
 /// 8), then the data in the given order. Atomic (WriteFileAtomic). Throws ValueError for
 /// duplicate names or a byte count that does not match shape and dtype.
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params);
+/// The same with the `__metadata__` entries given (in order; none: no `__metadata__` entry), as
+/// the Python package writes them (save_parameters, export).
+void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params,
+                const std::vector<std::pair<std::string, std::string>>& metadata);
 /// Reads a safetensors file in file order, checking everything (see the header comment of
 /// ir/params.cc). The `__metadata__` entries go to `metadata` when given.
 std::vector<NamedHostTensor> LoadParams(const std::string& path,
