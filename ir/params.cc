@@ -1,5 +1,5 @@
-// The params file (`NAME-0000.params`) in the safetensors layout, byte-compatible with
-// python/kiln/nn/serialization.py in both directions: an 8-byte little-endian header length N,
+// The params file (`NAME-0000.params`) in the safetensors layout, kiln's one implementation of it
+// (the Python package writes and reads through it, python/src/params.cc): an 8-byte little-endian header length N,
 // N bytes of JSON {"__metadata__": {"format": "kiln"}, name: {"dtype": "F32", "shape": [...],
 // "data_offsets": [begin, end]}, ...} padded with spaces to a multiple of 8, then the raw
 // little-endian data, offsets relative to the end of the header. Loading checks, in this order:

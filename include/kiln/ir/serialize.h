@@ -96,8 +96,8 @@ struct HostTensor {
 };
 using NamedHostTensor = std::pair<std::string, HostTensor>;
 
-/// Writes `params` in the safetensors layout, byte for byte as python/kiln/nn/serialization.py
-/// does: 8-byte little-endian header length N, N bytes of compact JSON (keys in insertion order,
+/// Writes `params` in the safetensors layout (what the Python package's save_parameters writes,
+/// through this function): 8-byte little-endian header length N, N bytes of compact JSON (keys in insertion order,
 /// `"__metadata__": {"format": "kiln"}` first, ASCII-escaped, padded with spaces to a multiple of
 /// 8), then the data in the given order. Atomic (WriteFileAtomic). Throws ValueError for
 /// duplicate names or a byte count that does not match shape and dtype.
