@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/tracer.h"
 #include "kiln/runtime/collectives.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"

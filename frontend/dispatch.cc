@@ -7,7 +7,7 @@
 #include <new>
 
 #include "kiln/frontend/autograd.h"
-#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/tracer.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/engine.h"

@@ -1,7 +1,7 @@
 // kiln::nd wrappers over Invoke, with dtype promotion for binary ops (see ops.h).
 #include "kiln/frontend/ops.h"
 
-#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/tracer.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // Tensor: creation, host access (the sync points), device copies.
 #include "kiln/frontend/tensor.h"
 
-#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/tracer.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,8 +1,9 @@
+// Graph, Node and Value (see graph.h), the graph copier, and the Builder's shorthands.
 #include "kiln/ir/graph.h"
 
-#include "kiln/ir/text.h"
-
 #include <sstream>
+
+#include "kiln/ir/text.h"
 
 #include "kiln/runtime/error.h"
 
@@ -55,6 +56,35 @@ void Graph::Rollback(const Mark& m) {
 
 // One text form (text.h): what str() prints parses back to the same graph.
 std::string Graph::str() const { return PrintGraph(*this); }
+
+void CopyNodes(const Graph& src, Graph& dst, ValueMap& map, size_t begin, size_t end) {
+  if (end == 0 || end > src.nodes().size()) end = src.nodes().size();
+  for (size_t i = begin; i < end; ++i) {
+    const Node& n = *src.nodes()[i];
+    std::vector<Value*> in;
+    in.reserve(n.inputs().size());
+    for (const Value* v : n.inputs()) {
+      auto it = map.find(v);
+      KILN_CHECK(it != map.end()) << "CopyNodes: node " << n.id() << " (" << n.def().name
+                                  << ") reads a value that was not mapped";
+      in.push_back(it->second);
+    }
+    Node* c = dst.AddNode(n.op(), std::move(in), n.attrs());
+    for (size_t k = 0; k < n.outputs().size(); ++k) map[n.outputs()[k]] = c->outputs()[k];
+  }
+}
+
+std::unique_ptr<Graph> CopyGraph(const Graph& src, ValueMap* map) {
+  auto g = std::make_unique<Graph>();
+  ValueMap local;
+  ValueMap& m = map ? *map : local;
+  for (const Value* v : src.inputs()) m[v] = g->AddInput(v->name(), v->type());
+  CopyNodes(src, *g, m);
+  std::vector<Value*> outs;
+  for (const Value* v : src.outputs()) outs.push_back(m.at(v));
+  g->SetOutputs(std::move(outs));
+  return g;
+}
 
 Value* Builder::Op(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs) {
   return g_.AddNode(FindOp(name), std::move(inputs), attrs)->output(0);

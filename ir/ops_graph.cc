@@ -1,6 +1,4 @@
 // call_graph and call_graph_backward (see include/kiln/ir/call_graph.h).
-#include <mutex>
-
 #include "infer_util.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/ir/graph.h"
@@ -8,12 +6,6 @@
 namespace kiln::ir {
 
 namespace {
-std::mutex g_mu;
-std::vector<GraphSignature>& Signatures() {
-  static auto* s = new std::vector<GraphSignature>();  // leaked: used by kernels until exit
-  return *s;
-}
-
 void CheckInputs(const OpDef& op, const GraphSignature& sig, std::span<const TensorType> in, size_t n) {
   if (in.size() != n)
     KILN_THROW(ValueError) << op.name << ": the compiled graph takes " << n << " inputs, found " << in.size();
@@ -24,19 +16,6 @@ void CheckInputs(const OpDef& op, const GraphSignature& sig, std::span<const Ten
                              << DTypeName(sig.inputs[i].dtype) << sig.inputs[i].shape.str();
 }
 }  // namespace
-
-int64_t RegisterGraphSignature(GraphSignature sig) {
-  std::lock_guard<std::mutex> g(g_mu);
-  Signatures().push_back(std::move(sig));
-  return static_cast<int64_t>(Signatures().size()) - 1;
-}
-
-GraphSignature GetGraphSignature(int64_t id) {
-  std::lock_guard<std::mutex> g(g_mu);
-  if (id < 0 || id >= static_cast<int64_t>(Signatures().size()))
-    KILN_THROW(ValueError) << "call_graph: no compiled graph has id " << id;
-  return Signatures()[static_cast<size_t>(id)];
-}
 
 void RegisterGraphOps(OpTable& t) {
   using K = AttrKind;

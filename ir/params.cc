@@ -1,5 +1,5 @@
-// The params file (`NAME-0000.params`) in the safetensors layout, byte-compatible with
-// python/kiln/nn/serialization.py in both directions: an 8-byte little-endian header length N,
+// The params file (`NAME-0000.params`) in the safetensors layout, kiln's one implementation of it
+// (the Python package writes and reads through it, python/src/params.cc): an 8-byte little-endian header length N,
 // N bytes of JSON {"__metadata__": {"format": "kiln"}, name: {"dtype": "F32", "shape": [...],
 // "data_offsets": [begin, end]}, ...} padded with spaces to a multiple of 8, then the raw
 // little-endian data, offsets relative to the end of the header. Loading checks, in this order:
@@ -130,6 +130,11 @@ private:
 } // namespace
 
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params) {
+  SaveParams(path, params, {{"format", "kiln"}});
+}
+
+void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params,
+                const std::vector<std::pair<std::string, std::string>>& metadata) {
   // The header is assembled entry by entry (an ordered JSON object would search its keys on every
   // insertion); each piece is dumped like json.dumps(separators=(",", ":")) with ASCII escapes.
   auto dump = [&](const OrderedJson& j) -> std::string {
@@ -139,20 +144,25 @@ void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& par
       KILN_THROW(ValueError) << "SaveParams('" << path << "'): a tensor name is not valid UTF-8";
     }
   };
-  std::string text = R"({"__metadata__":{"format":"kiln"})";
+  std::string text = "{";
+  if (!metadata.empty()) {
+    OrderedJson m = OrderedJson::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    text += R"("__metadata__":)" + dump(m);
+  }
   std::set<std::string_view> names;
   uint64_t offset = 0;
   for (const auto& [name, t] : params) {
     if (name == "__metadata__" || !names.insert(name).second)
       KILN_THROW(ValueError) << "SaveParams('" << path << "'): the name '" << name
                              << "' is used twice (or is the reserved __metadata__); names must be unique";
+    if (text.size() > 1) text += ',';
     std::optional<uint64_t> want = ByteSize(t.shape, t.dtype);
     if (!want || t.bytes.size() != *want)
       KILN_THROW(ValueError) << "SaveParams('" << path << "'): tensor '" << name << "' of type "
                              << Type(t.dtype, t.shape) << " needs "
                              << (want ? std::to_string(*want) : "too many") << " bytes but holds "
                              << t.bytes.size();
-    text += ',';
     text += dump(name);
     text += ':';
     text += dump(OrderedJson{
@@ -213,7 +223,9 @@ std::vector<NamedHostTensor> LoadParams(const std::string& path,
            "); the file is damaged or not a safetensors file; " + kResave);
   }
   if (!header.is_object())
-    r.Fail("has a bad safetensors header: expected a JSON object, found " + Short(header) + "; " + kResave);
+    r.Fail("has a bad safetensors header: expected a JSON object, found " + Short(header) + " (" +
+           (header.is_array() ? "a list" : header.is_string() ? "a string" : "a " + std::string(header.type_name())) +
+           "); " + kResave);
 
   const uint64_t start = 8 + n, data_len = blob.size() - start;
   std::vector<Entry> entries;

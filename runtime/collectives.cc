@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kiln/runtime/cpu/combine.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
 
@@ -77,16 +78,10 @@ template <class F> void ForParts(std::span<const int64_t> counts, int64_t b, int
   }
 }
 
-struct Sum {
-  template <class C> static C Apply(C a, C b) { return a + b; }
-};
-// NaN propagates like NumPy's maximum/minimum (b != b is only ever true for a float NaN).
-struct Max {
-  template <class C> static C Apply(C a, C b) { return (b > a || b != b) ? b : a; }
-};
-struct Min {
-  template <class C> static C Apply(C a, C b) { return (b < a || b != b) ? b : a; }
-};
+// Values combine as every reduction of the runtime does (cpu/combine.h).
+using host::MaxOp;
+using host::MinOp;
+using host::SumOp;
 
 // out[m][j] = op over d of in[d][j] (device order), for j in [0, n); divides by D for mean.
 template <class T, class Op>
@@ -158,10 +153,10 @@ void ReduceWith(int D, const T* const* in, int M, T* const* out, int64_t n) {
 
 template <class T> void Reduce(ReduceOp op, int D, const T* const* in, int M, T* const* out, int64_t n) {
   switch (op) {
-  case ReduceOp::kSum: return ReduceWith<T, Sum, false>(D, in, M, out, n);
-  case ReduceOp::kMean: return ReduceWith<T, Sum, true>(D, in, M, out, n);
-  case ReduceOp::kMax: return ReduceWith<T, Max, false>(D, in, M, out, n);
-  case ReduceOp::kMin: return ReduceWith<T, Min, false>(D, in, M, out, n);
+  case ReduceOp::kSum: return ReduceWith<T, SumOp, false>(D, in, M, out, n);
+  case ReduceOp::kMean: return ReduceWith<T, SumOp, true>(D, in, M, out, n);
+  case ReduceOp::kMax: return ReduceWith<T, MaxOp, false>(D, in, M, out, n);
+  case ReduceOp::kMin: return ReduceWith<T, MinOp, false>(D, in, M, out, n);
   }
 }
 
@@ -218,6 +213,16 @@ void HostBroadcast(const BufferSet& b, int root, const HostOptions& o) {
         if (dst != src) std::memcpy(dst, src, static_cast<size_t>(pe - pb) * es);
       }
     });
+  });
+}
+
+void HostReduceInto(DType dt, void* dst, const void* src, int64_t n, ReduceOp op) {
+  CheckReducible("reduce", dt);
+  if (op == ReduceOp::kMean) op = ReduceOp::kSum;
+  KILN_DISPATCH_ALL(dt, if constexpr (!std::is_same_v<scalar_t, bool>) {
+    const scalar_t* in[2] = {static_cast<const scalar_t*>(dst), static_cast<const scalar_t*>(src)};
+    scalar_t* out[1] = {static_cast<scalar_t*>(dst)};
+    Reduce<scalar_t>(op, 2, in, 1, out, n);  // the output is exactly its first input: allowed
   });
 }
 

@@ -1,10 +1,12 @@
-// Threaded and naive implementations of the dependency engine (see engine.h for semantics).
+// The threaded dependency engine (see engine.h for semantics), and the choice of engine.
 //
 // Each Var keeps a FIFO of tasks waiting on it and the number of running readers / whether a
 // writer runs. A task carries a counter of variables that have not yet granted it access; the
-// last grant schedules it on the worker pool of its (device, stream). Pushes are serialized by
-// one mutex so that tasks enter every variable's FIFO in the same order (no deadlock between
-// two tasks that read and write the same pair of variables from different threads).
+// last grant schedules it on the worker pool of its (device, stream) (engine_pool.h). Pushes are
+// serialized by one lock so that tasks enter every variable's FIFO in the same order (no deadlock
+// between two tasks that read and write the same pair of variables from different threads).
+// The records and error rules both engines share are in engine_task.h; the naive engine is in
+// engine_naive.cc.
 #include "kiln/runtime/engine.h"
 
 #include <atomic>
@@ -15,443 +17,18 @@
 #include <thread>
 #include <vector>
 
-#include "kiln/runtime/env.h"
-#include "kiln/runtime/wait_point.h"
-#include "kiln/runtime/error.h"
+#include "engine_pool.h"
+#include "engine_task.h"
 #include "kiln/runtime/cuda.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define KILN_PAUSE() _mm_pause()
-#else
-#define KILN_PAUSE() std::this_thread::yield()
-#endif
+#include "kiln/runtime/env.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/wait_point.h"
 
 namespace kiln::engine {
 
 namespace {
+using namespace detail;
 thread_local bool tls_on_worker = false;
-struct Task;
-
-// Test-and-test-and-set lock for the engine's tiny critical sections (a few loads and stores):
-// under the producer/worker ping-pong of small ops, a sleeping mutex costs more than the work.
-class SpinLock {
- public:
-  void lock() {
-    for (int spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
-      while (flag_.load(std::memory_order_relaxed)) {
-        if (++spins > 2000) std::this_thread::yield();
-        else KILN_PAUSE();
-      }
-    }
-  }
-  void unlock() { flag_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> flag_{false};
-};
-
-// A list with a few entries inline (most tasks touch one to three variables).
-template <class T, size_t N>
-class InlineVec {
- public:
-  void push_back(T v) {
-    if (size_ < N) inline_[size_] = v;
-    else heap_.push_back(v);
-    ++size_;
-  }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  T operator[](size_t i) const { return i < N ? inline_[i] : heap_[i - N]; }
-  class It {
-   public:
-    It(const InlineVec* v, size_t i) : v_(v), i_(i) {}
-    T operator*() const { return (*v_)[i_]; }
-    It& operator++() { return ++i_, *this; }
-    bool operator!=(const It& o) const { return i_ != o.i_; }
-
-   private:
-    const InlineVec* v_;
-    size_t i_;
-  };
-  It begin() const { return {this, 0}; }
-  It end() const { return {this, size_}; }
-
- private:
-  T inline_[N];
-  size_t size_ = 0;
-  std::vector<T> heap_;
-};
-}  // namespace
-
-// A variable's state lives on four cache lines, by who writes it: the pushing thread alone
-// (reference count, lock-free reads issued), the slow path under `mu`, flags that change rarely,
-// and the count of finished lock-free reads that the workers bump. Reading a value no one is
-// writing, the common case of every eager op's inputs, then moves no cache line between the
-// pushing thread and the workers. (Padding rather than alignas: an over-aligned `new` takes
-// malloc's slow memalign path.)
-class Var {
- public:
-  struct Pending {
-    Task* task;
-    bool write;
-  };
-  // Changed by Push, ReleaseVar and the reaping of finished tasks, all on pushing threads.
-  std::atomic<int> refs{1};
-  // Reads granted without the lock while the variable was idle (see ThreadedEngine::Enter).
-  // Written only under the engine's push order; read under mu.
-  std::atomic<int64_t> fast_issued{0};
-
-  char pad0_[64];
-  SpinLock mu;
-  std::vector<Pending> queue;  // waiting tasks, FIFO from `head`
-  size_t head = 0;
-  int running_reads = 0;       // reads granted under mu
-  bool running_write = false;
-  std::exception_ptr error;    // guarded by mu
-
-  char pad1_[64];
-  // running_write || a task is queued. Written under mu; producers test it without the lock.
-  std::atomic<bool> busy{false};
-  std::atomic<bool> has_error{false};  // mirrors `error != nullptr` for lock-free checks
-
-  char pad2_[64];
-  std::atomic<int64_t> fast_done{0};
-
-  bool QueueEmpty() const { return head == queue.size(); }
-  Pending Pop() {
-    Pending p = queue[head++];
-    if (head == queue.size()) {
-      queue.clear(), head = 0;
-    } else if (head >= 64 && head * 2 >= queue.size()) {  // a busy variable never drains fully
-      queue.erase(queue.begin(), queue.begin() + static_cast<ptrdiff_t>(head));
-      head = 0;
-    }
-    return p;
-  }
-  bool FastReadsDone() const { return fast_done.load() == fast_issued.load(std::memory_order_relaxed); }
-};
-
-namespace {
-
-// A link in a worker pool's ready queue.
-struct QueueNode {
-  std::atomic<QueueNode*> next{nullptr};
-};
-
-struct Task : QueueNode {
-  std::function<void()> fn;
-  TaskOptions opts;
-  InlineVec<Var*, 4> reads, writes;
-  uint64_t writes_read = 0;  // bit i: writes[i] was also listed as a read (an in-place update)
-  uint64_t fast_reads = 0;   // bit i: reads[i] was granted without the variable's lock
-  std::atomic<int> wait{0};
-  Task* next_dead = nullptr;  // link in the graveyard (see ThreadedEngine::Bury)
-};
-
-// Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
-std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
-  std::string prefix = std::string("error in operator '") + o.name + "'";
-  if (o.call_site) prefix += std::string(" (called from ") + o.call_site + ")";
-  prefix += ": ";
-  try {
-    std::rethrow_exception(e);
-  } catch (const InternalError& x) {
-    return std::make_exception_ptr(InternalError(prefix + x.what()));
-  } catch (const ShapeError& x) {
-    return std::make_exception_ptr(ShapeError(prefix + x.what()));
-  } catch (const DTypeError& x) {
-    return std::make_exception_ptr(DTypeError(prefix + x.what()));
-  } catch (const DeviceError& x) {
-    return std::make_exception_ptr(DeviceError(prefix + x.what()));
-  } catch (const FormatError& x) {
-    return std::make_exception_ptr(FormatError(prefix + x.what()));
-  } catch (const ValueError& x) {
-    return std::make_exception_ptr(ValueError(prefix + x.what()));
-  } catch (const StateError& x) {
-    return std::make_exception_ptr(StateError(prefix + x.what()));
-  } catch (const MemoryError& x) {
-    return std::make_exception_ptr(MemoryError(prefix + x.what()));
-  } catch (const std::bad_alloc&) {
-    return std::make_exception_ptr(MemoryError(prefix + "out of memory"));
-  } catch (const std::exception& x) {
-    return std::make_exception_ptr(Error(prefix + x.what()));
-  } catch (...) {
-    return std::make_exception_ptr(Error(prefix + "unknown exception"));
-  }
-}
-
-void Dedupe(std::span<Var* const> reads, std::span<Var* const> writes, Task* t) {
-  for (Var* w : writes) {
-    bool dup = false;
-    for (Var* x : t->writes) dup |= x == w;
-    if (!dup) t->writes.push_back(w);
-  }
-  for (Var* r : reads) {
-    bool dup = false;
-    for (size_t i = 0; i < t->writes.size(); ++i)
-      if (t->writes[i] == r) {
-        dup = true;
-        if (i < 64) t->writes_read |= uint64_t{1} << i;
-      }
-    for (Var* x : t->reads) dup |= x == r;
-    if (!dup) t->reads.push_back(r);
-  }
-}
-
-// Shared by both engines: error state, counters, backpressure.
-class EngineBase : public Engine {
- public:
-  EngineBase() {
-    max_pending_ = std::max<int64_t>(1, env::GetInt("KILN_ENGINE_MAX_PENDING"));
-    max_pending_bytes_ = std::max<int64_t>(1, env::GetInt("KILN_ENGINE_MAX_PENDING_MB")) << 20;
-  }
-
-  Var* NewVar() override { return new Var(); }
-  void ReleaseVar(Var* v) override { Unref(v); }
-
-  std::exception_ptr VarError(Var* v) override {
-    std::lock_guard<SpinLock> g(v->mu);
-    return v->error;
-  }
-
-  EngineStats Stats() const override {
-    EngineStats s;
-    s.completed = completed_.load();
-    s.pushed = pushed_.load();
-    s.pending = std::max<int64_t>(0, s.pushed - s.completed);
-    s.peak_pending = peak_pending_.load();
-    s.pending_bytes = std::max<int64_t>(0, pushed_bytes_.load() - completed_bytes_.load());
-    s.peak_pending_bytes = peak_pending_bytes_.load();
-    return s;
-  }
-  void ResetPeak() override {
-    peak_pending_ = Pending();
-    peak_pending_bytes_ = PendingBytes();
-  }
-  void SetLimits(int64_t max_pending, int64_t max_pending_bytes) override {
-    if (max_pending > 0) max_pending_ = max_pending;
-    if (max_pending_bytes > 0) max_pending_bytes_ = max_pending_bytes;
-  }
-
- protected:
-  static void Unref(Var* v) {
-    if (v->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete v;
-  }
-
-  // Runs the task body with the error rules of engine.h; returns nothing, stores errors.
-  void Execute(Task* t) {
-    // Errors are rare: has_error is checked without the lock. It is current here because the
-    // grant that scheduled this task went through the variable's lock after its last writer.
-    std::exception_ptr err;
-    for (Var* r : t->reads) {
-      if (!r->has_error.load(std::memory_order_acquire)) continue;
-      std::lock_guard<SpinLock> g(r->mu);
-      if (r->error) {
-        err = r->error;
-        break;
-      }
-    }
-    for (size_t i = 0; !err && i < t->writes.size() && i < 64; ++i) {
-      if (!(t->writes_read >> i & 1)) continue;
-      Var* w = t->writes[i];
-      if (!w->has_error.load(std::memory_order_acquire)) continue;
-      std::lock_guard<SpinLock> g(w->mu);
-      err = w->error;  // an in-place update of a failed value fails too
-    }
-    if (!err) {
-      try {
-        t->fn();
-        // GPU work is asynchronous: its errors surface at the stream sync, which must be inside
-        // the try so they are stored on the outputs like any other.
-        if (t->opts.device.is_gpu() && static_cast<uint8_t>(t->opts.stream) != 255) {
-          if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
-          else cuda::SynchronizeWorkerStream();
-        }
-      } catch (...) {
-        err = NameError(std::current_exception(), t->opts);
-        std::lock_guard<std::mutex> g(error_mu_);
-        if (!first_error_) first_error_ = err;
-      }
-    }
-    for (Var* w : t->writes) {
-      if (!err && !w->has_error.load(std::memory_order_acquire)) continue;  // nothing to clear
-      std::lock_guard<SpinLock> g(w->mu);
-      w->error = err;
-      w->has_error.store(err != nullptr, std::memory_order_release);
-    }
-  }
-
-  // Pending work is pushed minus completed: the pushing thread writes only the pushed counters,
-  // the workers only the completed ones, so neither side's fast path writes a cache line the
-  // other side owns. Both counters only grow; loading `completed` before `pushed` never counts
-  // a task as done too early.
-  int64_t Pending() const {
-    int64_t c = completed_.load();
-    return std::max<int64_t>(0, pushed_.load() - c);
-  }
-  int64_t PendingBytes() const {
-    int64_t c = completed_bytes_.load();
-    return std::max<int64_t>(0, pushed_bytes_.load() - c);
-  }
-
-  void CountPushed(const Task* t) {
-    auto bytes = static_cast<int64_t>(t->opts.bytes);
-    int64_t b = pushed_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes -
-                completed_bytes_.load(std::memory_order_relaxed);
-    int64_t p = pushed_.fetch_add(1, std::memory_order_seq_cst) + 1 - completed_.load(std::memory_order_relaxed);
-    if (p > peak_pending_.load(std::memory_order_relaxed)) peak_pending_.store(p, std::memory_order_relaxed);
-    if (b > peak_pending_bytes_.load(std::memory_order_relaxed))
-      peak_pending_bytes_.store(b, std::memory_order_relaxed);
-  }
-
-  // Wakes sleepers only when it matters: WaitForAll at zero pending, a blocked producer once the
-  // queue has drained to half its limits (hysteresis: no wake-up per completed task). Reads the
-  // pushing side's counters only when someone sleeps.
-  void CountCompleted(size_t bytes) {
-    completed_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-    completed_.fetch_add(1, std::memory_order_seq_cst);
-    if (!drained_.HasSleepers()) return;
-    int64_t p = Pending(), b = PendingBytes();
-    if (p <= 1 || (p <= max_pending_.load() / 2 && b <= max_pending_bytes_.load() / 2)) drained_.Notify();
-  }
-
-  template <class Pred>
-  void SleepUntil(Pred done) {
-    drained_.Wait(done);
-  }
-
-  void RethrowFirstError() {
-    std::exception_ptr e;
-    {
-      std::lock_guard<std::mutex> g(error_mu_);
-      std::swap(e, first_error_);
-    }
-    if (e) std::rethrow_exception(e);
-  }
-
-  // Counters on separate cache lines by writer: the pushing thread and the workers.
-  alignas(64) std::atomic<int64_t> pushed_{0}, pushed_bytes_{0};
-  std::atomic<int64_t> peak_pending_{0}, peak_pending_bytes_{0};
-  alignas(64) std::atomic<int64_t> completed_{0}, completed_bytes_{0};
-  alignas(64) std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
-  WaitPoint drained_;
-  std::mutex error_mu_;
-  std::exception_ptr first_error_;
-};
-
-// ---- naive -------------------------------------------------------------------------------------
-
-class NaiveEngine final : public EngineBase {
- public:
-  void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
-            const TaskOptions& opts) override {
-    Task t;
-    t.fn = std::move(fn);
-    t.opts = opts;
-    Dedupe(reads, writes, &t);
-    CountPushed(&t);
-    Execute(&t);
-    CountCompleted(opts.bytes);
-  }
-  void WaitForVar(Var* v) override {
-    if (auto e = VarError(v)) std::rethrow_exception(e);
-  }
-  void WaitForAll() override { RethrowFirstError(); }
-  bool IsNaive() const override { return true; }
-};
-
-// ---- threaded ----------------------------------------------------------------------------------
-
-// A FIFO of ready tasks served by a few threads. Workers spin briefly on an empty queue, then
-// sleep on a WaitPoint; Enqueue makes no system call unless a worker sleeps.
-//
-// The queue is an intrusive multi-producer list (Vyukov's): a push is one exchange on `tail_`
-// and one store to the previous task's link, so handing a task to a spinning worker moves about
-// one cache line. Workers pop under `pop_mu_`, which producers never touch. A task is popped only
-// once its link is set, so no producer writes to a task a worker may already have finished.
-class WorkerPool {
- public:
-  WorkerPool(int threads, Device device, StreamKind stream, std::function<void(Task*)> run)
-      : run_(std::move(run)) {
-    for (int i = 0; i < threads; ++i)
-      threads_.emplace_back([this, device, stream] {
-        tls_on_worker = true;
-        if (device.is_gpu()) cuda::BindWorkerThread(device, static_cast<int>(stream));
-        Loop();
-      });
-  }
-  ~WorkerPool() {
-    stop_.store(true);
-    ready_.Notify();
-    for (auto& t : threads_) t.join();
-  }
-
-  void Enqueue(Task* t) {
-    Link(t);
-    ready_.Notify();
-  }
-
- private:
-  void Link(QueueNode* n) {
-    n->next.store(nullptr, std::memory_order_relaxed);
-    QueueNode* prev = tail_.exchange(n, std::memory_order_seq_cst);  // seq_cst: see HasWork
-    prev->next.store(n, std::memory_order_release);
-  }
-
-  Task* TryPop() {
-    std::lock_guard<SpinLock> g(pop_mu_);
-    QueueNode* h = head_;
-    QueueNode* next = h->next.load(std::memory_order_acquire);
-    if (h == &stub_) {
-      if (!next) return nullptr;
-      head_ = h = next;
-      next = h->next.load(std::memory_order_acquire);
-    }
-    if (!next) {
-      // h is the last task, or a push behind it is half done (tail moved, link not yet set).
-      if (tail_.load(std::memory_order_acquire) != h) return nullptr;
-      Link(&stub_);  // queue the stub behind h so that h can be handed out
-      next = h->next.load(std::memory_order_acquire);
-      if (!next) return nullptr;
-    }
-    head_ = next;
-    return static_cast<Task*>(h);
-  }
-
-  bool HasWork() {
-    std::lock_guard<SpinLock> g(pop_mu_);
-    // tail_ (seq_cst) rather than stub_.next: the producer's exchange of tail_ and its load of the
-    // sleeper count are both seq_cst, so a sleeper that registered after that load sees the task.
-    return head_ != &stub_ || tail_.load(std::memory_order_seq_cst) != &stub_;
-  }
-
-  void Loop() {
-    for (;;) {
-      Task* t = TryPop();
-      // Spin briefly before sleeping: a producer pushing tiny ops then never pays a wake-up.
-      for (int i = 0; !t && i < 4000; ++i) {
-        KILN_PAUSE();
-        t = TryPop();
-      }
-      if (t) {
-        run_(t);
-        continue;
-      }
-      if (stop_.load()) return;
-      ready_.Wait([&] { return HasWork() || stop_.load(); });
-    }
-  }
-
-  std::function<void(Task*)> run_;
-  QueueNode stub_;
-  alignas(64) std::atomic<QueueNode*> tail_{&stub_};  // written by producers
-  alignas(64) SpinLock pop_mu_;                       // the workers' side
-  QueueNode* head_ = &stub_;
-  WaitPoint ready_;
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-};
 
 // Task memory is recycled per thread: a pushing thread reaps what it pushed, so its cache serves
 // its next pushes without a trip through malloc.
@@ -782,8 +359,9 @@ class ThreadedEngine final : public EngineBase {
     std::lock_guard<std::mutex> g(pool_mu_);
     p = pools_[slot].load();
     if (!p) {
-      p = new WorkerPool(d.is_cpu() && stream == 0 ? cpu_workers_ : 1, d, static_cast<StreamKind>(stream),
-                         [this](Task* t) { Finish(t, true); });
+      p = new WorkerPool(
+          d.is_cpu() && stream == 0 ? cpu_workers_ : 1, d, static_cast<StreamKind>(stream),
+          [] { tls_on_worker = true; }, [this](QueueNode* n) { Finish(static_cast<Task*>(n), true); });
       pools_[slot].store(p, std::memory_order_release);
     }
     return p;
@@ -884,7 +462,7 @@ void DrainBeforeExit() {
 }
 
 std::unique_ptr<Engine> CreateEngine(const std::string& kind) {
-  if (kind == "naive") return std::make_unique<NaiveEngine>();
+  if (kind == "naive") return MakeNaiveEngine();
   if (kind == "threaded")
     return std::make_unique<ThreadedEngine>(static_cast<int>(env::GetInt("KILN_CPU_WORKERS")));
   KILN_THROW(ValueError) << "KILN_ENGINE=" << kind << " is not an engine: expected threaded or naive";

@@ -314,19 +314,6 @@ MPI_Op ToMpiOp(ReduceOp op) {
   }
 }
 
-template <class T> void ReduceTyped(T* d, const T* s, int64_t n, ReduceOp op) {
-  switch (op) {
-  case ReduceOp::kMax:
-    for (int64_t i = 0; i < n; ++i) d[i] = std::max(d[i], s[i]);
-    break;
-  case ReduceOp::kMin:
-    for (int64_t i = 0; i < n; ++i) d[i] = std::min(d[i], s[i]);
-    break;
-  default:
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
-  }
-}
-
 template <class T> void Scale(T* d, int64_t n, T factor) {
   for (int64_t i = 0; i < n; ++i) d[i] *= factor;
 }
@@ -610,12 +597,10 @@ void Abort(int code, const std::string& why) {
 }
 
 void ReduceInto(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
+  // The loop of the in-process collectives (collectives.h): one reduction loop for both.
   switch (dtype) {
-  case DType::kFloat32: return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
-  case DType::kFloat64: return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
-  case DType::kInt32: return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
-  case DType::kInt64: return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
-  case DType::kUInt8: return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op);
+  case DType::kFloat32: case DType::kFloat64: case DType::kInt32: case DType::kInt64: case DType::kUInt8:
+    return coll::HostReduceInto(dtype, dst, src, n, op);
   default:
     KILN_THROW(DTypeError) << "reduce: expected float32, float64, int32, int64 or uint8, found "
                            << DTypeName(dtype);

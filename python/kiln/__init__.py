@@ -40,9 +40,13 @@ def _lazy(name):
     return importlib.import_module("." + name, __name__)
 
 
+# Submodules that pull in more (nn, data, utils...) load on first use; each one exists
+# (tests/python/test_utils.py imports every name).
+_LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
+
+
 def __getattr__(name):
-    # Submodules that pull in more (nn, data, utils...) load on first use.
-    if name in ("nn", "init", "loss", "optim", "data", "utils", "gluon", "sym", "kvstore", "distributed"):
+    if name in _LAZY_MODULES:
         return _lazy(name)
     if name == "Trainer":
         return _lazy("trainer").Trainer

@@ -6,6 +6,7 @@ every axis but batch_axis. Not here: CTC, KL-divergence, Huber, hinge and triple
 """
 from . import nd
 from ._C import ArgumentError, NDArray, ShapeError
+from .nn.basic_layers import _softrelu
 from .nn.block import HybridBlock
 
 __all__ = ["Loss", "L2Loss", "L1Loss", "SigmoidBinaryCrossEntropyLoss", "SigmoidBCELoss",
@@ -19,10 +20,6 @@ def _reshape_like(label, pred):
         raise ShapeError(f"loss: expected a label of shape {pred.shape} (like the prediction), "
                          f"found {label.shape}")
     return label.reshape(pred.shape)
-
-
-def _softrelu(x):
-    return nd.relu(x) + nd.log1p(nd.exp(-nd.abs(x)))
 
 
 class Loss(HybridBlock):

@@ -56,8 +56,14 @@ class Symbol:
         self._item = item    # (Symbol, index) of one output of a multi-output Symbol
         self._traced = None if var is not None else _trace(self, shapes or {})
 
+    _kiln_symbol = True  # how nn.block tells a Symbol argument, without importing this module
+
     def __repr__(self):
         return f"<Symbol {self.name}>"
+
+    @staticmethod
+    def _of_block(block, args):
+        return _apply(block, args)
 
     # -- structure --------------------------------------------------------------------------------
 
@@ -204,7 +210,7 @@ def _eval(s, env, memo):
         out = env[s.name]
     elif s._item is not None:
         out = _eval(s._item[0], env, memo)
-        from .nn.block import _flatten
+        from .nn._structure import _flatten
         out = _flatten(out)[0][s._item[1]]
     else:
         block, args = s._call
@@ -214,7 +220,7 @@ def _eval(s, env, memo):
 
 
 def _param_names(blocks, captured):
-    from .nn.block import _captured_names
+    from .nn._structure import _captured_names
     from .nn.parameter import ParameterDict
     dicts = [b.collect_params() for b in blocks]
     merged, seen = ParameterDict(), set()
@@ -231,7 +237,7 @@ def _param_names(blocks, captured):
 def _trace(s, shapes):
     """Traces the recipe of `s` on symbolic inputs (`shapes` overriding the vars' shapes)."""
     from . import autograd, nd
-    from .nn.block import _flatten, _structure_indices
+    from .nn._structure import _flatten, _structure_indices
     variables = s._vars()
     types = {}
     for name, v in variables.items():
@@ -265,13 +271,16 @@ from . import nd as _nd
 
 
 def _op_block(fn, name, kwargs):
-    from .nn.block import HybridBlock
+    class _Op:
+        """One kiln.nd function applied to its inputs, as a block of a Symbol's recipe (it has no
+        parameters; it is only ever called on arrays, symbolic while tracing)."""
 
-    class _Op(HybridBlock):
-        """One kiln.nd function applied to its inputs, as a block of a Symbol's recipe."""
-
-        def forward(self, *args):
+        def __call__(self, *args):
             return fn(*args, **kwargs)
+
+        def collect_params(self):
+            from .nn.parameter import ParameterDict
+            return ParameterDict()
 
     _Op.__name__ = name
     return _Op()

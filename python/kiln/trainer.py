@@ -31,7 +31,6 @@ What it does not do: update_on_kvstore=True (updates always run on every device 
 sum), gradient compression, or zeroing gradients after a step (grad_req 'add' accumulates until
 the caller zeroes them).
 """
-import os
 import pickle
 
 from . import _C
@@ -81,7 +80,12 @@ class Trainer:
         if compression_params:
             raise ValueError("Trainer: gradient compression is not supported; pass compression_params=None")
         if bucket_mb is None:
-            bucket_mb = float(os.environ.get("KILN_BUCKET_MB", "25"))
+            text = _C.env_switch("KILN_BUCKET_MB")  # the switch table's value or default
+            try:
+                bucket_mb = float(text)
+            except ValueError:
+                raise ValueError(f"KILN_BUCKET_MB={text!r} is not a number; set it to the megabytes of "
+                                 f"gradients summed in one collective, e.g. 25") from None
         if not bucket_mb > 0:
             raise ValueError(f"Trainer: bucket_mb must be positive, got {bucket_mb}")
         self._bucket_bytes = int(bucket_mb * (1 << 20))

@@ -1,6 +1,8 @@
-// kiln._C bindings of hybridize: TraceScope (a context manager) and CachedGraph.
+// kiln._C bindings of hybridize: TraceScope (a context manager), CachedGraph, and the bounded
+// SignatureCache a HybridBlock keeps its compiled graphs in.
 #include "bind.h"
 #include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/signature_cache.h"
 #include "kiln/ir/serialize.h"
 #include "kiln/ir/text.h"
 
@@ -74,6 +76,58 @@ pyb::dict ReportDict(const CompileReport& r) {
                    pyb::arg("plans") = plans);
 }
 
+// A cache key as kiln.nn.block writes it: (training, frozen, *args), each argument either
+// (shape, dtype name, device) or ("const", repr).
+CallSignature ToSignature(pyb::handle key) {
+  if (!pyb::isinstance<pyb::tuple>(key) || pyb::len(key) < 2)
+    KILN_THROW(ValueError) << "SignatureCache: a key is a tuple (training, frozen, *arguments)";
+  auto t = pyb::reinterpret_borrow<pyb::tuple>(key);
+  CallSignature sig;
+  sig.training = t[0].cast<bool>();
+  sig.frozen = t[1].cast<bool>();
+  for (size_t i = 2; i < t.size(); ++i) {
+    auto a = pyb::reinterpret_borrow<pyb::tuple>(t[i]);
+    CallSignature::Arg arg;
+    if (a.size() == 2 && pyb::isinstance<pyb::str>(a[0]) && a[0].cast<std::string>() == "const") {
+      arg.is_tensor = false;
+      arg.constant = a[1].cast<std::string>();
+    } else {
+      if (a.size() != 3)
+        KILN_THROW(ValueError) << "SignatureCache: argument " << i - 2
+                                  << " of a key must be (shape, dtype, device) or ('const', text)";
+      arg.shape = ToShape(a[0]);
+      arg.dtype = ToDType(a[1]);
+      arg.device = a[2].cast<Device>();
+    }
+    sig.args.push_back(std::move(arg));
+  }
+  return sig;
+}
+
+pyb::tuple FromSignature(const CallSignature& sig) {
+  pyb::list items;
+  items.append(pyb::bool_(sig.training));
+  items.append(pyb::bool_(sig.frozen));
+  for (const CallSignature::Arg& a : sig.args) {
+    if (!a.is_tensor) {
+      items.append(pyb::make_tuple("const", a.constant));
+      continue;
+    }
+    pyb::tuple shape(a.shape.rank());
+    for (int d = 0; d < a.shape.rank(); ++d) shape[d] = a.shape[d];
+    items.append(pyb::make_tuple(shape, DTypeName(a.dtype), a.device));
+  }
+  return pyb::tuple(items);
+}
+
+// A Python object kept in a C++ cache entry; released with the GIL.
+std::shared_ptr<void> Hold(pyb::object o) {
+  return std::shared_ptr<void>(new pyb::object(std::move(o)), [](void* p) {
+    pyb::gil_scoped_acquire gil;
+    delete static_cast<pyb::object*>(p);
+  });
+}
+
 ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::vector<std::string>& params,
                            pyb::handle structure) {
   ir::GraphManifest m;
@@ -87,6 +141,34 @@ ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::ve
 KILN_PY_BIND(50) {
   m.def("tracing", &trace::Active, "True while a hybridized block is being traced on this thread.");
   m.def("is_symbolic", &trace::IsSymbolic);
+  m.def("live_graphs", &NumLiveGraphs,
+        "Compiled graphs alive now (forward graphs and training variants), after freeing those whose "
+        "last holder went away while the engine was busy, if it is idle now.");
+
+  pyb::class_<SignatureCache>(m, "SignatureCache",
+                              "A HybridBlock's compiled graphs by call signature, least recently used "
+                              "dropped beyond `capacity` (0: KILN_GRAPH_CACHE_SIZE).")
+      .def(pyb::init<size_t>(), pyb::arg("capacity") = 0)
+      .def("get", [](SignatureCache& c, pyb::handle key) -> pyb::object {
+        const SignatureCache::Entry* e = c.Find(ToSignature(key));
+        if (!e) return pyb::none();
+        return pyb::make_tuple(e->graph, *static_cast<pyb::object*>(e->extra.get()));
+      }, pyb::arg("key"), "(graph, structure) for `key`, made the most recently used; None when absent.")
+      .def("__setitem__", [](SignatureCache& c, pyb::handle key, pyb::tuple value) {
+        if (value.size() != 2) KILN_THROW(ValueError) << "SignatureCache: a value is (graph, structure)";
+        c.Insert(ToSignature(key), {value[0].cast<std::shared_ptr<CachedGraph>>(),
+                                    Hold(pyb::reinterpret_borrow<pyb::object>(value[1]))});
+      })
+      .def("__contains__", [](SignatureCache& c, pyb::handle key) { return c.Find(ToSignature(key)) != nullptr; })
+      .def("__len__", &SignatureCache::size)
+      .def("keys", [](const SignatureCache& c) {
+        pyb::list out;
+        for (const CallSignature* k : c.keys()) out.append(FromSignature(*k));
+        return out;
+      }, "The keys, most recently used first.")
+      .def("clear", &SignatureCache::Clear)
+      .def_property("capacity", &SignatureCache::capacity, &SignatureCache::set_capacity)
+      .def_property_readonly("evictions", &SignatureCache::evictions);
 
   pyb::class_<CachedGraph, std::shared_ptr<CachedGraph>>(m, "CachedGraph")
       .def("__call__", &CachedGraph::Call, pyb::arg("inputs"))

@@ -9,6 +9,7 @@
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
+#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::py {
@@ -185,6 +186,8 @@ KILN_PY_BIND(0) {
     engine::Engine::Get().WaitForAll();
   }, "Blocks until all queued work is done; raises the first error a task stored since the last waitall.");
   m.def("seed", [](uint64_t s) { nd::random::seed(s); });
+  m.def("env_switch", [](const std::string& name) { return env::Get(name.c_str()); }, pyb::arg("name"),
+        "The value of a KILN_* switch declared in runtime/env.cc's table, or its default.");
   m.def("engine_stats", [] {
     engine::EngineStats s = engine::Engine::Get().Stats();
     pyb::dict d;

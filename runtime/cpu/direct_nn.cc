@@ -11,7 +11,7 @@
 // bounds tests, and keep several independent accumulators (a block of channels or taps) so
 // that multiply-adds do not wait on each other. Parallel over images or planes; sums that span
 // images are made per thread and added in double at the end.
-// Not here: other dtypes, strides, dilation or groups (onednn.cc keeps oneDNN for those).
+// Not here: other dtypes, strides, dilation or groups (nn_dispatch.cc keeps oneDNN for those).
 #include "kiln/runtime/cpu/direct_nn.h"
 
 #include <algorithm>

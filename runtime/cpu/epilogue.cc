@@ -2,7 +2,7 @@
 // in memory, in blocks that stay in L1 across the steps, with the scalar functions of
 // runtime/cpu/elementwise.cc. Used where oneDNN does not run the epilogue as post-ops (the
 // hand-written kernels, the few-rows matmul, steps its post-ops get wrong). Not here: choosing
-// between the two (onednn.cc).
+// between the two (nn_dispatch.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kiln/runtime/cpu/combine.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
@@ -91,13 +92,8 @@ template <class T, bool kMax> struct ExtremumPolicy {
       return kMax ? std::numeric_limits<C>::lowest() : std::numeric_limits<C>::max();
   }
   static C WideInit() { return Init(); }
-  // b wins when it is more extreme or NaN; a NaN already held is never replaced.
-  static C Merge(C a, C b) {
-    if constexpr (kMax)
-      return (b > a || b != b) ? b : a;
-    else
-      return (b < a || b != b) ? b : a;
-  }
+  // b wins when it is more extreme or NaN; a NaN already held is never replaced (combine.h).
+  static C Merge(C a, C b) { return std::conditional_t<kMax, MaxOp, MinOp>::Apply(a, b); }
   static C Step(C a, C x) { return Merge(a, x); }
   static C WideStep(C a, C x) { return Merge(a, x); }
   static C WideMerge(C a, C b) { return Merge(a, b); }

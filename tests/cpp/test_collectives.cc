@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -455,4 +457,28 @@ TEST_CASE("collectives: GPU allreduce, broadcast, reduce_scatter and all_gather 
     Broadcast(groups, D - 1);
     for (int d = 0; d < D; ++d) CHECK(groups[d][0].ToVector<float>() == first);
   }
+}
+
+TEST_CASE("collectives: the MPI ring's reduction step is the host collectives' loop, NaN included") {
+  // coll::HostReduceInto (what mpi.cc reduces each received segment with) and a two-device HostAllReduce
+  // give the same bits, and max/min propagate NaN as NumPy does, as the reduction kernels do.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a{1.f, nan, -3.f, 2.f, 0.5f}, b{4.f, 2.f, nan, -7.f, 0.25f};
+  for (coll::ReduceOp op : {coll::ReduceOp::kSum, coll::ReduceOp::kMax, coll::ReduceOp::kMin}) {
+    std::vector<float> into = a, x = a, y = b;
+    coll::HostReduceInto(DType::kFloat32, into.data(), b.data(), 5, op);
+    coll::BufferSet set{DType::kFloat32, {5}, {x.data(), y.data()}};
+    coll::HostAllReduce(set, op);
+    CHECK(std::memcmp(into.data(), x.data(), sizeof(float) * 5) == 0);
+    CHECK(std::isnan(into[1]));
+    CHECK(std::isnan(into[2]));
+  }
+  std::vector<float> m = a;
+  coll::HostReduceInto(DType::kFloat32, m.data(), b.data(), 5, coll::ReduceOp::kMean);  // sums: the caller divides
+  CHECK(m[0] == 5.f);
+  std::vector<int32_t> i{3, -4}, j{-5, 9};
+  coll::HostReduceInto(DType::kInt32, i.data(), j.data(), 2, coll::ReduceOp::kMax);
+  CHECK(i == std::vector<int32_t>{3, 9});
+  bool t = true, f = false;
+  CHECK(Has(ErrorOf<DTypeError>([&] { coll::HostReduceInto(DType::kBool, &t, &f, 1, coll::ReduceOp::kSum); }), "bool"));
 }

@@ -98,7 +98,7 @@ TEST_CASE("epilogue: conv2d with bias and relu, plus a residual add, equals the 
     };
     g = CheckAgainstEager(scaled, {x}, scale);
     CHECK(EpilogueGroups(*g) == std::vector<Names>{{"conv2d", "mul", "tanh"}});
-    // sigmoid: tanh between scalar affine steps (part of them after the primitive, see onednn.cc).
+    // sigmoid: tanh between scalar affine steps (part of them after the primitive, see onednn_epilogue.cc).
     auto sigmoid = [&](const std::vector<Tensor>& in) {
       return std::vector<Tensor>{nd::sigmoid(nd::conv2d(in[0], w, b, c.o))};
     };

@@ -142,7 +142,7 @@ TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
   });
 }
 
-// The fast paths of onednn.cc beyond oneDNN on plain layouts, against the plain loops: the
+// The fast paths of nn_dispatch.cc beyond oneDNN on plain layouts, against the plain loops: the
 // hand-written kernels of direct_nn.h (one-input-channel convolutions, tiling average pooling)
 // and the channels-last oneDNN convolutions (four or more input channels per group), on shapes
 // with partial vectors, padding, overlapping last vectors and rows narrower than a vector.

@@ -159,6 +159,18 @@ def test_kvstore_and_distributed_import_lazily():
     assert out.stdout.split() == ["device", "kiln.distributed"]
 
 
+def test_bucket_size_comes_from_the_switch_table(monkeypatch):
+    net = _mlp(False)
+    net.initialize()
+    monkeypatch.delenv("KILN_BUCKET_MB", raising=False)
+    assert kiln.Trainer(net.collect_params(), "sgd")._bucket_bytes == 25 << 20  # the table's default
+    monkeypatch.setenv("KILN_BUCKET_MB", "0.5")
+    assert kiln.Trainer(net.collect_params(), "sgd")._bucket_bytes == 1 << 19
+    monkeypatch.setenv("KILN_BUCKET_MB", "lots")
+    with pytest.raises(ValueError, match="KILN_BUCKET_MB='lots' is not a number"):
+        kiln.Trainer(net.collect_params(), "sgd")
+
+
 def test_trainer_arguments():
     net = _mlp(False)
     net.initialize()

@@ -160,6 +160,63 @@ def test_a_new_input_shape_traces_again_and_says_why():
     assert y.shape == (5, 3) and len(net._cache) == 2
 
 
+def test_many_input_shapes_keep_the_cache_at_its_bound(monkeypatch):
+    """200 distinct shapes: the block keeps KILN_GRAPH_CACHE_SIZE compiled graphs (least recently
+    used dropped and freed), every result is right, and an evicted shape traces again."""
+    monkeypatch.setenv("KILN_GRAPH_CACHE_SIZE", "8")
+    net = nn.HybridSequential()
+    net.add(nn.Dense(6, activation="tanh"), nn.Dense(3))
+    net.initialize()
+    net(nd.ones((1, 5)))  # deferred shapes found eagerly
+    w1, b1, w2, b2 = (p.data().asnumpy() for p in net.collect_params().values())
+
+    def expected(x):
+        return np.tanh(x.asnumpy() @ w1.T + b1) @ w2.T + b2
+
+    kiln.waitall()
+    live_before = kiln._C.live_graphs()
+    net.hybridize()
+    assert net._cache.capacity == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "traced again": expected here
+        for rows in range(1, 201):
+            x = nd.random.normal(shape=(rows, 5))
+            y = net(x).asnumpy()
+            assert y.shape == (rows, 3)
+            np.testing.assert_allclose(y, expected(x), rtol=1e-4, atol=1e-5)
+            assert len(net._cache) == min(rows, 8)
+        assert net._cache.evictions == 192
+        assert len(net._cache.keys()) == 8 and net._cache.keys()[0][2][0] == (200, 5)
+        kiln.waitall()
+        assert kiln._C.live_graphs() - live_before <= 8  # the dropped graphs' plans were freed
+        # The least recently used shape was dropped: it traces (and is right) again.
+        x = nd.random.normal(shape=(1, 5))
+        np.testing.assert_allclose(net(x).asnumpy(), expected(x), rtol=1e-4, atol=1e-5)
+    assert len(net._cache) == 8 and net._cache.evictions == 193
+
+
+def test_a_dropped_hybridized_block_frees_its_graphs():
+    kiln.waitall()
+    before = kiln._C.live_graphs()
+    net = _mlp()
+    net.initialize()
+    x = nd.random.normal(shape=(4, 7))
+    net(x)  # deferred shapes found eagerly
+    net.hybridize()
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    with autograd.predict_mode(), pytest.warns(UserWarning, match="training mode True -> False"):
+        net(x).wait_to_read()
+    kiln.waitall()
+    assert kiln._C.live_graphs() - before == 3  # training forward, its variant, inference forward
+    del net, loss
+    import gc
+    gc.collect()
+    kiln.waitall()
+    assert kiln._C.live_graphs() == before
+
+
 def test_training_loop_is_unchanged_by_hybridize():
     def train(hybridize):
         nd.random.seed(7)

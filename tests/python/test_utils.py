@@ -113,3 +113,31 @@ def test_plot_curves_without_matplotlib_names_the_package(monkeypatch, tmp_path)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(RuntimeError, match="python3-matplotlib"):
         utils.plot_curves({"a": [1]}, str(tmp_path / "x"))
+
+
+def test_every_lazily_imported_name_is_a_module_of_kiln():
+    import importlib
+    for name in kiln._LAZY_MODULES:
+        assert getattr(kiln, name) is importlib.import_module("kiln." + name)
+    with pytest.raises(AttributeError, match="gluon"):
+        kiln.gluon
+
+
+def test_nn_block_and_sym_do_not_import_each_other():
+    import ast
+    import pathlib
+    root = pathlib.Path(kiln.__file__).parent
+
+    def imported(path):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names.add(("." * node.level) + (node.module or ""))
+                names.update(("." * node.level) + (node.module + "." if node.module else "") + a.name
+                             for a in node.names)
+        return names
+
+    assert not any(n.endswith("nn.block") for n in imported(root / "sym.py"))
+    block_imports = imported(root / "nn" / "block.py")
+    assert "..sym" in block_imports  # F while tracing: the one direction kept
+    assert not any("block" in n for n in imported(root / "sym.py"))

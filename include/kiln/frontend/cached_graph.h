@@ -1,19 +1,19 @@
-// Hybridize's machinery (DESIGN.md section 6): tracing eager code into an ir::Graph, and running
-// the traced graph compiled, as one engine task.
-//
-// Tracing: while a TraceScope is alive on a thread, every eager op (Invoke) on that thread is
-// recorded instead of run. Symbolic tensors carry shape, dtype and device but no data; a concrete
-// tensor an op reads (a parameter, a constant) is captured as a graph input, so the compiled
-// graph reads its current value on every call. A copy into a concrete tensor (batch norm's
-// running statistics) becomes an extra graph output copied into it after each call. Reading the
-// data of a symbolic tensor is a StateError.
+// Hybridize's compiled graphs (DESIGN.md section 6): a graph traced by the tracer (tracer.h) or
+// loaded from a file, compiled once and run as one engine task.
 //
 // CachedGraph::Call runs the plan: nodes in order on pre-planned buffers (intermediates share
 // one arena by liveness), as the op `call_graph`, so a call is one engine task, is recorded by
 // autograd like any op (its gradient runs the graph's backward, built by the autodiff pass from
 // the traced graph, recomputing the forward), and can itself be traced.
 //
-// Freezing (hybridize(freeze=True), for inference): Finish(outputs, /*freeze=*/true) makes the
+// Lifetime: the compiled plans live in the one graph registry (ir/call_graph.h) under the
+// graph's id, as long as a CachedGraph (or a graph that calls it) refers to them. A CachedGraph
+// that goes away releases them once the engine has no task pending, so a queued call never
+// outlives its plans. An autograd tape keeps only the id: a backward through a call whose graph
+// was freed since (its block dropped, or its signature evicted from the block's cache) is a
+// ValueError that says so.
+//
+// Freezing (hybridize(freeze=True), for inference): TraceScope::Finish(outputs, true) makes the
 // captured tensors constants of the graph, except those it copies into. The freeze_fold pass
 // computes every node that depends on constants alone once, at compile time, running it eagerly;
 // the graph then reads the results (and copies of the captured tensors it still reads) as
@@ -34,49 +34,13 @@
 #include <vector>
 
 #include "kiln/frontend/tensor.h"
+#include "kiln/frontend/tracer.h"
+#include "kiln/ir/call_graph.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln {
-
-class CachedGraph;
-
-namespace trace {
-
-class TraceScope {
- public:
-  TraceScope();
-  ~TraceScope();
-  TraceScope(const TraceScope&) = delete;
-  TraceScope& operator=(const TraceScope&) = delete;
-
-  /// A data input of the graph (a symbolic tensor).
-  Tensor Input(const std::string& name, const Shape& shape, DType dtype, Device device);
-  /// Ends the trace; `outputs` may be symbolic or concrete (captured) tensors. `freeze`: the
-  /// captured tensors become constants (see "Freezing" above).
-  std::shared_ptr<CachedGraph> Finish(const std::vector<Tensor>& outputs, bool freeze = false);
-
-  struct State;
-
- private:
-  std::unique_ptr<State> state_;
-  State* prev_;
-};
-
-/// True while a TraceScope is alive on this thread.
-bool Active();
-bool IsSymbolic(const Tensor& t);
-/// Throws StateError: `what` (e.g. "asnumpy()") needs data, which a symbolic tensor has not.
-[[noreturn]] void ThrowSymbolicRead(const char* what);
-
-/// Records `op` on the active trace (called by Invoke); returns symbolic outputs.
-std::vector<Tensor> RecordOp(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& attrs,
-                             std::optional<Device> device);
-/// Records `dst = src` where `dst` is concrete: done after every call of the compiled graph.
-void RecordAssign(const Tensor& src, const Tensor& dst);
-
-}  // namespace trace
 
 /// What compiling a graph did (DESIGN.md sections 8 and 9), one entry per plan that exists:
 /// the forward, the backward once built, and the training variant's pair once the graph was
@@ -128,6 +92,10 @@ struct CompileReport {
 
 class CachedGraph {
  public:
+  ~CachedGraph();
+  CachedGraph(const CachedGraph&) = delete;
+  CachedGraph& operator=(const CachedGraph&) = delete;
+
   /// The traced graph: data inputs first, then the captured tensors, in that order.
   const ir::Graph& graph() const;
   int num_data_inputs() const { return num_data_; }
@@ -138,7 +106,7 @@ class CachedGraph {
   bool frozen() const { return frozen_; }
   /// Number of user outputs (the graph may have more: values copied into captured tensors).
   int num_outputs() const { return num_outputs_; }
-  int64_t graph_id() const { return id_; }
+  int64_t graph_id() const { return ref_->id(); }
   /// Bytes of the arena that holds every intermediate (planned by liveness).
   size_t arena_bytes() const;
   /// Groups of elementwise ops running as one generated kernel, and the ops in them.
@@ -153,6 +121,8 @@ class CachedGraph {
   /// data inputs followed by one input per tensor of `captured` (the parameters), in order.
   static std::shared_ptr<CachedGraph> FromGraph(std::unique_ptr<ir::Graph> graph, int num_data_inputs,
                                                 std::vector<Tensor> captured, Device device);
+  /// A compiled graph from a finished trace (TraceScope::Finish); `freeze`: see "Freezing".
+  static std::shared_ptr<CachedGraph> FromTrace(trace::TracedGraph traced, bool freeze);
 
   struct Assign {
     int output;    ///< graph output index
@@ -160,19 +130,23 @@ class CachedGraph {
   };
 
  private:
-  friend class trace::TraceScope;
-  static int64_t Register(std::unique_ptr<ir::Graph> graph, Device device,
-                          std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1,
-                          const passes::FreezeOptions* freeze = nullptr,
-                          passes::FreezeResult* frozen = nullptr);
-  /// Registers `graph` frozen: sets id_, and captured_ to the tensors the frozen graph reads.
+  CachedGraph() = default;
+  static ir::GraphRef Register(std::unique_ptr<ir::Graph> graph, Device device,
+                               std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1,
+                               const passes::FreezeOptions* freeze = nullptr,
+                               passes::FreezeResult* frozen = nullptr);
+  /// Registers `graph` frozen: sets ref_, and captured_ to the tensors the frozen graph reads.
   void RegisterFrozen(std::unique_ptr<ir::Graph> graph);
-  int64_t id_ = -1;
+  ir::GraphRef ref_;
   bool frozen_ = false;
   int num_data_ = 0, num_outputs_ = 0;
   Device device_;
   std::vector<Tensor> captured_;
   std::vector<Assign> assigns_;
 };
+
+/// Compiled graphs alive in the registry (forward graphs and training variants), after freeing
+/// those released while the engine was busy if it is idle now. For tests and leak checks.
+size_t NumLiveGraphs();
 
 }  // namespace kiln

@@ -4,8 +4,10 @@
 // What it does not do yet: node removal and rewriting (the pass manager brings those).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/ir/op.h"
@@ -87,6 +89,19 @@ class Graph {
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
 };
+
+/// Which value of one graph stands for which value of another (a copy's correspondence).
+using ValueMap = std::unordered_map<const Value*, Value*>;
+
+/// Appends a copy of `src`'s nodes [begin, end) (end 0: to the last) to `dst`, in order. Every
+/// value a copied node reads must be in `map` already (a graph input mapped by the caller, or the
+/// output of a node copied before); `map` gains the copies' outputs. Attributes are copied as
+/// resolved and output types inferred again (they match: same op, same input types).
+void CopyNodes(const Graph& src, Graph& dst, ValueMap& map, size_t begin = 0, size_t end = 0);
+
+/// A whole copy of `src`: its inputs (same names and types, same order), nodes and outputs.
+/// `map`, when given, receives the correspondence from `src`'s values to the copy's.
+std::unique_ptr<Graph> CopyGraph(const Graph& src, ValueMap* map = nullptr);
 
 /// Appends nodes to a graph with short names, for gradient rules and composites.
 class Builder {

@@ -96,12 +96,16 @@ struct HostTensor {
 };
 using NamedHostTensor = std::pair<std::string, HostTensor>;
 
-/// Writes `params` in the safetensors layout, byte for byte as python/kiln/nn/serialization.py
-/// does: 8-byte little-endian header length N, N bytes of compact JSON (keys in insertion order,
+/// Writes `params` in the safetensors layout (what the Python package's save_parameters writes,
+/// through this function): 8-byte little-endian header length N, N bytes of compact JSON (keys in insertion order,
 /// `"__metadata__": {"format": "kiln"}` first, ASCII-escaped, padded with spaces to a multiple of
 /// 8), then the data in the given order. Atomic (WriteFileAtomic). Throws ValueError for
 /// duplicate names or a byte count that does not match shape and dtype.
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params);
+/// The same with the `__metadata__` entries given (in order; none: no `__metadata__` entry), as
+/// the Python package writes them (save_parameters, export).
+void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params,
+                const std::vector<std::pair<std::string, std::string>>& metadata);
 /// Reads a safetensors file in file order, checking everything (see the header comment of
 /// ir/params.cc). The `__metadata__` entries go to `metadata` when given.
 std::vector<NamedHostTensor> LoadParams(const std::string& path,

@@ -53,6 +53,10 @@ std::vector<int64_t> SplitCounts(int64_t n, int parts);
 
 // ---- CPU devices (host memory) -----------------------------------------------------------------
 
+/// dst[i] = op(dst[i], src[i]) for i in [0, n), on the calling thread, with the loop and the
+/// combination every host collective uses (the MPI ring's reduction step). kMean sums: the caller
+/// divides once every part is in.
+void HostReduceInto(DType dt, void* dst, const void* src, int64_t n, ReduceOp op);
 /// Reduces tensor k over all devices, in device order, and writes the result to every device.
 void HostAllReduce(const BufferSet& b, ReduceOp op, const HostOptions& o = {});
 /// Copies device `root`'s tensors to every other device.

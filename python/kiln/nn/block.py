@@ -11,10 +11,10 @@ import json
 import os
 import threading
 
-from .._C import ArgumentError, FormatError, NDArray as _NDArray, StateError
+from .._C import ArgumentError, FormatError, NDArray as _NDArray, SignatureCache as _SignatureCache, StateError
 from .._C import is_recording as _is_recording, is_training as _is_training
 from .. import init as _init
-from .. import sym as _sym
+from ._structure import _captured_names, _data_input_names, _flatten, _structure_indices, _unflatten
 from .parameter import Parameter, ParameterDict, _devices
 from . import serialization
 
@@ -168,68 +168,8 @@ class Block:
             param._load_init(arr, devices)
 
 
-def _flatten(out):
-    """Flattens nested lists/tuples of NDArrays; returns the arrays and a structure to rebuild."""
-    if isinstance(out, (list, tuple)):
-        arrays, parts = [], []
-        for o in out:
-            a, st = _flatten(o)
-            arrays.extend(a)
-            parts.append(st)
-        return arrays, (type(out), parts)
-    return [out], None
-
-
-def _unflatten(arrays, structure, pos=0):
-    if structure is None:
-        return arrays[pos], pos + 1
-    kind, parts = structure
-    items = []
-    for st in parts:
-        item, pos = _unflatten(arrays, st, pos)
-        items.append(item)
-    return kind(items), pos
-
-
 # The params-file metadata key listing the tensors exported with grad_req 'null' (a JSON list).
 FROZEN_KEY = "kiln.grad_req_null"
-
-
-def _structure_indices(structure, pos=0):
-    """A _flatten structure as the export manifest writes it: an int for a single output, nested
-    lists of output indices otherwise."""
-    if structure is None:
-        return pos, pos + 1
-    items = []
-    for st in structure[1]:
-        item, pos = _structure_indices(st, pos)
-        items.append(item)
-    return items, pos
-
-
-def _data_input_names(n):
-    """The graph's names for `n` data inputs: 'data' for one, 'data0', 'data1'... for several."""
-    return ["data"] if n == 1 else [f"data{i}" for i in range(n)]
-
-
-def _captured_names(captured, params):
-    """Names for a graph's captured tensors: the structural name of the parameter whose data (on
-    any device) each one is, else 'const0', 'const1'... (a constant the trace read)."""
-    names, used, k = [], set(), 0
-    for c in captured:
-        name = None
-        for pname, param in params.items():
-            if param._data is not None and any(
-                    c is a or (c.shape == a.shape and c._shares_storage(a)) for a in param._data):
-                name = pname
-                break
-        if name is None or name in used:
-            while f"const{k}" in used or f"const{k}" in params:
-                k += 1
-            name = f"const{k}"
-        used.add(name)
-        names.append(name)
-    return names
 
 
 # A data input of a trace given by its type alone (export re-traces from these, with no data).
@@ -261,7 +201,9 @@ class HybridBlock(Block):
     kiln.sym while tracing and kiln.nd otherwise) runs once on symbolic arrays that carry shape,
     dtype and device but no data, and every op is recorded into a graph. Later calls with the
     same input signature (shapes, dtypes, devices, training mode) run the compiled graph as one
-    engine task, with no Python per op; a new signature traces again. Parameters are graph
+    engine task, with no Python per op; a new signature traces again. The compiled graphs are kept
+    in a bounded cache (_C.SignatureCache, KILN_GRAPH_CACHE_SIZE, default 64): beyond it the least
+    recently used signature is dropped, and traced again if it comes back. Parameters are graph
     inputs, so training updates reach the compiled graph, and under autograd.record() gradients
     flow through it to the parameters as in eager mode.
 
@@ -284,7 +226,7 @@ class HybridBlock(Block):
         self._active = False
         self._freeze = False
         self._flags = {}
-        self._cache = {}
+        self._cache = _SignatureCache()
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
 
@@ -294,7 +236,7 @@ class HybridBlock(Block):
         self._active = active
         self._freeze = bool(freeze)
         self._flags = dict(kwargs)
-        self._cache = {}
+        self._cache = _SignatureCache()
         self._retrace_reported = self._freeze_reported = False
         self._last_trace = self._last_inference_trace = self._eager_specs = None
         self._last_used_graph = None
@@ -336,8 +278,9 @@ class HybridBlock(Block):
 
     def __call__(self, *args, **kwargs):
         from .. import _C
-        if any(isinstance(a, _sym.Symbol) for a in args):
-            return _sym._apply(self, args)  # a Symbol of this block's graph (kiln.sym)
+        for a in args:
+            if getattr(a, "_kiln_symbol", False):
+                return a._of_block(self, args)  # a Symbol of this block's graph (kiln.sym)
         if not self._active or _C.tracing() or kwargs or getattr(_local, "deferred", False):
             # eager, inside a parent's trace, keyword inputs, or a parent's shape-finding eager call
             return self.forward(*args, **kwargs)
@@ -368,7 +311,7 @@ class HybridBlock(Block):
             return out
         from . import parameter as _parameter
         if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
-            self._cache = {}  # some Parameter's arrays were replaced: the graphs captured the old ones
+            self._cache.clear()  # some Parameter's arrays were replaced: the graphs captured the old ones
         self._cache_generation = _parameter._generation
         frozen = self._freezing()
         key = self._signature(args, frozen)
@@ -379,7 +322,7 @@ class HybridBlock(Block):
             # devices is worth a warning.
             def devices(k):
                 return tuple(a[2] for a in k[2:] if a[0] != "const")
-            same = [k for k in self._cache if devices(k) == devices(key)]
+            same = [k for k in self._cache.keys() if devices(k) == devices(key)]
             if same and not getattr(self, "_retrace_reported", False):
                 self._retrace_reported = True  # once per block: the reason, not a stream of warnings
                 old = same[0]
@@ -466,7 +409,8 @@ class HybridBlock(Block):
                 # Cached as a call would cache it, so the next inference call need not trace.
                 key = (False, self._freeze) + tuple((a.shape, a.dtype, a.device) if isinstance(a, _Spec)
                                                     else ("const", repr(a)) for a in traced.specs)
-                self._cache.setdefault(key, (traced.graph, traced.structure))
+                if key not in self._cache:
+                    self._cache[key] = (traced.graph, traced.structure)
                 self._last_inference_trace = traced
         params = self.collect_params()
         names = _captured_names(traced.graph.captured, params)

@@ -1,7 +1,7 @@
 // Hand-written float32 kernels for the NN cases where oneDNN's kernels on kiln's plain NCHW
 // layouts are slow (runtime/cpu/direct_nn.cc): convolutions with one input channel (the first
 // layer of an MNIST-style network; forward and weight gradient) and non-overlapping average
-// pooling. Each returns false, doing nothing, when the case is not one it handles; onednn.cc
+// pooling. Each returns false, doing nothing, when the case is not one it handles; nn_dispatch.cc
 // tries them first. Same contracts as onednn.h: contiguous operands, outputs overwritten. The
 // plain loops of reference_nn.cc are what tests compare them against.
 #pragma once

@@ -1,0 +1,84 @@
+// The synchronous engine (KILN_ENGINE=naive: every task runs on the pushing thread, with the
+// threaded engine's error semantics), and the task helpers both engines use.
+#include <string>
+
+#include "engine_task.h"
+
+namespace kiln::engine::detail {
+
+// Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
+std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
+  std::string prefix = std::string("error in operator '") + o.name + "'";
+  if (o.call_site) prefix += std::string(" (called from ") + o.call_site + ")";
+  prefix += ": ";
+  try {
+    std::rethrow_exception(e);
+  } catch (const InternalError& x) {
+    return std::make_exception_ptr(InternalError(prefix + x.what()));
+  } catch (const ShapeError& x) {
+    return std::make_exception_ptr(ShapeError(prefix + x.what()));
+  } catch (const DTypeError& x) {
+    return std::make_exception_ptr(DTypeError(prefix + x.what()));
+  } catch (const DeviceError& x) {
+    return std::make_exception_ptr(DeviceError(prefix + x.what()));
+  } catch (const FormatError& x) {
+    return std::make_exception_ptr(FormatError(prefix + x.what()));
+  } catch (const ValueError& x) {
+    return std::make_exception_ptr(ValueError(prefix + x.what()));
+  } catch (const StateError& x) {
+    return std::make_exception_ptr(StateError(prefix + x.what()));
+  } catch (const MemoryError& x) {
+    return std::make_exception_ptr(MemoryError(prefix + x.what()));
+  } catch (const std::bad_alloc&) {
+    return std::make_exception_ptr(MemoryError(prefix + "out of memory"));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(prefix + "unknown exception"));
+  }
+}
+
+void Dedupe(std::span<Var* const> reads, std::span<Var* const> writes, Task* t) {
+  for (Var* w : writes) {
+    bool dup = false;
+    for (Var* x : t->writes) dup |= x == w;
+    if (!dup) t->writes.push_back(w);
+  }
+  for (Var* r : reads) {
+    bool dup = false;
+    for (size_t i = 0; i < t->writes.size(); ++i)
+      if (t->writes[i] == r) {
+        dup = true;
+        if (i < 64) t->writes_read |= uint64_t{1} << i;
+      }
+    for (Var* x : t->reads) dup |= x == r;
+    if (!dup) t->reads.push_back(r);
+  }
+}
+
+namespace {
+
+class NaiveEngine final : public EngineBase {
+ public:
+  void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
+            const TaskOptions& opts) override {
+    Task t;
+    t.fn = std::move(fn);
+    t.opts = opts;
+    Dedupe(reads, writes, &t);
+    CountPushed(&t);
+    Execute(&t);
+    CountCompleted(opts.bytes);
+  }
+  void WaitForVar(Var* v) override {
+    if (auto e = VarError(v)) std::rethrow_exception(e);
+  }
+  void WaitForAll() override { RethrowFirstError(); }
+  bool IsNaive() const override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> MakeNaiveEngine() { return std::make_unique<NaiveEngine>(); }
+
+}  // namespace kiln::engine::detail
