@@ -17,8 +17,8 @@ namespace kiln::codegen::detail {
 
 /// How a kernel object was obtained, for its compile_ms() and from_disk().
 struct Obtained {
-  double ms = 0;           ///< wall time of building or loading (so far, when make runs)
-  bool from_disk = false;  ///< the artifact came from the disk cache
+  double ms = 0;          ///< wall time of building or loading (so far, when make runs)
+  bool from_disk = false; ///< the artifact came from the disk cache
 };
 
 struct KernelRequest {
@@ -49,8 +49,7 @@ struct KernelRequest {
 /// build or link propagates (the caller turns it into UnsupportedError); disk failures never do.
 std::shared_ptr<void> GetOrBuild(const KernelRequest& r);
 
-template <class K>
-std::shared_ptr<K> GetOrBuildAs(const KernelRequest& r) {
+template <class K> std::shared_ptr<K> GetOrBuildAs(const KernelRequest& r) {
   return std::static_pointer_cast<K>(GetOrBuild(r));
 }
 
@@ -63,4 +62,4 @@ std::string LastIR(KernelKind kind);
 /// The exact form of `e` (constants as bit patterns) for KernelRequest::form.
 std::string ExactForm(const Expr& e);
 
-}  // namespace kiln::codegen::detail
+} // namespace kiln::codegen::detail

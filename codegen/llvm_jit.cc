@@ -68,10 +68,11 @@ struct Jit {
     lljit = Unwrap(llvm::orc::LLJITBuilder()
                        .setJITTargetMachineBuilder(std::move(jtmb))
                        .setDataLayout(tm->createDataLayout())
-                       .setCompileFunctionCreator([](llvm::orc::JITTargetMachineBuilder b)
-                                                      -> llvm::Expected<std::unique_ptr<llvm::orc::IRCompileLayer::IRCompiler>> {
-                         return std::make_unique<llvm::orc::ConcurrentIRCompiler>(std::move(b));
-                       })
+                       .setCompileFunctionCreator(
+                           [](llvm::orc::JITTargetMachineBuilder b)
+                               -> llvm::Expected<std::unique_ptr<llvm::orc::IRCompileLayer::IRCompiler>> {
+                             return std::make_unique<llvm::orc::ConcurrentIRCompiler>(std::move(b));
+                           })
                        .setPlatformSetUp(llvm::orc::setUpInactivePlatform)
                        .create(),
                    "codegen: creating the ORC LLJIT");

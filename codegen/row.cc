@@ -1,7 +1,8 @@
 // CompileRow: RowProgram -> LLVM IR (a loop over rows, one inner loop per reduction and one for the
 // elementwise outputs) -> O3 for the host CPU -> the process-wide LLJIT of CompileElementwise
-// (detail::LoadObject), through the kernel cache (kernel_cache.cc: memory and disk). The per-element arithmetic is EmitExpr's (lower.cc), shared with the
-// elementwise kernels, so both kinds of fused kernel compute the same functions the same way.
+// (detail::LoadObject), through the kernel cache (kernel_cache.cc: memory and disk). The per-element
+// arithmetic is EmitExpr's (lower.cc), shared with the elementwise kernels, so both kinds of fused
+// kernel compute the same functions the same way.
 //
 // Vectorizing the reductions: sums are fadd recurrences marked `reassoc` (that add only, not the
 // arithmetic feeding it), max/min are llvm.maximum/llvm.minimum recurrences (NaN-propagating);

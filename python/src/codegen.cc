@@ -15,7 +15,7 @@ void Put(pyb::dict& d, const codegen::CodegenStats& s) {
   d["disk_writes"] = s.disk_writes;
   d["compile_ms"] = s.compile_ms;
 }
-}  // namespace
+} // namespace
 #endif
 
 KILN_PY_BIND(60) {
@@ -47,4 +47,4 @@ KILN_PY_BIND(60) {
       "besides a kernel and its target). available is False when kiln was built without LLVM.");
 }
 
-}  // namespace kiln::py
+} // namespace kiln::py

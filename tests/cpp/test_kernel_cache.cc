@@ -70,7 +70,7 @@ bool Computes(const Expr& e, double c) {
   return true;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("codegen disk cache: a compiled kernel is written to KILN_CACHE_DIR") {
   fs::path dir = FreshDir("write");
@@ -86,11 +86,15 @@ TEST_CASE("codegen disk cache: a compiled kernel is written to KILN_CACHE_DIR") 
   CHECK(after.disk_writes == before.disk_writes + 1);
   CHECK(after.disk_hits == before.disk_hits);
   std::string bytes = ReadAll(file);
-  CHECK(bytes.rfind("kiln-kernel 2\nkind elementwise\ntoolchain " + kiln::codegen::ToolchainKey() + "\ntarget llvm ", 0) == 0);
-  CHECK(bytes.find("\x7f" "ELF") != std::string::npos);  // the object file follows the header
+  CHECK(bytes.rfind("kiln-kernel 2\nkind elementwise\ntoolchain " + kiln::codegen::ToolchainKey() +
+                        "\ntarget llvm ",
+                    0) == 0);
+  CHECK(bytes.find("\x7f"
+                   "ELF") != std::string::npos); // the object file follows the header
   // No temporary file is left behind.
   int files = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) files += entry.path().extension() == ".kobj" ? 1 : 100;
+  for (const auto& entry : fs::directory_iterator(dir))
+    files += entry.path().extension() == ".kobj" ? 1 : 100;
   CHECK(files == 1);
   fs::remove_all(dir);
 }
@@ -108,9 +112,9 @@ TEST_CASE("codegen disk cache: a corrupt or foreign file is a miss and is rewrit
     auto before = kiln::codegen::GetCodegenStats();
     CHECK(Computes(e, c));
     auto after = kiln::codegen::GetCodegenStats();
-    CHECK(after.compiles == before.compiles + 1);  // compiled, not loaded
+    CHECK(after.compiles == before.compiles + 1); // compiled, not loaded
     CHECK(after.disk_hits == before.disk_hits);
-    CHECK(ReadAll(file).rfind("kiln-kernel 2\nkind elementwise\n", 0) == 0);  // rewritten
+    CHECK(ReadAll(file).rfind("kiln-kernel 2\nkind elementwise\n", 0) == 0); // rewritten
   }
   fs::remove_all(dir);
 }
@@ -151,9 +155,9 @@ TEST_CASE("codegen disk cache: beyond KILN_CACHE_MAX_MB the least recently used 
   std::ofstream(dir / "notes.txt") << "not a cache file: never deleted";
   Expr e = Unique(6.0625);
   CHECK(Computes(e, 6.0625));
-  CHECK(fs::exists(kiln::codegen::DiskCacheFile(e)));  // the newest stays
-  CHECK_FALSE(fs::exists(dir / "old0.kobj"));          // the oldest went first
-  CHECK_FALSE(fs::exists(dir / "old1.kobj"));          // down to 80% of the bound
+  CHECK(fs::exists(kiln::codegen::DiskCacheFile(e))); // the newest stays
+  CHECK_FALSE(fs::exists(dir / "old0.kobj"));         // the oldest went first
+  CHECK_FALSE(fs::exists(dir / "old1.kobj"));         // down to 80% of the bound
   CHECK(fs::exists(dir / "old2.kobj"));
   CHECK(fs::exists(dir / "notes.txt"));
   fs::remove_all(dir);
@@ -187,7 +191,7 @@ bool RowComputes(const RowProgram& p, double c) {
   return true;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("kernel cache: a row kernel is written to KILN_CACHE_DIR and counted as a row kernel") {
   fs::path dir = FreshDir("row");
@@ -201,11 +205,12 @@ TEST_CASE("kernel cache: a row kernel is written to KILN_CACHE_DIR and counted a
   auto after = kiln::codegen::GetRowStats();
   CHECK(after.compiles == before.compiles + 1);
   CHECK(after.disk_writes == before.disk_writes + 1);
-  CHECK(kiln::codegen::GetCodegenStats().compiles == ew.compiles);  // not counted as elementwise
+  CHECK(kiln::codegen::GetCodegenStats().compiles == ew.compiles); // not counted as elementwise
   std::string bytes = ReadAll(file);
   CHECK(bytes.rfind("kiln-kernel 2\nkind row\ntoolchain ", 0) == 0);
-  CHECK(bytes.find("\x7f" "ELF") != std::string::npos);
-  CHECK(RowComputes(p, 1.0625));  // the memory cache answers
+  CHECK(bytes.find("\x7f"
+                   "ELF") != std::string::npos);
+  CHECK(RowComputes(p, 1.0625)); // the memory cache answers
   CHECK(kiln::codegen::GetRowStats().cache_hits == after.cache_hits + 1);
   // An elementwise kernel and a row kernel never share a file.
   CHECK(kiln::codegen::DiskCacheFile(UniqueRow(1.0625).steps[0].expr) != file);
@@ -230,14 +235,14 @@ TEST_CASE("kernel cache: a corrupt row kernel file is a miss and is rewritten") 
 TEST_CASE("kernel cache: PTX is kept on disk by expression and architecture") {
   fs::path dir = FreshDir("ptx");
   ScopedEnv env("KILN_CACHE_DIR", dir.string());
-  Expr e = Unique(7.0625);  // add and mul only: no libdevice needed
+  Expr e = Unique(7.0625); // add and mul only: no libdevice needed
   auto before = kiln::codegen::GetKernelStats(KernelKind::kPtx);
   auto a = kiln::codegen::GeneratePtx(e, "sm_80");
   auto b = kiln::codegen::GeneratePtx(e, "sm_80");
   auto c = kiln::codegen::GeneratePtx(e, "sm_90");
   auto after = kiln::codegen::GetKernelStats(KernelKind::kPtx);
   CHECK(a.ptx == b.ptx);
-  CHECK(a.ptx != c.ptx);  // .target sm_80 against sm_90
+  CHECK(a.ptx != c.ptx); // .target sm_80 against sm_90
   CHECK(after.compiles == before.compiles + 2);
   CHECK(after.cache_hits == before.cache_hits + 1);
   CHECK(after.disk_writes == before.disk_writes + 2);
@@ -266,4 +271,4 @@ TEST_CASE("kernel cache: the counters of all kinds are the sums of each kind's")
   CHECK(all.compiles >= 2);
   CHECK(std::string(kiln::codegen::KernelKindName(KernelKind::kRow)) == "row");
 }
-#endif  // KILN_WITH_CODEGEN
+#endif // KILN_WITH_CODEGEN

@@ -13,9 +13,9 @@ namespace kiln::codegen {
 
 /// The kinds of generated kernel, counted apart.
 enum class KernelKind : uint8_t {
-  kElementwise,  ///< CompileElementwise (host)
-  kRow,          ///< CompileRow (host)
-  kPtx,          ///< GeneratePtx (NVIDIA GPUs)
+  kElementwise, ///< CompileElementwise (host)
+  kRow,         ///< CompileRow (host)
+  kPtx,         ///< GeneratePtx (NVIDIA GPUs)
 };
 inline constexpr int kNumKernelKinds = 3;
 
@@ -24,11 +24,11 @@ const char* KernelKindName(KernelKind kind);
 
 /// Counters of the kernel cache, for one kind of kernel or all of them.
 struct CodegenStats {
-  int64_t compiles = 0;     ///< kernels built by LLVM
-  int64_t cache_hits = 0;   ///< requests answered from the memory cache
-  int64_t disk_hits = 0;    ///< kernels loaded from the disk cache instead of compiled
-  int64_t disk_writes = 0;  ///< kernels stored in the disk cache
-  double compile_ms = 0;    ///< wall time spent compiling and loading kernels
+  int64_t compiles = 0;    ///< kernels built by LLVM
+  int64_t cache_hits = 0;  ///< requests answered from the memory cache
+  int64_t disk_hits = 0;   ///< kernels loaded from the disk cache instead of compiled
+  int64_t disk_writes = 0; ///< kernels stored in the disk cache
+  double compile_ms = 0;   ///< wall time spent compiling and loading kernels
 
   CodegenStats& operator+=(const CodegenStats& o) {
     compiles += o.compiles, cache_hits += o.cache_hits, disk_hits += o.disk_hits;
@@ -50,4 +50,4 @@ std::string DiskCacheDir();
 /// and the hash of codegen's sources this library was built from ("kiln-codegen <hash>; llvm 19.1.7").
 const std::string& ToolchainKey();
 
-}  // namespace kiln::codegen
+} // namespace kiln::codegen
