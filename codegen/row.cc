@@ -485,12 +485,20 @@ void MarkInputsAndOutputs(llvm::Function& f) {
 
 /// The exact form of `p` for the kernel cache: equal forms are equal programs.
 std::string ExactForm(const RowProgram& p) {
-  std::string s = "layout " + std::to_string(p.layout) + "; inputs";
-  for (RowProgram::InputKind k : p.inputs) s += " " + std::to_string(k);
-  for (const RowProgram::Step& st : p.steps)
-    s += "; step " + std::to_string(st.kind) + " " + std::to_string(st.stash) + " " + detail::ExactForm(st.expr);
-  for (const RowProgram::Output& o : p.outputs)
-    s += "; out " + (o.row_value >= 0 ? "v" + std::to_string(o.row_value) : detail::ExactForm(o.expr));
+  std::string s;
+  auto num = [&](const char* before, int64_t v) { s.append(before).append(std::to_string(v)); };
+  num("layout ", p.layout);
+  s.append("; inputs");
+  for (RowProgram::InputKind k : p.inputs) num(" ", k);
+  for (const RowProgram::Step& st : p.steps) {
+    num("; step ", st.kind);
+    num(" ", st.stash);
+    s.append(" ").append(detail::ExactForm(st.expr));
+  }
+  for (const RowProgram::Output& o : p.outputs) {
+    if (o.row_value >= 0) num("; out v", o.row_value);
+    else s.append("; out ").append(detail::ExactForm(o.expr));
+  }
   return s;
 }
 
