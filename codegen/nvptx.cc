@@ -1,5 +1,6 @@
 // GeneratePtx: Expr -> LLVM IR kernel (grid-stride loop) -> libdevice linked, internalized -> O3
-// with the NVPTX target machine (which also runs NVVMReflect) -> PTX text.
+// with the NVPTX target machine (which also runs NVVMReflect) -> PTX text, kept in the kernel cache
+// (kernel_cache.cc: memory and disk) by expression, architecture and libdevice.
 #include "kiln/codegen/ptx.h"
 
 #include <llvm/Bitcode/BitcodeReader.h>
@@ -15,13 +16,11 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Transforms/IPO/Internalize.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
-#include <mutex>
 
 #include "kiln/runtime/error.h"
+#include "kernel_cache.h"
 #include "lower.h"
 
 namespace kiln::codegen {
@@ -185,20 +184,32 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
       KILN_THROW(ValueError) << "GeneratePtx: unknown GPU architecture '" << arch << "'; expected one of " << known;
     }
   }
-  static std::mutex mu;
-  static auto* cache = new std::map<std::pair<std::string, std::string>, PtxKernel>;  // (exact expr, arch)
-  std::lock_guard<std::mutex> lock(mu);
-  std::string key = e.ToString() + "#" + std::to_string(e.Hash());
-  if (auto it = cache->find({key, arch}); it != cache->end()) return it->second;
-  auto t0 = std::chrono::steady_clock::now();
-  PtxKernel k;
-  k.name = "kiln_ew_" + std::to_string(e.Hash());
-  k.arch = arch;
-  k.num_inputs = e.NumInputs();
-  k.ptx = Compile(e, arch, k.name);
-  k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  cache->emplace(std::make_pair(key, arch), k);
-  return k;
+  detail::KernelRequest r;
+  r.kind = KernelKind::kPtx;
+  r.form = detail::ExactForm(e);
+  // What else the PTX depends on: the architecture, and libdevice (which one, and whether any).
+  std::string libdevice = FindLibdevice();
+  std::error_code ec;
+  uintmax_t libdevice_bytes = libdevice.empty() ? 0 : std::filesystem::file_size(libdevice, ec);
+  r.target = std::string(kTriple) + "; " + arch + "; libdevice " + (libdevice.empty() ? "none" : libdevice) + " " +
+             std::to_string(libdevice_bytes);
+  r.unique_symbols = false;  // each PTX module is loaded on its own: names need not differ
+  r.symbol = "kiln_ew_" + std::to_string(e.Hash());
+  r.build = [&](const std::string& name, std::string* ir) {
+    ir->clear();
+    return Compile(e, arch, name);
+  };
+  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
+  r.make = [&](void*, std::string_view ptx, const std::string& name, const detail::Obtained& how) {
+    auto k = std::make_shared<PtxKernel>();
+    k->name = name;
+    k->arch = arch;
+    k->ptx = std::string(ptx);
+    k->num_inputs = e.NumInputs();
+    k->compile_ms = how.ms;
+    return k;
+  };
+  return *detail::GetOrBuildAs<PtxKernel>(r);
 }
 
 }  // namespace kiln::codegen

@@ -1,7 +1,8 @@
 // CompileRow: RowProgram -> LLVM IR (a loop over rows, one inner loop per reduction and one for the
 // elementwise outputs) -> O3 for the host CPU -> the process-wide LLJIT of CompileElementwise
-// (detail::LoadObject). The per-element arithmetic is EmitExpr's (lower.cc), shared with the
-// elementwise kernels, so both kinds of fused kernel compute the same functions the same way.
+// (detail::LoadObject), through the kernel cache (kernel_cache.cc: memory and disk). The per-element
+// arithmetic is EmitExpr's (lower.cc), shared with the elementwise kernels, so both kinds of fused
+// kernel compute the same functions the same way.
 //
 // Vectorizing the reductions: sums are fadd recurrences marked `reassoc` (that add only, not the
 // arithmetic feeding it), max/min are llvm.maximum/llvm.minimum recurrences (NaN-propagating);
@@ -13,7 +14,7 @@
 // stretch's contiguous elements; a stretch's sum is added into a double. One-hot labels are
 // loaded once per row and compared with the element's position in the row.
 //
-// Not here: the disk cache (row kernels are compiled in each process), PTX.
+// Not here: PTX.
 #include "kiln/codegen/row.h"
 
 #include "lower.h"
@@ -29,15 +30,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <unordered_map>
 
+#include "kernel_cache.h"
 #include "kiln/codegen/llvm_jit.h"
 #include "kiln/runtime/cpu/loops.h"
 
@@ -485,21 +483,23 @@ void MarkInputsAndOutputs(llvm::Function& f) {
   }
 }
 
-struct ProgramHash {
-  size_t operator()(const RowProgram& p) const { return static_cast<size_t>(p.Hash()); }
-};
-
-struct Cache {
-  std::mutex mu; // held while compiling, so one program is never built twice
-  std::unordered_map<RowProgram, std::shared_ptr<RowKernel>, ProgramHash> kernels;
-  CodegenStats stats;
-  std::string last_ir;
-  size_t attempts = 0; // numbers the symbols: one that failed to link is never reused
-};
-
-Cache& GetCache() {
-  static Cache* cache = new Cache; // leaked: kernels may be used during static destruction
-  return *cache;
+/// The exact form of `p` for the kernel cache: equal forms are equal programs.
+std::string ExactForm(const RowProgram& p) {
+  std::string s;
+  auto num = [&](const char* before, int64_t v) { s.append(before).append(std::to_string(v)); };
+  num("layout ", p.layout);
+  s.append("; inputs");
+  for (RowProgram::InputKind k : p.inputs) num(" ", k);
+  for (const RowProgram::Step& st : p.steps) {
+    num("; step ", st.kind);
+    num(" ", st.stash);
+    s.append(" ").append(detail::ExactForm(st.expr));
+  }
+  for (const RowProgram::Output& o : p.outputs) {
+    if (o.row_value >= 0) num("; out v", o.row_value);
+    else s.append("; out ").append(detail::ExactForm(o.expr));
+  }
+  return s;
 }
 
 /// `e` in Expr::ToString's form with operands k >= n (row values) named v(k - n), k >= n + s
@@ -610,18 +610,12 @@ void RowKernel::Run(const float* const* ins, float* const* outs, int64_t rows, i
 
 std::shared_ptr<RowKernel> CompileRow(const RowProgram& p) {
   p.Validate();
-  Cache& cache = GetCache();
-  std::lock_guard<std::mutex> lock(cache.mu);
-  if (auto it = cache.kernels.find(p); it != cache.kernels.end()) {
-    ++cache.stats.cache_hits;
-    return it->second;
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  RowKernel::Fn fn;
-  try {
+  detail::KernelRequest r;
+  r.kind = KernelKind::kRow;
+  r.form = ExactForm(p);
+  r.target = detail::TargetKey();
+  r.build = [&](const std::string& name, std::string* ir) {
     const detail::HostTarget& host = detail::Host();
-    char name[48];
-    std::snprintf(name, sizeof name, "kiln_row_%016" PRIx64 "_%zu", p.Hash(), cache.attempts++);
     llvm::LLVMContext ctx;
     llvm::Module m(name, ctx);
     m.setDataLayout(host.tm->createDataLayout());
@@ -630,37 +624,35 @@ std::shared_ptr<RowKernel> CompileRow(const RowProgram& p) {
     MarkInputsAndOutputs(*m.getFunction(name));
     detail::CheckModule(m, p.ToString());
     detail::OptimizeO3(m, host.tm, host.have_libmvec);
-    cache.last_ir.clear();
-    llvm::raw_string_ostream os(cache.last_ir);
+    ir->clear();
+    llvm::raw_string_ostream os(*ir);
     m.print(os, nullptr);
-    std::string object = detail::EmitHostObject(m);
+    return detail::EmitHostObject(m);
+  };
+  r.link = [](std::string_view object, const std::string& name) {
+    return reinterpret_cast<void*>(detail::LoadObject(object, name));
+  };
+  r.make = [&](void* fn, std::string_view, const std::string&, const detail::Obtained& how) {
     // LoadObject returns the symbol typed as an elementwise kernel; it is this row kernel.
-    fn = reinterpret_cast<RowKernel::Fn>(reinterpret_cast<void (*)()>(detail::LoadObject(object, name)));
+    return std::make_shared<RowKernel>(reinterpret_cast<RowKernel::Fn>(fn), static_cast<int>(p.inputs.size()),
+                                       static_cast<int>(p.outputs.size()), how.ms, p.ToString(), how.from_disk);
+  };
+  try {
+    return detail::GetOrBuildAs<RowKernel>(r);
   } catch (const InternalError& err) { // LLVM refused: the caller runs the ops unfused
     std::fprintf(stderr, "kiln: warning: codegen could not compile %s (%s); it runs unfused\n",
                  p.ToString().c_str(), err.what());
     KILN_THROW(codegen::UnsupportedError)
         << "codegen: compiling " << p.ToString() << " failed: " << err.what();
   }
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  auto kernel = std::make_shared<RowKernel>(fn, static_cast<int>(p.inputs.size()),
-                                            static_cast<int>(p.outputs.size()), ms, p.ToString());
-  cache.kernels.emplace(p, kernel);
-  ++cache.stats.compiles;
-  cache.stats.compile_ms += ms;
-  return kernel;
 }
 
-CodegenStats GetRowStats() {
-  Cache& cache = GetCache();
-  std::lock_guard<std::mutex> lock(cache.mu);
-  return cache.stats;
+CodegenStats GetRowStats() { return GetKernelStats(KernelKind::kRow); }
+
+std::string DiskCacheFile(const RowProgram& p) {
+  return detail::DiskCacheFileOf(KernelKind::kRow, ExactForm(p), detail::TargetKey());
 }
 
-std::string LastRowIR() {
-  Cache& cache = GetCache();
-  std::lock_guard<std::mutex> lock(cache.mu);
-  return cache.last_ir;
-}
+std::string LastRowIR() { return detail::LastIR(KernelKind::kRow); }
 
 } // namespace kiln::codegen

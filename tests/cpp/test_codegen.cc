@@ -5,17 +5,11 @@
 #ifdef KILN_WITH_CODEGEN
 #include <doctest/doctest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
@@ -27,8 +21,6 @@ using kiln::BinaryFn;
 using kiln::UnaryFn;
 using kiln::codegen::CompileElementwise;
 using kiln::codegen::Expr;
-using kiln::testing::ScopedEnv;
-namespace fs = std::filesystem;
 
 double RefUnary(UnaryFn f, double x) {
   switch (f) {
@@ -307,129 +299,6 @@ TEST_CASE("codegen: a kernel with a bias broadcast is vectorized") {
   CHECK(ir.find("udiv <") == std::string::npos);       // no vector division by the bias stride
 }
 
-// ---- the disk cache ----------------------------------------------------------------------------
-// A kernel stored by one process is loaded by the next: tests/python/test_codegen_cache.py runs
-// two processes. Here: what is written, corrupt files, unwritable directories, eviction.
-
-namespace {
-
-/// A fresh, empty directory under the test run's cache directory (tests/cpp/main.cc sets one).
-fs::path FreshDir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln-cache-test-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-/// An expression no other test compiles: x * c + 1 for a constant unique to the caller.
-Expr Unique(double c) {
-  Expr e;
-  e.Add(e.Mul(e.Input(0), e.Const(c)), e.Const(1));
-  return e;
-}
-
-bool Computes(const Expr& e, double c) {
-  std::vector<float> x = Random(1001, -2, 2, 9), out(x.size());
-  const float* ins[] = {x.data()};
-  CompileElementwise(e)->Run(ins, out.data(), static_cast<int64_t>(x.size()));
-  for (size_t i = 0; i < x.size(); ++i)
-    if (std::fabs(out[i] - static_cast<float>(x[i] * c + 1)) > 1e-5f) return false;
-  return true;
-}
-
-}  // namespace
-
-TEST_CASE("codegen disk cache: a compiled kernel is written to KILN_CACHE_DIR") {
-  fs::path dir = FreshDir("write");
-  ScopedEnv env("KILN_CACHE_DIR", dir.string());
-  CHECK(kiln::codegen::DiskCacheDir() == dir.string());
-  Expr e = Unique(1.0625);
-  std::string file = kiln::codegen::DiskCacheFile(e);
-  CHECK(fs::path(file).parent_path() == dir);
-  auto before = kiln::codegen::GetCodegenStats();
-  CHECK(Computes(e, 1.0625));
-  auto after = kiln::codegen::GetCodegenStats();
-  CHECK(after.compiles == before.compiles + 1);
-  CHECK(after.disk_writes == before.disk_writes + 1);
-  CHECK(after.disk_hits == before.disk_hits);
-  std::string bytes = ReadAll(file);
-  CHECK(bytes.rfind("kiln-kernel 1\ntarget llvm ", 0) == 0);
-  CHECK(bytes.find("\x7f" "ELF") != std::string::npos);  // the object file follows the header
-  // No temporary file is left behind.
-  int files = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) files += entry.path().extension() == ".kobj" ? 1 : 100;
-  CHECK(files == 1);
-  fs::remove_all(dir);
-}
-
-TEST_CASE("codegen disk cache: a corrupt or foreign file is a miss and is rewritten") {
-  fs::path dir = FreshDir("corrupt");
-  ScopedEnv env("KILN_CACHE_DIR", dir.string());
-  for (double c : {2.0625, 3.0625}) {
-    Expr e = Unique(c);
-    std::string file = kiln::codegen::DiskCacheFile(e);
-    // 2.0625: garbage; 3.0625: a valid header whose object was truncated (checksum fails).
-    std::string text = c == 2.0625 ? std::string("not a kernel")
-                                   : "kiln-kernel 1\ntarget x\nexpr y\nsymbol z\nobject 100 0\nshort";
-    std::ofstream(file, std::ios::binary) << text;
-    auto before = kiln::codegen::GetCodegenStats();
-    CHECK(Computes(e, c));
-    auto after = kiln::codegen::GetCodegenStats();
-    CHECK(after.compiles == before.compiles + 1);  // compiled, not loaded
-    CHECK(after.disk_hits == before.disk_hits);
-    CHECK(ReadAll(file).rfind("kiln-kernel 1\ntarget llvm", 0) == 0);  // rewritten
-  }
-  fs::remove_all(dir);
-}
-
-TEST_CASE("codegen disk cache: an unusable directory costs a compile, never an answer") {
-  fs::path dir = FreshDir("blocked");
-  fs::path blocked = dir / "file";
-  std::ofstream(blocked) << "a file where the cache directory should be";
-  ScopedEnv env("KILN_CACHE_DIR", blocked.string());
-  auto before = kiln::codegen::GetCodegenStats();
-  CHECK(Computes(Unique(4.0625), 4.0625));
-  auto after = kiln::codegen::GetCodegenStats();
-  CHECK(after.compiles == before.compiles + 1);
-  CHECK(after.disk_writes == before.disk_writes);
-  fs::remove_all(dir);
-}
-
-TEST_CASE("codegen disk cache: KILN_CACHE_DIR=off writes nothing") {
-  ScopedEnv env("KILN_CACHE_DIR", "off");
-  CHECK(kiln::codegen::DiskCacheDir().empty());
-  CHECK(kiln::codegen::DiskCacheFile(Unique(5.0625)).empty());
-  auto before = kiln::codegen::GetCodegenStats();
-  CHECK(Computes(Unique(5.0625), 5.0625));
-  CHECK(kiln::codegen::GetCodegenStats().disk_writes == before.disk_writes);
-}
-
-TEST_CASE("codegen disk cache: beyond KILN_CACHE_MAX_MB the least recently used files go") {
-  fs::path dir = FreshDir("evict");
-  ScopedEnv env("KILN_CACHE_DIR", dir.string());
-  ScopedEnv bound("KILN_CACHE_MAX_MB", "1");
-  // Three old 450 KB files (1.35 MB with the new kernel's: over the bound), the oldest first.
-  auto now = fs::file_time_type::clock::now();
-  for (int k = 0; k < 3; ++k) {
-    fs::path f = dir / ("old" + std::to_string(k) + ".kobj");
-    std::ofstream(f, std::ios::binary) << std::string(450 << 10, 'x');
-    fs::last_write_time(f, now - std::chrono::hours(10 - k));
-  }
-  std::ofstream(dir / "notes.txt") << "not a cache file: never deleted";
-  Expr e = Unique(6.0625);
-  CHECK(Computes(e, 6.0625));
-  CHECK(fs::exists(kiln::codegen::DiskCacheFile(e)));  // the newest stays
-  CHECK_FALSE(fs::exists(dir / "old0.kobj"));          // the oldest went first
-  CHECK_FALSE(fs::exists(dir / "old1.kobj"));          // down to 80% of the bound
-  CHECK(fs::exists(dir / "old2.kobj"));
-  CHECK(fs::exists(dir / "notes.txt"));
-  fs::remove_all(dir);
-}
 // ---- row kernels (kiln/codegen/row.h) ----------------------------------------------------------
 // A reduction over each row with its elementwise producers and consumers, checked against a
 // double-precision reference: softmax and log-softmax on odd row lengths, NaN and -inf, the

@@ -5,7 +5,7 @@
 // loop `out[i] = expr(in0[i], in1[i], ...)`, optimizes it at O3 for the host CPU (so it vectorizes
 // for AVX2 / AVX-512), JITs it through one process-wide ORC LLJIT and caches it by structure.
 //
-// Compiled kernels are also kept on disk (KILN_CACHE_DIR, see elementwise.cc), so a later process
+// Compiled kernels are also kept on disk (KILN_CACHE_DIR, see kiln/codegen/kernel_cache.h), so a later process
 // loads them instead of compiling.
 //
 // Deliberately not here (first version): strides (every input and the output are contiguous;
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/codegen/kernel_cache.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/scalar_fn.h"
 
@@ -119,19 +120,9 @@ class CompiledKernel {
 /// cannot lower.
 std::shared_ptr<CompiledKernel> CompileElementwise(const Expr& e);
 
-/// Counters of the process-wide kernel cache.
-struct CodegenStats {
-  int64_t compiles = 0;     ///< kernels built by LLVM
-  int64_t cache_hits = 0;   ///< CompileElementwise calls answered from the memory cache
-  int64_t disk_hits = 0;    ///< kernels loaded from the disk cache instead of compiled
-  int64_t disk_writes = 0;  ///< kernels stored in the disk cache
-  double compile_ms = 0;    ///< wall time spent compiling and loading kernels
-};
+/// Counters of the elementwise kernels in the kernel cache (kernel_cache.h has every kind's).
 CodegenStats GetCodegenStats();
 
-/// The disk cache's directory (KILN_CACHE_DIR, or $XDG_CACHE_HOME/kiln, or ~/.cache/kiln), or
-/// "" when it is off (KILN_CACHE_DIR=off).
-std::string DiskCacheDir();
 /// The file of the disk cache that holds (or would hold) the kernel of `e`; "" when it is off.
 std::string DiskCacheFile(const Expr& e);
 

@@ -25,7 +25,8 @@ struct PtxKernel {
 };
 
 /// Generates the PTX kernel of `e` for the GPU architecture `arch` ("sm_75", "sm_80", "sm_90",
-/// ...), optimized at O3. Results are cached in memory by expression and architecture.
+/// ...), optimized at O3. Results are kept in the kernel cache (kernel_cache.h), in memory and on
+/// disk, by expression, architecture and libdevice.
 /// Throws UnsupportedError when `e` cannot be lowered (or needs libdevice and it is missing),
 /// ValueError for an architecture LLVM's NVPTX backend does not know.
 PtxKernel GeneratePtx(const Expr& e, const std::string& arch);

@@ -12,7 +12,8 @@
 // a loop over rows with one vectorized pass per reduction and one for the elementwise outputs
 // (a strided row: an outer loop over its stretches, the inner one vectorized; columns: blocks of
 // adjacent rows, each pass a loop over the row around a vectorized loop across the block),
-// JITs it through the process-wide ORC LLJIT of CompileElementwise and caches it by structure.
+// JITs it through the process-wide ORC LLJIT of CompileElementwise and caches it by structure, in
+// memory and on disk (the kernel cache of kiln/codegen/kernel_cache.h).
 // The kernel does not depend on `rows` or `len`: they are arguments.
 //
 // Numerics: sums accumulate in float lanes whose additions may be reassociated (vectorized), so a
@@ -27,8 +28,7 @@
 // (kColumns) is summed in order, in float: about len * 2^-24 of the sum of magnitudes.
 //
 // Deliberately not here: arbitrary strides (reduced axes that are not leading and trailing
-// around one kept block), dtypes other than float32 (except one-hot labels), PTX, the disk cache
-// (row kernels are compiled once per process).
+// around one kept block), dtypes other than float32 (except one-hot labels), PTX.
 // This header includes no LLVM header: only codegen/*.cc does.
 #pragma once
 
@@ -127,9 +127,9 @@ public:
   using Fn = void (*)(const float* const* ins, float* const* outs, int64_t row_begin, int64_t row_end,
                       int64_t len, int64_t rows, int64_t inner);
 
-  RowKernel(Fn fn, int num_inputs, int num_outputs, double compile_ms, std::string text)
+  RowKernel(Fn fn, int num_inputs, int num_outputs, double compile_ms, std::string text, bool from_disk = false)
       : fn_(fn), num_inputs_(num_inputs), num_outputs_(num_outputs), compile_ms_(compile_ms),
-        text_(std::move(text)) {}
+        text_(std::move(text)), from_disk_(from_disk) {}
 
   /// Runs every row, split by rows across kiln's CPU threads (host::ParallelFor). `ins` holds
   /// num_inputs() arrays sized as their InputKind says; `outs` holds num_outputs() arrays, none of
@@ -148,10 +148,12 @@ public:
   Fn fn() const { return fn_; }
   int num_inputs() const { return num_inputs_; }
   int num_outputs() const { return num_outputs_; }
-  /// Wall time of IR building, O3 and code emission for this kernel.
+  /// Wall time of IR building, O3 and code emission for this kernel (or of loading it from disk).
   double compile_ms() const { return compile_ms_; }
   /// The program's ToString().
   const std::string& text() const { return text_; }
+  /// Loaded from the disk cache rather than compiled.
+  bool from_disk() const { return from_disk_; }
 
 private:
   Fn fn_;
@@ -159,16 +161,22 @@ private:
   int64_t inner_ = 1;
   double compile_ms_;
   std::string text_;
+  bool from_disk_;
 };
 
-/// Compiles `p`, or returns the kernel of a structurally equal program from the memory cache.
-/// Thread-safe. Throws UnsupportedError for programs it cannot lower.
+/// Compiles `p`, or returns the kernel of a structurally equal program from the memory cache, or
+/// loads it from the disk cache (kernel_cache.h). Thread-safe. Throws UnsupportedError for
+/// programs it cannot lower.
 std::shared_ptr<RowKernel> CompileRow(const RowProgram& p);
 
-/// Counters of the row kernel cache (compiles and cache hits, as in CodegenStats).
+/// Counters of the row kernels in the kernel cache.
 CodegenStats GetRowStats();
 
-/// The optimized LLVM IR text of the most recently compiled row kernel; for tests and debugging.
+/// The file of the disk cache that holds (or would hold) the kernel of `p`; "" when it is off.
+std::string DiskCacheFile(const RowProgram& p);
+
+/// The optimized LLVM IR text of the most recently compiled row kernel (empty after a kernel came
+/// from the disk cache); for tests and debugging.
 std::string LastRowIR();
 
 } // namespace kiln::codegen
