@@ -102,7 +102,7 @@ TEST_CASE("graph registry: a graph that calls another keeps the callee alive") {
   CHECK(Live() == before);
 }
 
-TEST_CASE("graph copier: a copy prints as the original; nodes copy onto mapped inputs") {
+TEST_CASE("graph copier: a copy prints as the original, nodes copy onto mapped inputs") {
   Tensor w = nd::random::normal(0, 0.5, {8, 4});
   auto g = TraceTanhMatmul(w, {3, 8});
   ir::ValueMap map;
