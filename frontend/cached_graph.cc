@@ -9,7 +9,6 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"

@@ -181,17 +181,7 @@ bool LaunchedByMpirun() {
 }
 
 double TimeoutFromEnvironment() {
-  // KILN_DIST_TIMEOUT is read through the switch table when it is declared there.
-  int count = 0;
-  const env::Switch* table = env::Table(&count);
-  std::string v;
-  bool declared = false;
-  for (int i = 0; i < count; ++i)
-    if (std::strcmp(table[i].name, "KILN_DIST_TIMEOUT") == 0) declared = true;
-  if (declared)
-    v = env::Get("KILN_DIST_TIMEOUT");
-  else if (const char* e = std::getenv("KILN_DIST_TIMEOUT"))
-    v = e;
+  std::string v = env::Get("KILN_DIST_TIMEOUT");  // declared in runtime/env.cc's switch table
   if (v.empty()) return kDefaultTimeout;
   char* end = nullptr;
   double t = std::strtod(v.c_str(), &end);

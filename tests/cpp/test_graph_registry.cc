@@ -78,6 +78,25 @@ TEST_CASE("graph registry: a dropped compiled graph frees its forward, backward 
   CHECK(Live() == before);
 }
 
+TEST_CASE("graph registry: a backward through a graph freed since is a ValueError saying so") {
+  // An autograd tape keeps only the graph's id (cached_graph.h, "Lifetime"): when the block that
+  // held the graph dropped it before the backward, the backward says what happened, never crashes.
+  Tensor w = nd::random::normal(0, 0.5, {8, 4});
+  w.AttachGrad();
+  auto g = TraceTanhMatmul(w, {3, 8});
+  Tensor x = nd::random::normal(0, 1, {3, 8});
+  Tensor loss;
+  {
+    autograd::RecordScope record;
+    loss = nd::sum(g->Call({x})[0]);
+  }
+  g.reset();
+  Live();  // the engine is idle: the graphs are freed now
+  std::string err = ErrorOf<ValueError>([&] { autograd::Backward({loss}); });
+  CHECK(Contains(err, "was freed"));
+  CHECK(Contains(err, "run the block again"));
+}
+
 TEST_CASE("graph registry: a graph that calls another keeps the callee alive") {
   Tensor w = nd::random::normal(0, 0.5, {8, 4});
   size_t before = Live();
