@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "kiln/frontend/dispatch.h"
+#include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
 #include "kiln/passes/dce.h"
 
@@ -24,6 +25,10 @@ struct Tape {
   /// only what its heads were computed from.
   std::unordered_set<const ir::Value*> freed;
   std::unordered_set<const ir::Node*> spent;  // nodes whose saved values were released
+  /// The compiled graph of each recorded call: a backward must find it even when the block that
+  /// compiled it dropped it since (a cache cleared or evicted inside the scope). Released when a
+  /// backward spends the call.
+  std::unordered_map<const ir::Node*, ir::GraphRef> graphs;
 };
 
 namespace {
@@ -116,6 +121,8 @@ void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
   in.reserve(inputs.size());
   for (const Tensor& t : inputs) in.push_back(ValueOn(tape, t));
   ir::Node* n = tape->graph.AddNode(op, std::move(in), attrs);
+  static const ir::OpId kCallGraph = ir::FindOp("call_graph");
+  if (op == kCallGraph) tape->graphs.emplace(n, ir::FindGraph(attrs.Int("graph_id")));
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::Value* v = n->output(static_cast<int>(i));
     tape->data.emplace(v, Detached(outputs[i]));
@@ -244,6 +251,7 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
         continue;
       }
       tape->spent.insert(g.nodes()[i].get());
+      tape->graphs.erase(g.nodes()[i].get());
       for (ir::Value* v : g.nodes()[i]->outputs()) {
         tape->data.erase(v);
         tape->freed.insert(v);

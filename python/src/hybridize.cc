@@ -149,6 +149,11 @@ KILN_PY_BIND(50) {
                               "A HybridBlock's compiled graphs by call signature, least recently used "
                               "dropped beyond `capacity` (0: KILN_GRAPH_CACHE_SIZE).")
       .def(pyb::init<size_t>(), pyb::arg("capacity") = 0)
+      // A copied block (copy.deepcopy, pickle) starts with no compiled graphs: it traces again.
+      .def("__copy__", [](const SignatureCache& c) { return SignatureCache(c.capacity()); })
+      .def("__deepcopy__", [](const SignatureCache& c, pyb::handle) { return SignatureCache(c.capacity()); })
+      .def(pyb::pickle([](const SignatureCache& c) { return pyb::make_tuple(c.capacity()); },
+                       [](pyb::tuple t) { return SignatureCache(t[0].cast<size_t>()); }))
       .def("get", [](SignatureCache& c, pyb::handle key) -> pyb::object {
         const SignatureCache::Entry* e = c.Find(ToSignature(key));
         if (!e) return pyb::none();

@@ -380,3 +380,14 @@ def test_training_computes_no_gradient_for_a_data_batch_without_attach_grad():
     with autograd.record():
         eager(x2).sum().backward()
     np.testing.assert_allclose(x.grad.asnumpy(), x2.grad.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_hybridized_block_deep_copies_with_an_empty_graph_cache():
+    import copy
+    net = nn.HybridSequential()
+    net.add(nn.Dense(3, in_units=4))
+    net.hybridize()
+    twin = copy.deepcopy(net)  # the compiled-graph cache is copied empty, not refused
+    assert twin is not net
+    twin.initialize()
+    assert twin(nd.random.normal(shape=(2, 4))).shape == (2, 3)

@@ -9,9 +9,9 @@
 // Lifetime: the compiled plans live in the one graph registry (ir/call_graph.h) under the
 // graph's id, as long as a CachedGraph (or a graph that calls it) refers to them. A CachedGraph
 // that goes away releases them once the engine has no task pending, so a queued call never
-// outlives its plans. An autograd tape keeps only the id: a backward through a call whose graph
-// was freed since (its block dropped, or its signature evicted from the block's cache) is a
-// ValueError that says so.
+// outlives its plans. An autograd tape keeps a reference to each graph it recorded a call of, so
+// a backward runs even when the block dropped the graph inside the record scope (its cache
+// cleared or evicted); the graph goes with the tape.
 //
 // Freezing (hybridize(freeze=True), for inference): TraceScope::Finish(outputs, true) makes the
 // captured tensors constants of the graph, except those it copies into. The freeze_fold pass
