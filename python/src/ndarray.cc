@@ -544,6 +544,13 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
                           const std::vector<Tensor>& outputs, pyb::kwargs kwargs) {
     InvokeInto(ir::FindOp(op), inputs, ToAttrs(kwargs), outputs);
   });
+  m.def("unary_op_names", [] {  // the nd functions generated from the op list (kiln.nd imports them)
+    std::vector<std::string> v;
+#define KILN_X(Id, name, nd_name, domain, doc) v.push_back(#nd_name);
+    KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+    return v;
+  });
   m.def("op_names", [] {
     std::vector<std::string> v;
     const ir::OpTable& t = ir::OpTable::Get();
@@ -552,16 +559,21 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   });
 
   // ---- composites and ops with typed options ----
-  static FastFunction fast_unary[24], fast_binary[11];  // referenced by the builtins for the process
+  // The unary ops of the op list (kiln/runtime/op_list.h), then the composites.
+#define KILN_X(Id, name, nd_name, domain, doc) +1
+  constexpr size_t kNumListed = 0 KILN_UNARY_OPS(KILN_X);
+#undef KILN_X
+  static FastFunction fast_unary[kNumListed + 4], fast_binary[11];  // referenced by the builtins for the process
   size_t n_unary = 0;
-#define KILN_U(name)                                                  \
-  m.def(#name, [](const Tensor& x) { return nd::name(x); });         \
-  fast_unary[n_unary].unary = [](const Tensor& x) { return nd::name(x); }; \
+#define KILN_U(name, doc)                                                           \
+  m.def(#name, [](const Tensor& x) { return nd::name(x); }, doc);                   \
+  fast_unary[n_unary].unary = [](const Tensor& x) { return nd::name(x); };          \
   InstallFast(m, #name, &fast_unary[n_unary++]);
-  KILN_U(negative) KILN_U(abs) KILN_U(sign) KILN_U(square) KILN_U(sqrt) KILN_U(rsqrt) KILN_U(reciprocal)
-  KILN_U(exp) KILN_U(log) KILN_U(log1p) KILN_U(expm1) KILN_U(sin) KILN_U(cos) KILN_U(tanh) KILN_U(erf)
-  KILN_U(relu) KILN_U(floor) KILN_U(ceil) KILN_U(round) KILN_U(logical_not) KILN_U(stop_gradient)
-  KILN_U(sigmoid) KILN_U(gelu) KILN_U(flatten)
+#define KILN_X(Id, name, nd_name, domain, doc) KILN_U(nd_name, doc)
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+  KILN_U(stop_gradient, "x, with no gradient flowing back")
+  KILN_U(sigmoid, "1 / (1 + e^-x)") KILN_U(gelu, "x * Phi(x), the exact form") KILN_U(flatten, "(N, ...) -> (N, -1)")
 #undef KILN_U
   KILN_CHECK(n_unary == std::size(fast_unary)) << n_unary << " unary functions";
 #define KILN_B(name)                                                                              \
