@@ -102,6 +102,12 @@ GradFn UnaryGrad(OpId id) {
     case op::kRelu: return [](GradContext& g) {
         return std::vector<Value*>{g.Mul(g.out_grad(), Mask(g, op::kGreater, g.output(), S(g, 0)))};
       };
+    // sigmoid(x) = 1 - e^-softplus(x), from the output like relu: -expm1(-y) stays accurate
+    // where sigmoid is tiny (very negative x) and is 1 for large x.
+    case op::kSoftplus: return [](GradContext& g) {
+        Value* sigmoid = g.Neg(g.Op(op::kExpm1, {g.Neg(g.output())}));
+        return std::vector<Value*>{g.Mul(g.out_grad(), sigmoid)};
+      };
     default: return nullptr;  // not differentiable
   }
 }

@@ -46,6 +46,7 @@ enum class ReduceFn : uint8_t { kSum, kMean, kMax, kMin, kArgMax, kArgMin };
 /// True for unary functions defined by ExpandUnary rather than by each backend.
 constexpr bool IsComposite(UnaryFn f) {
   switch (f) {
+    case UnaryFn::kSoftplus: return true;
     default: return false;
   }
 }
@@ -55,7 +56,12 @@ constexpr bool IsComposite(UnaryFn f) {
 /// on the CPU, LLVM values in codegen. Only called when IsComposite(f).
 template <class A, class V>
 V ExpandUnary(A& a, UnaryFn f, V x) {
+  using U = UnaryFn;
   switch (f) {
+    // max(x, 0) + log1p(e^-|x|): no overflow for large x, no cancellation for very negative x.
+    case U::kSoftplus:
+      return a.Binary(BinaryFn::kAdd, a.Unary(U::kRelu, x),
+                      a.Unary(U::kLog1p, a.Unary(U::kExp, a.Unary(U::kNeg, a.Unary(U::kAbs, x)))));
     default: return x;
   }
 }
