@@ -108,6 +108,15 @@ GradFn UnaryGrad(OpId id) {
         Value* sigmoid = g.Neg(g.Op(op::kExpm1, {g.Neg(g.output())}));
         return std::vector<Value*>{g.Mul(g.out_grad(), sigmoid)};
       };
+    // tanh(sp) + x sech^2(sp) sigmoid(x) with sp = softplus(x) and sigmoid(x) = 1 - e^-sp.
+    case op::kMish: return [](GradContext& g) {
+        Value* x = g.input(0);
+        Value* sp = g.Op(op::kSoftplus, {x});
+        Value* t = g.Op(op::kTanh, {sp});
+        Value* sigmoid = g.Neg(g.Op(op::kExpm1, {g.Neg(sp)}));
+        Value* d = g.Add(t, g.Mul(g.Mul(x, g.Sub(S(g, 1), g.Mul(t, t))), sigmoid));
+        return std::vector<Value*>{g.Mul(g.out_grad(), d)};
+      };
     default: return nullptr;  // not differentiable
   }
 }

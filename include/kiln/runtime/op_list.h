@@ -41,7 +41,8 @@
   X(kCeil, ceil, ceil, Numeric, "round up")                                                        \
   X(kRound, round, round, Numeric, "round half away from zero")                                    \
   X(kLogicalNot, logical_not, logical_not, Any, "x == 0, as bool")                                \
-  X(kSoftplus, softplus, softplus, FloatOnly, "log(1 + e^x), MXNet's softrelu")
+  X(kSoftplus, softplus, softplus, FloatOnly, "log(1 + e^x), MXNet's softrelu")                  \
+  X(kMish, mish, mish, FloatOnly, "x * tanh(softplus(x))")
 
 // Binary elementwise ops with NumPy broadcasting: X(Id, name, nd_name, doc); Id names the op and
 // its kiln::BinaryFn. Comparisons come last (ReturnsBool relies on it).

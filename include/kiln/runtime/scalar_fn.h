@@ -46,7 +46,8 @@ enum class ReduceFn : uint8_t { kSum, kMean, kMax, kMin, kArgMax, kArgMin };
 /// True for unary functions defined by ExpandUnary rather than by each backend.
 constexpr bool IsComposite(UnaryFn f) {
   switch (f) {
-    case UnaryFn::kSoftplus: return true;
+    case UnaryFn::kSoftplus:
+    case UnaryFn::kMish: return true;
     default: return false;
   }
 }
@@ -62,6 +63,7 @@ V ExpandUnary(A& a, UnaryFn f, V x) {
     case U::kSoftplus:
       return a.Binary(BinaryFn::kAdd, a.Unary(U::kRelu, x),
                       a.Unary(U::kLog1p, a.Unary(U::kExp, a.Unary(U::kNeg, a.Unary(U::kAbs, x)))));
+    case U::kMish: return a.Binary(BinaryFn::kMul, x, a.Unary(U::kTanh, a.Unary(U::kSoftplus, x)));
     default: return x;
   }
 }
