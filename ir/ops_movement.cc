@@ -1,7 +1,7 @@
 // Movement ops: reshape, transpose, slice, broadcast_to, expand_dims, squeeze (views of their
 // input where the layout allows), concat, stack, split (block copies), take and one_hot (gathers),
 // and the two gradient helpers slice_grad and take_grad. Semantics follow NumPy; reshape's 0 is a
-// literal zero size (not MXNet's "copy this dim"). Views are built in frontend/kernels_movement.cc.
+// literal zero size (not MXNet's "copy this dim"). Views are built in runtime/cpu/kernels_movement.cc.
 #include <numeric>
 
 #include "infer_util.h"

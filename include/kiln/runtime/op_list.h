@@ -8,10 +8,16 @@
 //   frontend/ the C++ wrappers kiln::nd::<nd_name>;  python/  kiln.nd.<nd_name>.
 // Not here: attributes, shapes, gradients (ir/ops_*.cc) and kernels of non-elementwise ops.
 //
-// Adding a unary elementwise op: one line in KILN_UNARY_OPS; its scalar body in scalar_fn.h when
-// it is a composition of other scalar functions (ExpandUnary; codegen and the CPU kernels both
-// expand it), or in runtime/cpu/elementwise.cc and codegen/lower.cc when it is a new primitive;
-// its gradient in ir/ops_elementwise.cc; its conformance case in tests/cpp/conformance_*.cc.
+// Adding a unary elementwise op (softplus and mish show it: four files):
+//   1. one line in KILN_UNARY_OPS below: id, name, C++/Python name, dtypes, doc;
+//   2. its scalar body: in scalar_fn.h (ExpandUnary) when it composes other scalar functions,
+//      which the CPU kernels and codegen both expand; for a new primitive, a case in
+//      runtime/cpu/elementwise.cc (and one in codegen/lower.cc to fuse it: without, its groups
+//      run unfused);
+//   3. its gradient in ir/ops_elementwise.cc (UnaryGrad), or none: not differentiable;
+//   4. its conformance cases in tests/cpp/conformance_elementwise.cc (eager, hybridized, gradient).
+// kiln::nd::<nd_name>, kiln.nd.<nd_name>, the op table entry, the CPU kernel binding and the
+// codegen name follow from the line.
 // Ids are positions in these lists: the order is not a file format (graphs name ops by name).
 #pragma once
 
