@@ -313,14 +313,22 @@ std::string RunForward(const Run& run) {
 /// through the hybridize pipeline (passes, fusion, codegen, plan) and called on the same inputs.
 /// Returns "" when every output agrees with the eager one within the case's tolerance (twice it:
 /// both sides carry their own rounding; integer and bool outputs exactly). Random ops draw other
-/// numbers in a graph, so their checker judges the hybridized outputs instead.
-std::string RunHybridized(const Run& run) {
+/// numbers in a graph, so their checker judges the hybridized outputs instead. With `chained`,
+/// an elementwise op's outputs are negated (logical_not for bool) on both sides, so that the op
+/// fuses into a generated kernel: a lone elementwise op runs its library kernel.
+std::string RunHybridized(const Run& run, bool chained) {
   const OpCase& c = run.c;
   try {
     const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
     std::vector<HostTensor> host = RunInputs(c.inputs, run.dtype);
     std::vector<Tensor> in;
     for (const HostTensor& h : host) in.push_back(MakeTensor(h, run.device, run.strided));
+    auto f = [&](const std::vector<Tensor>& x) {
+      std::vector<Tensor> y = Invoke(def.id, x, c.attrs, run.device);
+      if (chained)
+        for (Tensor& t : y) t = Invoke(t.dtype() == DType::kBool ? op::kLogicalNot : op::kNeg, std::vector<Tensor>{t})[0];
+      return y;
+    };
     std::shared_ptr<CachedGraph> graph;
     {
       trace::TraceScope scope;
@@ -330,7 +338,7 @@ std::string RunHybridized(const Run& run) {
       // A compiled graph takes at least one input (as a block's forward does); creation ops get
       // one they do not read.
       if (host.empty()) scope.Input("unused", Shape{}, DType::kFloat32, run.device);
-      graph = scope.Finish(Invoke(def.id, sym, c.attrs, run.device));
+      graph = scope.Finish(f(sym));
     }
     std::vector<Tensor> hybrid =
         graph->Call(in.empty() ? std::vector<Tensor>{Tensor::Scalar(0, DType::kFloat32, run.device)} : in);
@@ -339,7 +347,7 @@ std::string RunHybridized(const Run& run) {
       c.check(hybrid, def.Resolve(c.attrs));
       return "";
     }
-    std::vector<Tensor> eager = Invoke(def.id, in, c.attrs, run.device);
+    std::vector<Tensor> eager = f(in);
     if (hybrid.size() != eager.size())
       return "hybridized: " + std::to_string(hybrid.size()) + " outputs, eager " + std::to_string(eager.size());
     OpCase loose = c;
@@ -520,9 +528,14 @@ TEST_CASE("conformance: eager against hybridized") {
       for (bool strided : {false, true}) {
         if (strided && (!c.noncontiguous || !AnyStrided(c.inputs))) continue;
         Run run{c, dt, cpu(), strided};
-        std::string err = RunHybridized(run);
-        CHECK_MESSAGE(err.empty(), run.str() << ": " << err);
-        ++runs;
+        const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+        for (bool chained : {false, true}) {
+          if (chained && !def.unary_fn && !def.binary_fn) continue;
+          std::string err = RunHybridized(run, chained);
+          const std::string what = run.str() + (chained ? ", negated in the graph" : "");
+          CHECK_MESSAGE(err.empty(), what << ": " << err);
+          ++runs;
+        }
       }
     }
   }
