@@ -23,17 +23,21 @@ uint64_t Mix(uint64_t h, uint64_t v) {  // splitmix64 step folded into h
 }
 
 const char* UnaryName(UnaryFn f) {
-  static const char* names[] = {"neg",  "abs", "sign",  "square", "sqrt",  "rsqrt", "reciprocal",
-                                "exp",  "log", "log1p", "expm1",  "sin",   "cos",   "tanh",
-                                "erf",  "relu", "floor", "ceil",  "round", "logical_not", "identity"};
+  static const char* names[] = {
+#define KILN_X(Id, name, nd_name, domain, doc) #name,
+      KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+      "identity"};
   auto i = static_cast<size_t>(f);
   return i < std::size(names) ? names[i] : "unary?";
 }
 
 const char* BinaryName(BinaryFn f) {
-  static const char* names[] = {"add",   "sub",       "mul",  "div",        "pow",
-                                "maximum", "minimum", "equal", "not_equal", "less",
-                                "less_equal", "greater", "greater_equal"};
+  static const char* names[] = {
+#define KILN_X(Id, name, nd_name, doc) #name,
+      KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+  };
   auto i = static_cast<size_t>(f);
   return i < std::size(names) ? names[i] : "binary?";
 }

@@ -45,6 +45,9 @@ class Emitter {
       case UnaryFn::kRound: return Math(I::round, "roundf", x);  // half away from zero, like std::round
       case UnaryFn::kLogicalNot: return Bool(b_.CreateFCmpOEQ(x, F(0)));
       case UnaryFn::kIdentity: return x;
+      default:
+        if (IsComposite(f)) return ExpandUnary(*this, f, x);  // scalar_fn.h
+        break;
     }
     KILN_THROW(codegen::UnsupportedError) << "codegen: unary function " << static_cast<int>(f)
                                           << " has no LLVM lowering; run the group unfused";
@@ -73,6 +76,7 @@ class Emitter {
   }
 
   llvm::Value* F(double c) { return llvm::ConstantFP::get(b_.getFloatTy(), c); }
+  llvm::Value* Const(double c) { return F(c); }  // for ExpandUnary
 
  private:
   llvm::Value* Intrinsic(llvm::Intrinsic::ID id, std::initializer_list<llvm::Value*> args) {

@@ -310,7 +310,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
     if (!g.defined()) {
       if (m.req == GradReq::kWrite) {
         Tensor outs[1] = {m.grad};
-        InvokeInto(ir::FindOp("full"), {}, {{"shape", m.grad.shape().vec()}, {"value", 0.0},
+        InvokeInto(op::kFull, {}, {{"shape", m.grad.shape().vec()}, {"value", 0.0},
                                             {"dtype", m.grad.dtype()}}, outs);
       }
       continue;
@@ -320,7 +320,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
     } else {
       Tensor gs[2] = {m.grad, g};
       Tensor outs[1] = {m.grad};
-      InvokeInto(ir::FindOp("add"), gs, {}, outs);
+      InvokeInto(op::kAdd, gs, {}, outs);
     }
   }
 }

@@ -17,19 +17,10 @@ namespace kiln {
 
 // ---- kernel table ------------------------------------------------------------------------------
 
-const KernelTable& KernelTable::Get() {
-  static const KernelTable* table = [] {
-    auto* t = new KernelTable();
-    BindElementwiseKernels(*t);
-    BindReduceKernels(*t);
-    BindMovementKernels(*t);
-    BindNNKernels(*t);
-    BindCreationKernels(*t);
-    BindGraphKernels(*t);
-    return t;
-  }();
-  return *table;
-}
+// The runtime's table has the CPU kernels; the call_graph kernels are the frontend's.
+namespace {
+const bool kGraphKernelsAdded = KernelTable::AddBinder(&BindGraphKernels);
+}  // namespace
 
 // ---- constant folding's evaluator -----------------------------------------------------------------
 
@@ -65,20 +56,6 @@ std::optional<double> EvalScalar(const ir::Node& n, std::span<const double> in) 
 const bool kScalarEvaluatorInstalled = (passes::SetScalarEvaluator(&EvalScalar), true);
 
 }  // namespace
-
-const KernelBinding* KernelTable::Find(ir::OpId op, DeviceType device) const {
-  const auto& v = table_[static_cast<int>(device)];
-  if (op >= v.size() || (!v[op].fn && !v[op].view)) return nullptr;
-  return &v[op];
-}
-
-void KernelTable::Bind(std::string_view op, DeviceType device, KernelBinding binding) {
-  ir::OpId id = ir::FindOp(op);
-  auto& v = table_[static_cast<int>(device)];
-  if (v.size() <= id) v.resize(ir::OpTable::Get().size());
-  KILN_CHECK(!v[id].fn) << "kernel for '" << op << "' bound twice";
-  v[id] = binding;
-}
 
 // ---- random generator state --------------------------------------------------------------------
 
@@ -381,7 +358,7 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   if (kb.view && inputs.size() == 1) {
     const Tensor& x = inputs[0];
     Layout in{x.offset(), x.shape(), x.strides()}, out;
-    if (kb.view(in, attrs, out_types[0], &out)) {
+    if (kb.view(in, attrs, out_types[0].shape, &out)) {
       auto impl = std::make_shared<TensorImpl>();
       impl->storage = x.storage();
       impl->offset = out.offset;

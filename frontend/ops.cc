@@ -10,13 +10,6 @@
 namespace kiln::nd {
 
 namespace {
-// Op ids are looked up once per call site (the table never changes after start-up).
-#define KILN_OP_ID(name)                                  \
-  [] {                                                    \
-    static const ir::OpId id = ir::FindOp(name);          \
-    return id;                                            \
-  }()
-
 Tensor Call1(ir::OpId op, std::initializer_list<Tensor> in, const ir::Attrs& attrs = {},
              std::optional<Device> dev = std::nullopt) {
   return Invoke(op, std::span<const Tensor>(in.begin(), in.size()), attrs, dev)[0];
@@ -53,7 +46,7 @@ Tensor Binary(ir::OpId op, const Tensor& a, const Tensor& b) {
 // A Python number as an operand: a 0-d tensor. While tracing it is a `full` node, so the graph
 // holds the value (the compiler folds it into fused kernels) rather than a captured tensor.
 Tensor ScalarOperand(double v, DType t, Device d) {
-  if (trace::Active()) return Invoke1("full", {}, {{"shape", std::vector<int64_t>{}}, {"value", v}, {"dtype", t}}, d);
+  if (trace::Active()) return Call1(op::kFull, {}, {{"shape", std::vector<int64_t>{}}, {"value", v}, {"dtype", t}}, d);
   return Tensor::Scalar(v, t, d);
 }
 Tensor Binary(ir::OpId op, const Tensor& a, double b) {
@@ -69,56 +62,50 @@ Tensor Binary(ir::OpId op, double a, const Tensor& b) {
 // ---- creation ----
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  return Call1(KILN_OP_ID("full"), {}, {{"shape", shape.vec()}, {"value", value}, {"dtype", dtype}}, device);
+  return Call1(op::kFull, {}, {{"shape", shape.vec()}, {"value", value}, {"dtype", dtype}}, device);
 }
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
 Tensor zeros_like(const Tensor& x) { return full(x.shape(), 0, x.dtype(), x.device()); }
 Tensor ones_like(const Tensor& x) { return full(x.shape(), 1, x.dtype(), x.device()); }
 Tensor arange(double start, double stop, double step, DType dtype, Device device) {
-  return Call1(KILN_OP_ID("arange"), {}, {{"start", start}, {"stop", stop}, {"step", step}, {"dtype", dtype}}, device);
+  return Call1(op::kArange, {}, {{"start", start}, {"stop", stop}, {"step", step}, {"dtype", dtype}}, device);
 }
 
 namespace random {
 Tensor uniform(double low, double high, const Shape& shape, DType dtype, Device device) {
-  return Call1(KILN_OP_ID("random_uniform"), {},
+  return Call1(op::kRandomUniform, {},
                {{"shape", shape.vec()}, {"low", low}, {"high", high}, {"dtype", dtype}}, device);
 }
 Tensor normal(double mean, double std, const Shape& shape, DType dtype, Device device) {
-  return Call1(KILN_OP_ID("random_normal"), {},
+  return Call1(op::kRandomNormal, {},
                {{"shape", shape.vec()}, {"mean", mean}, {"std", std}, {"dtype", dtype}}, device);
 }
 Tensor bernoulli(double p, const Shape& shape, DType dtype, Device device) {
-  return Call1(KILN_OP_ID("random_bernoulli"), {}, {{"shape", shape.vec()}, {"p", p}, {"dtype", dtype}}, device);
+  return Call1(op::kRandomBernoulli, {}, {{"shape", shape.vec()}, {"p", p}, {"dtype", dtype}}, device);
 }
 void seed(uint64_t s) { ManualSeed(s); }
 }  // namespace random
 
 // ---- elementwise ----
 
-#define KILN_UNARY(fn, op) \
-  Tensor fn(const Tensor& x) { return Call1(KILN_OP_ID(op), x); }
-KILN_UNARY(negative, "neg") KILN_UNARY(abs, "abs") KILN_UNARY(sign, "sign") KILN_UNARY(square, "square")
-KILN_UNARY(sqrt, "sqrt") KILN_UNARY(rsqrt, "rsqrt") KILN_UNARY(reciprocal, "reciprocal") KILN_UNARY(exp, "exp")
-KILN_UNARY(log, "log") KILN_UNARY(log1p, "log1p") KILN_UNARY(expm1, "expm1") KILN_UNARY(sin, "sin")
-KILN_UNARY(cos, "cos") KILN_UNARY(tanh, "tanh") KILN_UNARY(erf, "erf") KILN_UNARY(relu, "relu")
-KILN_UNARY(floor, "floor") KILN_UNARY(ceil, "ceil") KILN_UNARY(round, "round")
-KILN_UNARY(logical_not, "logical_not") KILN_UNARY(stop_gradient, "stop_gradient")
-#undef KILN_UNARY
+// The wrappers of the unary and binary ops of the op list (kiln/runtime/op_list.h).
+#define KILN_X(Id, name, nd_name, domain, doc) \
+  Tensor nd_name(const Tensor& x) { return Call1(op::Id, x); }
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+Tensor stop_gradient(const Tensor& x) { return Call1(op::kStopGradient, x); }
 
-#define KILN_BINARY(fn, op)                                                                   \
-  Tensor fn(const Tensor& a, const Tensor& b) { return Binary(KILN_OP_ID(op), a, b); }       \
-  Tensor fn(const Tensor& a, double b) { return Binary(KILN_OP_ID(op), a, b); }             \
-  Tensor fn(double a, const Tensor& b) { return Binary(KILN_OP_ID(op), a, b); }
-KILN_BINARY(add, "add") KILN_BINARY(subtract, "sub") KILN_BINARY(multiply, "mul") KILN_BINARY(divide, "div")
-KILN_BINARY(power, "pow") KILN_BINARY(maximum, "maximum") KILN_BINARY(minimum, "minimum")
-KILN_BINARY(equal, "equal") KILN_BINARY(not_equal, "not_equal") KILN_BINARY(less, "less")
-KILN_BINARY(less_equal, "less_equal") KILN_BINARY(greater, "greater") KILN_BINARY(greater_equal, "greater_equal")
-#undef KILN_BINARY
+#define KILN_X(Id, name, nd_name, doc)                                                  \
+  Tensor nd_name(const Tensor& a, const Tensor& b) { return Binary(op::Id, a, b); } \
+  Tensor nd_name(const Tensor& a, double b) { return Binary(op::Id, a, b); }        \
+  Tensor nd_name(double a, const Tensor& b) { return Binary(op::Id, a, b); }
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   auto [x, y] = Promote(a, b);
-  return Call1(KILN_OP_ID("where"), {cond, x, y});
+  return Call1(op::kWhere, {cond, x, y});
 }
 Tensor cast(const Tensor& x, DType dtype) { return x.AsType(dtype); }
 Tensor clip(const Tensor& x, double lo, double hi) { return minimum(maximum(x, lo), hi); }
@@ -126,76 +113,76 @@ Tensor clip(const Tensor& x, double lo, double hi) { return minimum(maximum(x, l
 // ---- reductions ----
 
 Tensor sum(const Tensor& x, const Axes& axes, bool keepdims) {
-  return Call1(KILN_OP_ID("sum"), {x}, {{"axes", axes}, {"keepdims", keepdims}});
+  return Call1(op::kSum, {x}, {{"axes", axes}, {"keepdims", keepdims}});
 }
 Tensor mean(const Tensor& x, const Axes& axes, bool keepdims) {
-  return Call1(KILN_OP_ID("mean"), {x}, {{"axes", axes}, {"keepdims", keepdims}});
+  return Call1(op::kMean, {x}, {{"axes", axes}, {"keepdims", keepdims}});
 }
 Tensor max(const Tensor& x, const Axes& axes, bool keepdims) {
-  return Call1(KILN_OP_ID("max"), {x}, {{"axes", axes}, {"keepdims", keepdims}});
+  return Call1(op::kMax, {x}, {{"axes", axes}, {"keepdims", keepdims}});
 }
 Tensor min(const Tensor& x, const Axes& axes, bool keepdims) {
-  return Call1(KILN_OP_ID("min"), {x}, {{"axes", axes}, {"keepdims", keepdims}});
+  return Call1(op::kMin, {x}, {{"axes", axes}, {"keepdims", keepdims}});
 }
 Tensor argmax(const Tensor& x, int64_t axis, bool keepdims) {
-  return Call1(KILN_OP_ID("argmax"), {x}, {{"axis", axis}, {"keepdims", keepdims}});
+  return Call1(op::kArgmax, {x}, {{"axis", axis}, {"keepdims", keepdims}});
 }
 Tensor argmin(const Tensor& x, int64_t axis, bool keepdims) {
-  return Call1(KILN_OP_ID("argmin"), {x}, {{"axis", axis}, {"keepdims", keepdims}});
+  return Call1(op::kArgmin, {x}, {{"axis", axis}, {"keepdims", keepdims}});
 }
 
 // ---- movement ----
 
-Tensor reshape(const Tensor& x, const Axes& shape) { return Call1(KILN_OP_ID("reshape"), {x}, {{"shape", shape}}); }
-Tensor transpose(const Tensor& x, const Axes& axes) { return Call1(KILN_OP_ID("transpose"), {x}, {{"axes", axes}}); }
+Tensor reshape(const Tensor& x, const Axes& shape) { return Call1(op::kReshape, {x}, {{"shape", shape}}); }
+Tensor transpose(const Tensor& x, const Axes& axes) { return Call1(op::kTranspose, {x}, {{"axes", axes}}); }
 Tensor slice(const Tensor& x, const Axes& begin, const Axes& end, const Axes& step) {
   Axes s = step.empty() ? Axes(begin.size(), 1) : step;
-  return Call1(KILN_OP_ID("slice"), {x}, {{"begin", begin}, {"end", end}, {"step", s}});
+  return Call1(op::kSlice, {x}, {{"begin", begin}, {"end", end}, {"step", s}});
 }
 Tensor broadcast_to(const Tensor& x, const Axes& shape) {
-  return Call1(KILN_OP_ID("broadcast_to"), {x}, {{"shape", shape}});
+  return Call1(op::kBroadcastTo, {x}, {{"shape", shape}});
 }
-Tensor expand_dims(const Tensor& x, int64_t axis) { return Call1(KILN_OP_ID("expand_dims"), {x}, {{"axis", axis}}); }
-Tensor squeeze(const Tensor& x, const Axes& axes) { return Call1(KILN_OP_ID("squeeze"), {x}, {{"axes", axes}}); }
+Tensor expand_dims(const Tensor& x, int64_t axis) { return Call1(op::kExpandDims, {x}, {{"axis", axis}}); }
+Tensor squeeze(const Tensor& x, const Axes& axes) { return Call1(op::kSqueeze, {x}, {{"axes", axes}}); }
 Tensor flatten(const Tensor& x) {
   if (x.rank() == 0) return reshape(x, {1, 1});
   return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
 }
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
-  return Invoke(KILN_OP_ID("concat"), xs, {{"axis", axis}})[0];
+  return Invoke(op::kConcat, xs, {{"axis", axis}})[0];
 }
 Tensor stack(const std::vector<Tensor>& xs, int64_t axis) {
-  return Invoke(KILN_OP_ID("stack"), xs, {{"axis", axis}})[0];
+  return Invoke(op::kStack, xs, {{"axis", axis}})[0];
 }
 std::vector<Tensor> split(const Tensor& x, const Axes& sections, int64_t axis) {
   Tensor in[1] = {x};
-  return Invoke(KILN_OP_ID("split"), in, {{"sections", sections}, {"axis", axis}});
+  return Invoke(op::kSplit, in, {{"sections", sections}, {"axis", axis}});
 }
 Tensor take(const Tensor& x, const Tensor& indices, int64_t axis) {
-  return Call1(KILN_OP_ID("take"), {x, indices}, {{"axis", axis}});
+  return Call1(op::kTake, {x, indices}, {{"axis", axis}});
 }
 Tensor one_hot(const Tensor& indices, int64_t depth, double on_value, double off_value, DType dtype) {
-  return Call1(KILN_OP_ID("one_hot"), {indices},
+  return Call1(op::kOneHot, {indices},
                {{"depth", depth}, {"on_value", on_value}, {"off_value", off_value}, {"dtype", dtype}});
 }
 
 // ---- neural network primitives ----
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
-  return Call1(KILN_OP_ID("matmul"), {a, b}, {{"transpose_a", transpose_a}, {"transpose_b", transpose_b}});
+  return Call1(op::kMatmul, {a, b}, {{"transpose_a", transpose_a}, {"transpose_b", transpose_b}});
 }
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o) {
-  Tensor y = Call1(KILN_OP_ID("conv2d"), {x, w},
+  Tensor y = Call1(op::kConv2d, {x, w},
                    {{"stride", o.stride}, {"padding", o.padding}, {"dilation", o.dilation}, {"groups", o.groups}});
   if (!bias.defined()) return y;
   return add(y, reshape(bias, {1, -1, 1, 1}));
 }
 Tensor max_pool2d(const Tensor& x, const Axes& kernel, const Axes& stride, const Axes& padding) {
-  return Call1(KILN_OP_ID("max_pool2d"), {x}, {{"kernel", kernel}, {"stride", stride}, {"padding", padding}});
+  return Call1(op::kMaxPool2d, {x}, {{"kernel", kernel}, {"stride", stride}, {"padding", padding}});
 }
 Tensor avg_pool2d(const Tensor& x, const Axes& kernel, const Axes& stride, const Axes& padding,
                   bool count_include_pad) {
-  return Call1(KILN_OP_ID("avg_pool2d"), {x},
+  return Call1(op::kAvgPool2d, {x},
                {{"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"count_include_pad", count_include_pad}});
 }
 

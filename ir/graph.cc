@@ -86,34 +86,42 @@ std::unique_ptr<Graph> CopyGraph(const Graph& src, ValueMap* map) {
   return g;
 }
 
+Value* Builder::Op(OpId op, std::vector<Value*> inputs, const Attrs& attrs) {
+  return g_.AddNode(op, std::move(inputs), attrs)->output(0);
+}
+
+std::vector<Value*> Builder::OpN(OpId op, std::vector<Value*> inputs, const Attrs& attrs) {
+  return g_.AddNode(op, std::move(inputs), attrs)->outputs();
+}
+
 Value* Builder::Op(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs) {
-  return g_.AddNode(FindOp(name), std::move(inputs), attrs)->output(0);
+  return Op(FindOp(name), std::move(inputs), attrs);
 }
 
 std::vector<Value*> Builder::OpN(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs) {
-  return g_.AddNode(FindOp(name), std::move(inputs), attrs)->outputs();
+  return OpN(FindOp(name), std::move(inputs), attrs);
 }
 
 Value* Builder::Scalar(double v, DType dtype) {
-  return Op("full", {}, {{"shape", std::vector<int64_t>{}}, {"value", v}, {"dtype", dtype}});
+  return Op(op::kFull, {}, {{"shape", std::vector<int64_t>{}}, {"value", v}, {"dtype", dtype}});
 }
 
 Value* Builder::ZerosLike(Value* x) {
-  return Op("full", {}, {{"shape", x->shape().vec()}, {"value", 0.0}, {"dtype", x->dtype()}});
+  return Op(op::kFull, {}, {{"shape", x->shape().vec()}, {"value", 0.0}, {"dtype", x->dtype()}});
 }
 
 Value* Builder::OnesLike(Value* x) {
-  return Op("full", {}, {{"shape", x->shape().vec()}, {"value", 1.0}, {"dtype", x->dtype()}});
+  return Op(op::kFull, {}, {{"shape", x->shape().vec()}, {"value", 1.0}, {"dtype", x->dtype()}});
 }
 
 Value* Builder::Cast(Value* x, DType dtype) {
   if (x->dtype() == dtype) return x;
-  return Op("cast", {x}, {{"dtype", dtype}});
+  return Op(op::kCast, {x}, {{"dtype", dtype}});
 }
 
 Value* Builder::Reshape(Value* x, const Shape& shape) {
   if (x->shape() == shape) return x;
-  return Op("reshape", {x}, {{"shape", shape.vec()}});
+  return Op(op::kReshape, {x}, {{"shape", shape.vec()}});
 }
 
 Value* Builder::SumTo(Value* x, const Shape& shape) {
@@ -126,7 +134,7 @@ Value* Builder::SumTo(Value* x, const Shape& shape) {
     int j = i - lead;
     if (j < 0 || (shape[j] == 1 && xs[i] != 1)) axes.push_back(i);
   }
-  Value* s = axes.empty() ? x : Op("sum", {x}, {{"axes", axes}, {"keepdims", true}});
+  Value* s = axes.empty() ? x : Op(op::kSum, {x}, {{"axes", axes}, {"keepdims", true}});
   return Reshape(s, shape);
 }
 

@@ -85,32 +85,51 @@ const OpTable& OpTable::Get() {
     RegisterNNOps(*t);
     RegisterCreationOps(*t);
     RegisterGraphOps(*t);
+    t->CheckComplete();
     return t;
   }();
   return *table;
 }
 
+OpDef::OpDef(OpId op_id) {
+  KILN_CHECK(op_id < op::kNumOps) << "op id " << op_id << " is not in the op list";
+  id = op_id;
+  name = std::string(OpName(op_id));
+  unary_fn = UnaryFnOf(op_id);
+  binary_fn = BinaryFnOf(op_id);
+}
+
 OpDef& OpTable::Add(OpDef def) {
-  KILN_CHECK(!TryFind(def.name)) << "op '" << def.name << "' is declared twice";
+  KILN_CHECK(def.id < op::kNumOps && def.name == OpName(def.id))
+      << "op '" << def.name << "' (id " << def.id << ") is not declared by its id; use OpDef(op::k...)";
+  KILN_CHECK(!ops_[def.id]) << "op '" << def.name << "' is declared twice";
   KILN_CHECK(def.infer) << "op '" << def.name << "' has no inference function";
   KILN_CHECK(def.num_outputs >= 0 || def.outputs_from_attrs) << def.name;
-  def.id = static_cast<OpId>(ops_.size());
-  ops_.push_back(std::make_unique<OpDef>(std::move(def)));
-  by_name_.emplace(ops_.back()->name, ops_.back()->id);
-  return *ops_.back();
+  KILN_CHECK(def.unary_fn == UnaryFnOf(def.id) && def.binary_fn == BinaryFnOf(def.id))
+      << "op '" << def.name << "': its scalar function is the op list's";
+  OpId id = def.id;
+  ops_[id] = std::make_unique<OpDef>(std::move(def));
+  return *ops_[id];
+}
+
+void OpTable::CheckComplete() const {
+  std::string missing;
+  for (OpId i = 0; i < op::kNumOps; ++i)
+    if (!ops_[i]) missing += (missing.empty() ? "" : ", ") + std::string(OpName(i));
+  KILN_CHECK(missing.empty()) << "ops of kiln/runtime/op_list.h never declared in ir/ops_*.cc: " << missing;
 }
 
 std::optional<OpId> OpTable::TryFind(std::string_view name) const {
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) return std::nullopt;
-  return it->second;
+  std::optional<OpId> id = OpIdOf(name);
+  if (!id || !ops_[*id]) return std::nullopt;
+  return id;
 }
 
 OpId OpTable::Find(std::string_view name) const {
   if (auto id = TryFind(name)) return *id;
   std::ostringstream os;
   for (const auto& op : ops_)
-    if (op->name.find(name.substr(0, 3)) != std::string::npos) os << " " << op->name;
+    if (op && op->name.find(name.substr(0, 3)) != std::string::npos) os << " " << op->name;
   KILN_THROW(ValueError) << "unknown op '" << name << "'"
                          << (os.tellp() ? "; similar ops:" + os.str() : std::string());
 }

@@ -15,9 +15,8 @@ Shape ShapeAttr(const OpDef& op, const Attrs& a) {
   return Shape(dims);
 }
 
-void DeclareSource(OpTable& t, const char* name, std::vector<AttrSpec> attrs, bool random, const char* doc) {
-  OpDef d;
-  d.name = name;
+void DeclareSource(OpTable& t, OpId id, std::vector<AttrSpec> attrs, bool random, const char* doc) {
+  OpDef d(id);
   d.num_inputs = 0;
   d.fusion = random ? FusionKind::kOpaque : FusionKind::kElementwise;
   d.attrs = std::move(attrs);
@@ -26,7 +25,7 @@ void DeclareSource(OpTable& t, const char* name, std::vector<AttrSpec> attrs, bo
   d.doc = doc;
   d.infer = [random](const OpDef& op, std::span<const TensorType>, const Attrs& a) {
     DType t = a.Type("dtype");
-    if (random && !IsFloat(t) && op.name != "random_bernoulli")
+    if (random && !IsFloat(t) && op.id != op::kRandomBernoulli)
       KILN_THROW(DTypeError) << op.name << ": expected a floating dtype, found " << DTypeName(t);
     return One({ShapeAttr(op, a), t});
   };
@@ -38,16 +37,15 @@ void RegisterCreationOps(OpTable& t) {
   using K = AttrKind;
   const AttrSpec shape{"shape", K::kInts, std::nullopt};
   const AttrSpec f32{"dtype", K::kDType, DType::kFloat32};
-  DeclareSource(t, "full", {shape, {"value", K::kFloat, 0.0}, f32}, false, "a tensor filled with one value");
-  DeclareSource(t, "random_uniform", {shape, {"low", K::kFloat, 0.0}, {"high", K::kFloat, 1.0}, f32}, true,
+  DeclareSource(t, op::kFull, {shape, {"value", K::kFloat, 0.0}, f32}, false, "a tensor filled with one value");
+  DeclareSource(t, op::kRandomUniform, {shape, {"low", K::kFloat, 0.0}, {"high", K::kFloat, 1.0}, f32}, true,
                 "uniform draws in [low, high)");
-  DeclareSource(t, "random_normal", {shape, {"mean", K::kFloat, 0.0}, {"std", K::kFloat, 1.0}, f32}, true,
+  DeclareSource(t, op::kRandomNormal, {shape, {"mean", K::kFloat, 0.0}, {"std", K::kFloat, 1.0}, f32}, true,
                 "normal draws");
-  DeclareSource(t, "random_bernoulli", {shape, {"p", K::kFloat, 0.5}, f32}, true,
+  DeclareSource(t, op::kRandomBernoulli, {shape, {"p", K::kFloat, 0.5}, f32}, true,
                 "1 with probability p, else 0");
 
-  OpDef d;
-  d.name = "arange";
+  OpDef d(op::kArange);
   d.num_inputs = 0;
   d.fusion = FusionKind::kElementwise;
   d.attrs = {{"start", K::kFloat, 0.0}, {"stop", K::kFloat, std::nullopt}, {"step", K::kFloat, 1.0}, f32};

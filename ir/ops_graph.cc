@@ -19,8 +19,7 @@ void CheckInputs(const OpDef& op, const GraphSignature& sig, std::span<const Ten
 
 void RegisterGraphOps(OpTable& t) {
   using K = AttrKind;
-  OpDef fwd;
-  fwd.name = "call_graph";
+  OpDef fwd(op::kCallGraph);
   fwd.num_inputs = -1;
   fwd.num_outputs = -1;
   fwd.outputs_from_attrs = [](const Attrs& a, int) { return static_cast<int>(a.Int("num_outputs")); };
@@ -49,13 +48,12 @@ void RegisterGraphOps(OpTable& t) {
       in.push_back(g.has_out_grad(static_cast<int>(i)) ? g.out_grad(static_cast<int>(i))
                                                         : g.ZerosLike(n.output(static_cast<int>(i))));
     Attrs a{{"graph_id", g.attrs().Int("graph_id")}};
-    Node* b = g.graph().AddNode(FindOp("call_graph_backward"), std::move(in), a);
+    Node* b = g.graph().AddNode(op::kCallGraphBackward, std::move(in), a);
     return std::vector<Value*>(b->outputs().begin(), b->outputs().end());
   };
   t.Add(std::move(fwd));
 
-  OpDef bwd;
-  bwd.name = "call_graph_backward";
+  OpDef bwd(op::kCallGraphBackward);
   bwd.num_inputs = -1;
   bwd.num_outputs = -1;
   bwd.outputs_from_attrs = [](const Attrs& a, int) {

@@ -1,7 +1,7 @@
 // Movement ops: reshape, transpose, slice, broadcast_to, expand_dims, squeeze (views of their
 // input where the layout allows), concat, stack, split (block copies), take and one_hot (gathers),
 // and the two gradient helpers slice_grad and take_grad. Semantics follow NumPy; reshape's 0 is a
-// literal zero size (not MXNet's "copy this dim"). Views are built in frontend/kernels_movement.cc.
+// literal zero size (not MXNet's "copy this dim"). Views are built in runtime/cpu/kernels_movement.cc.
 #include <numeric>
 
 #include "infer_util.h"
@@ -13,10 +13,8 @@ namespace {
 using K = AttrKind;
 using Ints = std::vector<int64_t>;
 
-OpDef Decl(const char* name, int num_inputs, FusionKind fusion, std::vector<AttrSpec> attrs,
-           const char* doc) {
-  OpDef d;
-  d.name = name;
+OpDef Decl(OpId id, int num_inputs, FusionKind fusion, std::vector<AttrSpec> attrs, const char* doc) {
+  OpDef d(id);
   d.num_inputs = num_inputs;
   d.fusion = fusion;
   d.attrs = std::move(attrs);
@@ -148,7 +146,7 @@ Value* ReshapeBack(GradContext& g) { return g.Reshape(g.out_grad(), g.input(0)->
 // ---- declarations ------------------------------------------------------------------------------
 
 void DeclareViews(OpTable& t) {
-  OpDef d = Decl("reshape", 1, FusionKind::kInjective, {{"shape", K::kInts, std::nullopt}},
+  OpDef d = Decl(op::kReshape, 1, FusionKind::kInjective, {{"shape", K::kInts, std::nullopt}},
                  "the same elements in a new shape (one -1 is inferred; a view when strides allow)");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     return One({ReshapeTarget(in[0].shape, a.Ints("shape")), in[0].dtype});
@@ -156,7 +154,7 @@ void DeclareViews(OpTable& t) {
   d.grad = [](GradContext& g) { return std::vector<Value*>{ReshapeBack(g)}; };
   t.Add(std::move(d));
 
-  d = Decl("transpose", 1, FusionKind::kInjective, {{"axes", K::kInts, Ints{}}},
+  d = Decl(op::kTranspose, 1, FusionKind::kInjective, {{"axes", K::kInts, Ints{}}},
            "permute the axes (none given: reverse them); a view");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     std::vector<int> p = Permutation(a.Ints("axes"), in[0].shape.rank());
@@ -168,13 +166,13 @@ void DeclareViews(OpTable& t) {
     std::vector<int> p = Permutation(g.attrs().Ints("axes"), g.input(0)->shape().rank());
     Ints inv(p.size());
     for (size_t i = 0; i < p.size(); ++i) inv[p[i]] = static_cast<int64_t>(i);
-    return std::vector<Value*>{g.Op("transpose", {g.out_grad()}, {{"axes", inv}})};
+    return std::vector<Value*>{g.Op(op::kTranspose, {g.out_grad()}, {{"axes", inv}})};
   };
   t.Add(std::move(d));
 
   const std::vector<AttrSpec> slice_attrs = {
       {"begin", K::kInts, Ints{}}, {"end", K::kInts, Ints{}}, {"step", K::kInts, Ints{}}};
-  d = Decl("slice", 1, FusionKind::kInjective, slice_attrs,
+  d = Decl(op::kSlice, 1, FusionKind::kInjective, slice_attrs,
            "x[begin:end:step] on the leading axes, NumPy semantics; a view");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     return One({SliceShape(in[0].shape, a, "slice"), in[0].dtype});
@@ -182,13 +180,13 @@ void DeclareViews(OpTable& t) {
   d.grad = [](GradContext& g) {
     Attrs a = SliceAttrs(g.attrs());
     a.items().emplace_back("shape", g.input(0)->shape().vec());
-    return std::vector<Value*>{g.Op("slice_grad", {g.out_grad()}, a)};
+    return std::vector<Value*>{g.Op(op::kSliceGrad, {g.out_grad()}, a)};
   };
   t.Add(std::move(d));
 
   std::vector<AttrSpec> sg_attrs = slice_attrs;
   sg_attrs.insert(sg_attrs.begin(), {"shape", K::kInts, std::nullopt});
-  d = Decl("slice_grad", 1, FusionKind::kOpaque, sg_attrs,
+  d = Decl(op::kSliceGrad, 1, FusionKind::kOpaque, sg_attrs,
            "zeros of `shape` with dy written at x[begin:end:step] (the gradient of slice)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     Shape shape = NonNegativeShape(op, a.Ints("shape"));
@@ -199,11 +197,11 @@ void DeclareViews(OpTable& t) {
     return One({shape, in[0].dtype});
   };
   d.grad = [](GradContext& g) {
-    return std::vector<Value*>{g.Op("slice", {g.out_grad()}, SliceAttrs(g.attrs()))};
+    return std::vector<Value*>{g.Op(op::kSlice, {g.out_grad()}, SliceAttrs(g.attrs()))};
   };
   t.Add(std::move(d));
 
-  d = Decl("broadcast_to", 1, FusionKind::kBroadcast, {{"shape", K::kInts, std::nullopt}},
+  d = Decl(op::kBroadcastTo, 1, FusionKind::kBroadcast, {{"shape", K::kInts, std::nullopt}},
            "x broadcast to `shape` (NumPy rules); a view with zero strides");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     return One({BroadcastTarget(in[0].shape, NonNegativeShape(op, a.Ints("shape"))), in[0].dtype});
@@ -211,7 +209,7 @@ void DeclareViews(OpTable& t) {
   d.grad = [](GradContext& g) { return std::vector<Value*>{g.SumTo(g.out_grad(), g.input(0)->shape())}; };
   t.Add(std::move(d));
 
-  d = Decl("expand_dims", 1, FusionKind::kInjective, {{"axis", K::kInt, std::nullopt}},
+  d = Decl(op::kExpandDims, 1, FusionKind::kInjective, {{"axis", K::kInt, std::nullopt}},
            "insert a size-1 axis at `axis` (in [-rank-1, rank]); a view");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     Shape out = in[0].shape;
@@ -221,7 +219,7 @@ void DeclareViews(OpTable& t) {
   d.grad = [](GradContext& g) { return std::vector<Value*>{ReshapeBack(g)}; };
   t.Add(std::move(d));
 
-  d = Decl("squeeze", 1, FusionKind::kInjective, {{"axes", K::kInts, Ints{}}},
+  d = Decl(op::kSqueeze, 1, FusionKind::kInjective, {{"axes", K::kInts, Ints{}}},
            "remove size-1 axes (none given: all of them); a view");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     const Shape& s = in[0].shape;
@@ -246,7 +244,7 @@ void DeclareViews(OpTable& t) {
 }
 
 void DeclareJoins(OpTable& t) {
-  OpDef d = Decl("concat", -1, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
+  OpDef d = Decl(op::kConcat, -1, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
                  "join tensors along an existing axis");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     const Shape& s0 = in[0].shape;
@@ -273,11 +271,11 @@ void DeclareJoins(OpTable& t) {
     int axis = NormalizeAxis(g.attrs().Int("axis"), g.input(0)->shape().rank(), "concat");
     Ints sizes;
     for (int i = 0; i < g.num_inputs(); ++i) sizes.push_back(g.input(i)->shape()[axis]);
-    return g.OpN("split", {g.out_grad()}, {{"sections", sizes}, {"axis", int64_t{axis}}});
+    return g.OpN(op::kSplit, {g.out_grad()}, {{"sections", sizes}, {"axis", int64_t{axis}}});
   };
   t.Add(std::move(d));
 
-  d = Decl("stack", -1, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
+  d = Decl(op::kStack, -1, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
            "join equal-shaped tensors along a new axis");
   d.infer = [](const OpDef&, std::span<const TensorType> in, const Attrs& a) {
     const Shape& s0 = in[0].shape;
@@ -297,13 +295,13 @@ void DeclareJoins(OpTable& t) {
   d.grad = [](GradContext& g) {
     int axis = NormalizeAxis(g.attrs().Int("axis"), g.input(0)->shape().rank() + 1, "stack");
     std::vector<Value*> parts =
-        g.OpN("split", {g.out_grad()}, {{"sections", Ints{g.num_inputs()}}, {"axis", int64_t{axis}}});
+        g.OpN(op::kSplit, {g.out_grad()}, {{"sections", Ints{g.num_inputs()}}, {"axis", int64_t{axis}}});
     for (Value*& p : parts) p = g.Reshape(p, g.input(0)->shape());
     return parts;
   };
   t.Add(std::move(d));
 
-  d = Decl("split", 1, FusionKind::kInjective,
+  d = Decl(op::kSplit, 1, FusionKind::kInjective,
            {{"sections", K::kInts, std::nullopt}, {"axis", K::kInt, int64_t{0}}},
            "cut along an axis into N equal parts (sections=[N]) or parts of the given sizes");
   d.num_outputs = -1;
@@ -327,13 +325,13 @@ void DeclareJoins(OpTable& t) {
     if (n == 1) return std::vector<Value*>{g.out_grad(0)};
     std::vector<Value*> parts;
     for (int i = 0; i < n; ++i) parts.push_back(g.out_grad(i));
-    return std::vector<Value*>{g.Op("concat", parts, {{"axis", g.attrs().Int("axis")}})};
+    return std::vector<Value*>{g.Op(op::kConcat, parts, {{"axis", g.attrs().Int("axis")}})};
   };
   t.Add(std::move(d));
 }
 
 void DeclareGathers(OpTable& t) {
-  OpDef d = Decl("take", 2, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
+  OpDef d = Decl(op::kTake, 2, FusionKind::kInjective, {{"axis", K::kInt, int64_t{0}}},
                  "x.take(indices, axis): rows of x picked by integer indices (negative ones wrap)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     RequireIndices(op, in[1].dtype);
@@ -349,12 +347,12 @@ void DeclareGathers(OpTable& t) {
   d.grad = [](GradContext& g) {
     const Shape& x = g.input(0)->shape();
     int axis = NormalizeAxis(g.attrs().Int("axis"), x.rank(), "take");
-    Value* dx = g.Op("take_grad", {g.out_grad(), g.input(1)}, {{"axis", int64_t{axis}}, {"dim", x[axis]}});
+    Value* dx = g.Op(op::kTakeGrad, {g.out_grad(), g.input(1)}, {{"axis", int64_t{axis}}, {"dim", x[axis]}});
     return std::vector<Value*>{dx, nullptr};
   };
   t.Add(std::move(d));
 
-  d = Decl("take_grad", 2, FusionKind::kOpaque,
+  d = Decl(op::kTakeGrad, 2, FusionKind::kOpaque,
            {{"axis", K::kInt, std::nullopt}, {"dim", K::kInt, std::nullopt}},
            "zeros with dy added at the indices along `axis` (the gradient of take; repeats accumulate)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
@@ -380,12 +378,12 @@ void DeclareGathers(OpTable& t) {
     return One({out, in[0].dtype});
   };
   d.grad = [](GradContext& g) {
-    return std::vector<Value*>{g.Op("take", {g.out_grad(), g.input(1)}, {{"axis", g.attrs().Int("axis")}}),
+    return std::vector<Value*>{g.Op(op::kTake, {g.out_grad(), g.input(1)}, {{"axis", g.attrs().Int("axis")}}),
                                nullptr};
   };
   t.Add(std::move(d));
 
-  d = Decl("one_hot", 1, FusionKind::kOpaque,
+  d = Decl(op::kOneHot, 1, FusionKind::kOpaque,
            {{"depth", K::kInt, std::nullopt},
             {"on_value", K::kFloat, 1.0},
             {"off_value", K::kFloat, 0.0},

@@ -79,8 +79,7 @@ Shape MatmulShape(const Shape& a, const Shape& b, bool ta, bool tb) {
 }
 
 void DeclareMatmul(OpTable& t) {
-  OpDef d;
-  d.name = "matmul";
+  OpDef d(op::kMatmul);
   d.num_inputs = 2;
   d.fusion = FusionKind::kOutEwiseFusable;
   d.attrs = {{"transpose_a", AttrKind::kBool, false}, {"transpose_b", AttrKind::kBool, false}};
@@ -96,7 +95,7 @@ void DeclareMatmul(OpTable& t) {
     Value *a = g.input(0), *b = g.input(1), *dy = g.out_grad();
     bool ta = g.attrs().Bool("transpose_a"), tb = g.attrs().Bool("transpose_b");
     auto mm = [&](Value* x, Value* y, bool tx, bool ty) {
-      return g.Op("matmul", {x, y}, {{"transpose_a", tx}, {"transpose_b", ty}});
+      return g.Op(op::kMatmul, {x, y}, {{"transpose_a", tx}, {"transpose_b", ty}});
     };
     Value *da, *db;
     if (!ta && !tb) {
@@ -172,8 +171,7 @@ Attrs WithShape(const Attrs& a, const char* name, const Shape& s) {
 
 void DeclareConv(OpTable& t) {
   {
-    OpDef d;
-    d.name = "conv2d";
+    OpDef d(op::kConv2d);
     d.num_inputs = 2;
     d.fusion = FusionKind::kOutEwiseFusable;
     d.attrs = ConvAttrs();
@@ -185,14 +183,13 @@ void DeclareConv(OpTable& t) {
     d.grad = [](GradContext& g) {
       Value *x = g.input(0), *w = g.input(1), *dy = g.out_grad();
       return std::vector<Value*>{
-          g.Op("conv2d_grad_data", {dy, w}, WithShape(g.attrs(), "input_shape", x->shape())),
-          g.Op("conv2d_grad_weight", {dy, x}, WithShape(g.attrs(), "weight_shape", w->shape()))};
+          g.Op(op::kConv2dGradData, {dy, w}, WithShape(g.attrs(), "input_shape", x->shape())),
+          g.Op(op::kConv2dGradWeight, {dy, x}, WithShape(g.attrs(), "weight_shape", w->shape()))};
     };
     t.Add(std::move(d));
   }
   {
-    OpDef d;
-    d.name = "conv2d_grad_data";
+    OpDef d(op::kConv2dGradData);
     d.num_inputs = 2;
     d.attrs = ConvAttrs();
     d.attrs.push_back({"input_shape", AttrKind::kInts, std::nullopt});
@@ -207,8 +204,7 @@ void DeclareConv(OpTable& t) {
     t.Add(std::move(d));
   }
   {
-    OpDef d;
-    d.name = "conv2d_grad_weight";
+    OpDef d(op::kConv2dGradWeight);
     d.num_inputs = 2;
     d.attrs = ConvAttrs();
     d.attrs.push_back({"weight_shape", AttrKind::kInts, std::nullopt});
@@ -249,10 +245,8 @@ Shape PoolShape(const OpDef& op, const Shape& x, const Attrs& a) {
 }
 
 void DeclarePool(OpTable& t, bool avg) {
-  std::string name = avg ? "avg_pool2d" : "max_pool2d";
   {
-    OpDef d;
-    d.name = name;
+    OpDef d(avg ? op::kAvgPool2d : op::kMaxPool2d);
     d.num_inputs = 1;
     d.attrs = PoolAttrs(avg);
     d.doc = avg ? "2-D average pooling of x (N, C, H, W), floor mode"
@@ -263,17 +257,16 @@ void DeclarePool(OpTable& t, bool avg) {
     };
     if (avg)
       d.grad = [](GradContext& g) {
-        return std::vector<Value*>{g.Op("avg_pool2d_grad", {g.out_grad()},
+        return std::vector<Value*>{g.Op(op::kAvgPool2dGrad, {g.out_grad()},
                                         WithShape(g.attrs(), "input_shape", g.input(0)->shape()))};
       };
     else
       d.grad = [](GradContext& g) {
-        return std::vector<Value*>{g.Op("max_pool2d_grad", {g.out_grad(), g.input(0)}, g.attrs())};
+        return std::vector<Value*>{g.Op(op::kMaxPool2dGrad, {g.out_grad(), g.input(0)}, g.attrs())};
       };
     t.Add(std::move(d));
   }
-  OpDef d;
-  d.name = name + "_grad";
+  OpDef d(avg ? op::kAvgPool2dGrad : op::kMaxPool2dGrad);
   d.attrs = PoolAttrs(avg);
   if (avg) {
     d.num_inputs = 1;

@@ -50,7 +50,7 @@ GradFn SumGrad(bool mean) {
     Value* x = g.input(0);
     if (!IsFloat(x->dtype())) return std::vector<Value*>{nullptr};
     std::vector<int> axes = GradAxes(g);
-    Value* dx = g.Op("broadcast_to", {KeptGrad(g, axes)}, {{"shape", x->shape().vec()}});
+    Value* dx = g.Op(op::kBroadcastTo, {KeptGrad(g, axes)}, {{"shape", x->shape().vec()}});
     if (mean) dx = g.Div(dx, g.Scalar(static_cast<double>(ReducedCount(x->shape(), axes)), x->dtype()));
     return std::vector<Value*>{dx};
   };
@@ -62,15 +62,14 @@ std::vector<Value*> ExtremumGrad(GradContext& g) {
   if (!IsFloat(x->dtype())) return {nullptr};
   std::vector<int> axes = GradAxes(g);
   Shape kept = KeptShape(x->shape(), axes);
-  Value* mask = g.Cast(g.Op("equal", {x, g.Reshape(g.output(), kept)}), x->dtype());
+  Value* mask = g.Cast(g.Op(op::kEqual, {x, g.Reshape(g.output(), kept)}), x->dtype());
   std::vector<int64_t> ax(axes.begin(), axes.end());
-  Value* count = g.Op("sum", {mask}, {{"axes", ax}, {"keepdims", true}});
+  Value* count = g.Op(op::kSum, {mask}, {{"axes", ax}, {"keepdims", true}});
   return {g.Div(g.Mul(mask, KeptGrad(g, axes)), count)};
 }
 
-void DeclareReduce(OpTable& t, const char* name, Kind kind, const char* doc) {
-  OpDef d;
-  d.name = name;
+void DeclareReduce(OpTable& t, OpId id, Kind kind, const char* doc) {
+  OpDef d(id);
   d.num_inputs = 1;
   d.fusion = FusionKind::kReduce;
   d.attrs = {{"axes", AttrKind::kInts, std::vector<int64_t>{}}, {"keepdims", AttrKind::kBool, false}};
@@ -89,9 +88,8 @@ void DeclareReduce(OpTable& t, const char* name, Kind kind, const char* doc) {
   t.Add(std::move(d));
 }
 
-void DeclareArgReduce(OpTable& t, const char* name, const char* doc) {
-  OpDef d;
-  d.name = name;
+void DeclareArgReduce(OpTable& t, OpId id, const char* doc) {
+  OpDef d(id);
   d.num_inputs = 1;
   d.fusion = FusionKind::kReduce;
   d.attrs = {{"axis", AttrKind::kInt, std::nullopt}, {"keepdims", AttrKind::kBool, false}};
@@ -110,12 +108,12 @@ void DeclareArgReduce(OpTable& t, const char* name, const char* doc) {
 } // namespace
 
 void RegisterReduceOps(OpTable& t) {
-  DeclareReduce(t, "sum", Kind::kSum, "sum over axes (bool sums to int64; ints keep their dtype)");
-  DeclareReduce(t, "mean", Kind::kMean, "mean over axes (floating inputs only)");
-  DeclareReduce(t, "max", Kind::kMax, "maximum over axes (NaN propagates)");
-  DeclareReduce(t, "min", Kind::kMin, "minimum over axes (NaN propagates)");
-  DeclareArgReduce(t, "argmax", "int64 index of the first maximum along axis (NaN counts as maximum)");
-  DeclareArgReduce(t, "argmin", "int64 index of the first minimum along axis (NaN counts as minimum)");
+  DeclareReduce(t, op::kSum, Kind::kSum, "sum over axes (bool sums to int64; ints keep their dtype)");
+  DeclareReduce(t, op::kMean, Kind::kMean, "mean over axes (floating inputs only)");
+  DeclareReduce(t, op::kMax, Kind::kMax, "maximum over axes (NaN propagates)");
+  DeclareReduce(t, op::kMin, Kind::kMin, "minimum over axes (NaN propagates)");
+  DeclareArgReduce(t, op::kArgmax, "int64 index of the first maximum along axis (NaN counts as maximum)");
+  DeclareArgReduce(t, op::kArgmin, "int64 index of the first minimum along axis (NaN counts as minimum)");
 }
 
 } // namespace kiln::ir

@@ -24,35 +24,28 @@ ScalarEvaluator g_evaluator = nullptr;
 
 /// The value of `v` when it is a `full` constant.
 std::optional<double> FillValue(const ir::Value* v) {
-  static const ir::OpId full = ir::FindOp("full");
-  if (!v->node() || v->node()->op() != full) return std::nullopt;
+  if (!v->node() || v->node()->op() != ir::op::kFull) return std::nullopt;
   return v->node()->attrs().Float("value");
 }
 
 bool Is16Bit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
 
-struct Ops {
-  ir::OpId full = ir::FindOp("full"), cast = ir::FindOp("cast"), where = ir::FindOp("where"),
-           broadcast_to = ir::FindOp("broadcast_to"), stop_gradient = ir::FindOp("stop_gradient"),
-           take = ir::FindOp("take");
-};
-
 /// The value every output of `n` holds when its inputs hold `in`, or nullopt.
-std::optional<double> Fold(const ir::Node& n, const std::vector<double>& in, const Ops& op) {
+std::optional<double> Fold(const ir::Node& n, const std::vector<double>& in) {
   const ir::OpDef& d = n.def();
   if (d.random) return std::nullopt;
   DType out = n.output()->dtype();
   bool same_dtype = true;
   for (const ir::Value* v : n.inputs()) same_dtype &= v->dtype() == out;
   // Data movement: each output element is some input element, and all of them are equal.
-  if ((d.fusion == ir::FusionKind::kInjective && n.op() != op.take) || n.op() == op.broadcast_to ||
-      n.op() == op.stop_gradient) {
+  if ((d.fusion == ir::FusionKind::kInjective && n.op() != ir::op::kTake) || n.op() == ir::op::kBroadcastTo ||
+      n.op() == ir::op::kStopGradient) {
     for (double x : in)
       if (!(x == in[0] || (std::isnan(x) && std::isnan(in[0])))) return std::nullopt;
     return same_dtype ? std::optional<double>(in[0]) : std::nullopt;
   }
   // Arithmetic: one element through the op's own kernel.
-  bool elementwise = d.unary_fn || d.binary_fn || n.op() == op.cast || n.op() == op.where;
+  bool elementwise = d.unary_fn || d.binary_fn || n.op() == ir::op::kCast || n.op() == ir::op::kWhere;
   if (!elementwise || !g_evaluator || n.outputs().size() != 1 || Is16Bit(out)) return std::nullopt;
   for (const ir::Value* v : n.inputs())
     if (Is16Bit(v->dtype())) return std::nullopt;
@@ -64,7 +57,6 @@ std::optional<double> Fold(const ir::Node& n, const std::vector<double>& in, con
 void SetScalarEvaluator(ScalarEvaluator f) { g_evaluator = f; }
 
 bool RunConstantFold(std::unique_ptr<ir::Graph>& g) {
-  static const Ops op;
   GraphCopier c(*g);
   bool changed = false;
   for (const auto& n : g->nodes()) {
@@ -73,7 +65,7 @@ bool RunConstantFold(std::unique_ptr<ir::Graph>& g) {
     for (const ir::Value* v : in)
       if (auto x = FillValue(v)) values.push_back(*x);
     std::optional<double> folded;
-    if (!in.empty() && values.size() == in.size()) folded = Fold(*n, values, op);
+    if (!in.empty() && values.size() == in.size()) folded = Fold(*n, values);
     if (!folded) {
       c.Copy(*n);
       continue;
@@ -83,7 +75,7 @@ bool RunConstantFold(std::unique_ptr<ir::Graph>& g) {
       attrs.items().emplace_back("shape", o->shape().vec());
       attrs.items().emplace_back("value", *folded);
       attrs.items().emplace_back("dtype", o->dtype());
-      c.Alias(o, c.graph().AddNode(op.full, {}, attrs)->output());
+      c.Alias(o, c.graph().AddNode(ir::op::kFull, {}, attrs)->output());
     }
     changed = true;
   }

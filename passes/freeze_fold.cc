@@ -23,8 +23,7 @@ namespace kiln::passes {
 namespace {
 
 bool IsFill(const ir::Value* v) {
-  static const ir::OpId full = ir::FindOp("full");
-  return v->node() && v->node()->op() == full;
+  return v->node() && v->node()->op() == ir::op::kFull;
 }
 
 int64_t Bytes(const ir::Value* v) { return v->shape().numel() * static_cast<int64_t>(DTypeSize(v->dtype())); }

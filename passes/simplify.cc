@@ -21,8 +21,7 @@ namespace {
 
 /// The value of `v` when it is a `full` constant.
 std::optional<double> FullValue(const ir::Value* v) {
-  static const ir::OpId full = ir::FindOp("full");
-  if (!v->node() || v->node()->op() != full) return std::nullopt;
+  if (!v->node() || v->node()->op() != ir::op::kFull) return std::nullopt;
   return v->node()->attrs().Float("value");
 }
 
@@ -39,51 +38,44 @@ std::vector<int64_t> Permutation(const ir::Node& t) {
   return p;
 }
 
-struct Ops {
-  ir::OpId add = ir::FindOp("add"), sub = ir::FindOp("sub"), mul = ir::FindOp("mul"), div = ir::FindOp("div"),
-           neg = ir::FindOp("neg"), transpose = ir::FindOp("transpose"), reshape = ir::FindOp("reshape"),
-           cast = ir::FindOp("cast");
-};
-
 /// The value node `n` (with new inputs `in`) reduces to, or nullptr when no rule applies.
-ir::Value* Simplify(const ir::Node& n, const std::vector<ir::Value*>& in, const Ops& op) {
+ir::Value* Simplify(const ir::Node& n, const std::vector<ir::Value*>& in) {
   const ir::TensorType& out = n.output()->type();
   ir::OpId k = n.op();
-  if (k == op.add || k == op.sub || k == op.mul || k == op.div) {
-    double unit = (k == op.mul || k == op.div) ? 1.0 : 0.0;
-    bool commutes = k == op.add || k == op.mul;
+  if (k == ir::op::kAdd || k == ir::op::kSub || k == ir::op::kMul || k == ir::op::kDiv) {
+    double unit = (k == ir::op::kMul || k == ir::op::kDiv) ? 1.0 : 0.0;
+    bool commutes = k == ir::op::kAdd || k == ir::op::kMul;
     if (FullValue(in[1]) == unit && in[0]->type() == out) return in[0];
     if (commutes && FullValue(in[0]) == unit && in[1]->type() == out) return in[1];
     return nullptr;
   }
-  if (k == op.neg && IsOp(in[0], op.neg)) return in[0]->node()->input(0);
-  if (k == op.transpose && IsOp(in[0], op.transpose)) {
+  if (k == ir::op::kNeg && IsOp(in[0], ir::op::kNeg)) return in[0]->node()->input(0);
+  if (k == ir::op::kTranspose && IsOp(in[0], ir::op::kTranspose)) {
     std::vector<int64_t> inner = Permutation(*in[0]->node()), outer = Permutation(n);
     for (size_t i = 0; i < outer.size(); ++i)
       if (inner[static_cast<size_t>(outer[i])] != static_cast<int64_t>(i)) return nullptr;
     return in[0]->node()->input(0);
   }
-  if (k == op.reshape && in[0]->type() == out) return in[0];
-  if (k == op.reshape && IsOp(in[0], op.reshape) && in[0]->node()->input(0)->type() == out)
+  if (k == ir::op::kReshape && in[0]->type() == out) return in[0];
+  if (k == ir::op::kReshape && IsOp(in[0], ir::op::kReshape) && in[0]->node()->input(0)->type() == out)
     return in[0]->node()->input(0);
-  if (k == op.cast && in[0]->dtype() == out.dtype) return in[0];
+  if (k == ir::op::kCast && in[0]->dtype() == out.dtype) return in[0];
   return nullptr;
 }
 
 } // namespace
 
 bool RunSimplify(std::unique_ptr<ir::Graph>& g) {
-  static const Ops op;
   GraphCopier c(*g);
   bool changed = false;
   for (const auto& n : g->nodes()) {
     std::vector<ir::Value*> in = c.Inputs(*n);
-    if (ir::Value* v = n->outputs().size() == 1 ? Simplify(*n, in, op) : nullptr) {
+    if (ir::Value* v = n->outputs().size() == 1 ? Simplify(*n, in) : nullptr) {
       c.Alias(n->output(), v);
       changed = true;
-    } else if (n->op() == op.reshape && IsOp(in[0], op.reshape)) {
+    } else if (n->op() == ir::op::kReshape && IsOp(in[0], ir::op::kReshape)) {
       // Skip the inner reshape: the same elements in the outer target shape.
-      ir::Node* r = c.graph().AddNode(op.reshape, {in[0]->node()->input(0)}, n->attrs());
+      ir::Node* r = c.graph().AddNode(ir::op::kReshape, {in[0]->node()->input(0)}, n->attrs());
       c.Alias(n->output(), r->output());
       changed = true;
     } else {

@@ -8,14 +8,13 @@ import types as _types
 import numpy as _np
 
 from . import _C
-from ._C import (NDArray, zeros, ones, full, arange, invoke, waitall,
-                 negative, abs, sign, square, sqrt, rsqrt, reciprocal, exp, log, log1p, expm1, sin, cos,
-                 tanh, erf, relu, floor, ceil, round, logical_not, stop_gradient, sigmoid, gelu, flatten,
-                 add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal, less,
-                 less_equal, greater, greater_equal, where, cast, clip, broadcast_to, expand_dims,
+from ._C import (NDArray, zeros, ones, full, arange, invoke, waitall, stop_gradient, sigmoid, gelu, flatten,
+                 where, cast, clip, broadcast_to, expand_dims,
                  squeeze, slice, concat, stack, split, take, one_hot, matmul, linear, conv2d, max_pool2d,
                  avg_pool2d, global_avg_pool2d, softmax, log_softmax, softmax_cross_entropy, dropout,
                  batch_norm)
+# The elementwise ops of the op list (kiln/runtime/op_list.h): negative, exp, relu, add, maximum, ...
+globals().update({_n: getattr(_C, _n) for _n in _C.elementwise_op_names()})
 from . import ndarray as _ndarray  # noqa: F401  (methods on NDArray)
 
 dot = matmul

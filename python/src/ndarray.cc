@@ -544,6 +544,16 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
                           const std::vector<Tensor>& outputs, pyb::kwargs kwargs) {
     InvokeInto(ir::FindOp(op), inputs, ToAttrs(kwargs), outputs);
   });
+  m.def("elementwise_op_names", [] {  // the nd functions of the op list (kiln.nd imports them)
+    std::vector<std::string> v;
+#define KILN_X(Id, name, nd_name, domain, doc) v.push_back(#nd_name);
+    KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Id, name, nd_name, doc) v.push_back(#nd_name);
+    KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+    return v;
+  });
   m.def("op_names", [] {
     std::vector<std::string> v;
     const ir::OpTable& t = ir::OpTable::Get();
@@ -552,35 +562,47 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   });
 
   // ---- composites and ops with typed options ----
-  static FastFunction fast_unary[24], fast_binary[11];  // referenced by the builtins for the process
+  // The unary ops of the op list (kiln/runtime/op_list.h), then the composites.
+#define KILN_X(Id, name, nd_name, domain, doc) +1
+  constexpr size_t kNumListed = 0 KILN_UNARY_OPS(KILN_X);
+#undef KILN_X
+  static FastFunction fast_unary[kNumListed + 4], fast_binary[11];  // referenced by the builtins for the process
   size_t n_unary = 0;
-#define KILN_U(name)                                                  \
-  m.def(#name, [](const Tensor& x) { return nd::name(x); });         \
-  fast_unary[n_unary].unary = [](const Tensor& x) { return nd::name(x); }; \
+#define KILN_U(name, doc)                                                           \
+  m.def(#name, [](const Tensor& x) { return nd::name(x); }, doc);                   \
+  fast_unary[n_unary].unary = [](const Tensor& x) { return nd::name(x); };          \
   InstallFast(m, #name, &fast_unary[n_unary++]);
-  KILN_U(negative) KILN_U(abs) KILN_U(sign) KILN_U(square) KILN_U(sqrt) KILN_U(rsqrt) KILN_U(reciprocal)
-  KILN_U(exp) KILN_U(log) KILN_U(log1p) KILN_U(expm1) KILN_U(sin) KILN_U(cos) KILN_U(tanh) KILN_U(erf)
-  KILN_U(relu) KILN_U(floor) KILN_U(ceil) KILN_U(round) KILN_U(logical_not) KILN_U(stop_gradient)
-  KILN_U(sigmoid) KILN_U(gelu) KILN_U(flatten)
+#define KILN_X(Id, name, nd_name, domain, doc) KILN_U(nd_name, doc)
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+  KILN_U(stop_gradient, "x, with no gradient flowing back")
+  KILN_U(sigmoid, "1 / (1 + e^-x)") KILN_U(gelu, "x * Phi(x), the exact form") KILN_U(flatten, "(N, ...) -> (N, -1)")
 #undef KILN_U
   KILN_CHECK(n_unary == std::size(fast_unary)) << n_unary << " unary functions";
-#define KILN_B(name)                                                                              \
-  m.def(#name, [](pyb::handle a, pyb::handle b) -> Tensor {                                        \
-    if (!pyb::isinstance<Tensor>(a)) {                                                             \
-      if (PyFloat_Check(a.ptr()) || PyLong_Check(a.ptr()))                                          \
-        return nd::name(PyFloat_AsDouble(a.ptr()), ToTensor(b));                                   \
-    }                                                                                              \
-    Tensor x = ToTensor(a);                                                                        \
-    if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr())) return nd::name(x, PyFloat_AsDouble(b.ptr())); \
-    return nd::name(x, ToTensor(b, x.device()));                                                   \
-  });
-  KILN_B(maximum) KILN_B(minimum)
-#undef KILN_B
-  // The ops with an operator share its code (true division of integers, NumPy scalars, arrays).
+  // The binary ops of the op list. Those with an operator share its code (true division of
+  // integers, NumPy scalars, arrays); the others (maximum, minimum, ...) take NDArrays and numbers.
   static constexpr std::pair<const char*, Op> kOperatorOps[] = {
       {"add", Op::kAdd}, {"subtract", Op::kSub}, {"multiply", Op::kMul}, {"divide", Op::kDiv},
       {"power", Op::kPow}, {"equal", Op::kEq}, {"not_equal", Op::kNe}, {"less", Op::kLt},
       {"less_equal", Op::kLe}, {"greater", Op::kGt}, {"greater_equal", Op::kGe}};
+  auto has_operator = [](const char* name) {
+    for (const auto& [n, op] : kOperatorOps)
+      if (std::strcmp(n, name) == 0) return true;
+    return false;
+  };
+#define KILN_X(Id, name, nd_name, doc)                                                             \
+  if (!has_operator(#nd_name))                                                                     \
+    m.def(#nd_name, [](pyb::handle a, pyb::handle b) -> Tensor {                                  \
+      if (!pyb::isinstance<Tensor>(a)) {                                                           \
+        if (PyFloat_Check(a.ptr()) || PyLong_Check(a.ptr()))                                        \
+          return nd::nd_name(PyFloat_AsDouble(a.ptr()), ToTensor(b));                              \
+      }                                                                                            \
+      Tensor x = ToTensor(a);                                                                      \
+      if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr())) return nd::nd_name(x, PyFloat_AsDouble(b.ptr())); \
+      return nd::nd_name(x, ToTensor(b, x.device()));                                              \
+    }, doc);
+  KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
   static_assert(std::size(kOperatorOps) == std::size(fast_binary));
   for (size_t i = 0; i < std::size(kOperatorOps); ++i) {
     auto [name, op] = kOperatorOps[i];

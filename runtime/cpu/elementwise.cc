@@ -16,6 +16,19 @@ namespace {
 constexpr int64_t kGrain = 1 << 15;
 
 template <class T>
+inline T ApplyUnary(UnaryFn f, T x);
+template <class T>
+inline T ApplyBinary(BinaryFn f, T a, T b);
+
+/// Plain numbers of type T, for expanding composite scalar functions (scalar_fn.h).
+template <class T>
+struct ScalarAlgebra {
+  T Unary(UnaryFn f, T x) { return ApplyUnary<T>(f, x); }
+  T Binary(BinaryFn f, T a, T b) { return ApplyBinary<T>(f, a, b); }
+  T Const(double v) { return static_cast<T>(v); }
+};
+
+template <class T>
 inline T ApplyUnary(UnaryFn f, T x) {
   using std::abs;
   switch (f) {
@@ -48,6 +61,10 @@ inline T ApplyUnary(UnaryFn f, T x) {
       case UnaryFn::kCeil: return std::ceil(x);
       case UnaryFn::kRound: return std::round(x);
       default: break;
+    }
+    if (IsComposite(f)) {
+      ScalarAlgebra<T> a;
+      return ExpandUnary(a, f, x);
     }
   } else {
     switch (f) {  // integer inputs: rounding is the identity
@@ -147,23 +164,19 @@ void BinaryTyped(const TensorView& a, const TensorView& b, const TensorView& out
   }
 }
 
+// Every function of the op list, instantiated for the dtypes of its domain only.
 template <class T>
 void UnaryDispatch(UnaryFn f, const TensorView& in, const TensorView& out) {
+  constexpr bool kFloat = std::is_floating_point_v<compute_t<T>>;
   switch (f) {
-#define KILN_U(name) case UnaryFn::name: return UnaryTyped<T, UnaryFn::name>(in, out);
-    KILN_U(kNeg) KILN_U(kAbs) KILN_U(kSign) KILN_U(kSquare) KILN_U(kRelu) KILN_U(kIdentity)
-    KILN_U(kLogicalNot) KILN_U(kFloor) KILN_U(kCeil) KILN_U(kRound)
-#undef KILN_U
-    default: break;
-  }
-  if constexpr (std::is_floating_point_v<compute_t<T>>) {
-    switch (f) {
-#define KILN_U(name) case UnaryFn::name: return UnaryTyped<T, UnaryFn::name>(in, out);
-      KILN_U(kSqrt) KILN_U(kRsqrt) KILN_U(kReciprocal) KILN_U(kExp) KILN_U(kLog) KILN_U(kLog1p)
-      KILN_U(kExpm1) KILN_U(kSin) KILN_U(kCos) KILN_U(kTanh) KILN_U(kErf)
-#undef KILN_U
-      default: break;
-    }
+#define KILN_X(Id, name, nd_name, domain, doc)                                    \
+  case UnaryFn::Id:                                                               \
+    if constexpr (kFloat || DomainOf(UnaryFn::Id) != UnaryDomain::kFloatOnly)     \
+      return UnaryTyped<T, UnaryFn::Id>(in, out);                                 \
+    break;
+    KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+    case UnaryFn::kIdentity: return UnaryTyped<T, UnaryFn::kIdentity>(in, out);
   }
   KILN_THROW(DTypeError) << "unary function " << static_cast<int>(f) << " is not defined for "
                          << DTypeName(in.dtype);

@@ -1,11 +1,10 @@
 // The conformance runner (see conformance.h): runs every registered case on every available
 // device, in each of its dtypes, with contiguous and strided inputs, against its double-precision
 // reference; checks gradients of differentiable ops against central differences in float64; and
-// checks that every op of the op table has a case. Failures are collected per run and reported
-// one CHECK each, so one failing case never hides another.
-//
-// It deliberately does not compare eager against hybridized execution (that belongs with the
-// hybridize tests) and does not time anything.
+// checks that every op of the op table has a case; and runs every case hybridized (the op traced
+// into a graph and compiled as hybridize() compiles it) against its eager result. Failures are
+// collected per run and reported one CHECK each, so one failing case never hides another. It
+// times nothing.
 #include "conformance.h"
 
 #include <doctest/doctest.h>
@@ -19,6 +18,7 @@
 #include <sstream>
 
 #include "kiln/frontend/autograd.h"
+#include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/op.h"
 
@@ -309,6 +309,62 @@ std::string RunForward(const Run& run) {
   }
 }
 
+/// Runs the case eagerly and hybridized: the op traced on symbolic inputs into a graph, compiled
+/// through the hybridize pipeline (passes, fusion, codegen, plan) and called on the same inputs.
+/// Returns "" when every output agrees with the eager one within the case's tolerance (twice it:
+/// both sides carry their own rounding; integer and bool outputs exactly). Random ops draw other
+/// numbers in a graph, so their checker judges the hybridized outputs instead. With `chained`,
+/// an elementwise op's outputs are negated (logical_not for bool) on both sides, so that the op
+/// fuses into a generated kernel: a lone elementwise op runs its library kernel.
+std::string RunHybridized(const Run& run, bool chained) {
+  const OpCase& c = run.c;
+  try {
+    const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+    std::vector<HostTensor> host = RunInputs(c.inputs, run.dtype);
+    std::vector<Tensor> in;
+    for (const HostTensor& h : host) in.push_back(MakeTensor(h, run.device, run.strided));
+    auto f = [&](const std::vector<Tensor>& x) {
+      std::vector<Tensor> y = Invoke(def.id, x, c.attrs, run.device);
+      if (chained)
+        for (Tensor& t : y) t = Invoke(t.dtype() == DType::kBool ? op::kLogicalNot : op::kNeg, std::vector<Tensor>{t})[0];
+      return y;
+    };
+    std::shared_ptr<CachedGraph> graph;
+    {
+      trace::TraceScope scope;
+      std::vector<Tensor> sym;
+      for (size_t i = 0; i < host.size(); ++i)
+        sym.push_back(scope.Input("data" + std::to_string(i), host[i].shape, host[i].dtype, run.device));
+      // A compiled graph takes at least one input (as a block's forward does); creation ops get
+      // one they do not read.
+      if (host.empty()) scope.Input("unused", Shape{}, DType::kFloat32, run.device);
+      graph = scope.Finish(f(sym));
+    }
+    std::vector<Tensor> hybrid =
+        graph->Call(in.empty() ? std::vector<Tensor>{Tensor::Scalar(0, DType::kFloat32, run.device)} : in);
+    if (!c.reference) {
+      INFO(run.str() << ", hybridized");
+      c.check(hybrid, def.Resolve(c.attrs));
+      return "";
+    }
+    std::vector<Tensor> eager = f(in);
+    if (hybrid.size() != eager.size())
+      return "hybridized: " + std::to_string(hybrid.size()) + " outputs, eager " + std::to_string(eager.size());
+    OpCase loose = c;
+    loose.rtol *= 2, loose.atol *= 2;
+    std::string errs;
+    for (size_t k = 0; k < eager.size(); ++k) {
+      HostTensor want{eager[k].shape(), eager[k].ToVector<double>(), eager[k].dtype()};
+      std::string e = CompareOutput(Run{loose, run.dtype, run.device, run.strided}, static_cast<int>(k), hybrid[k],
+                                    want, {eager[k].shape(), eager[k].dtype()});
+      if (!e.empty()) errs += (errs.empty() ? "hybridized against eager: " : "; ") + e;
+    }
+    return errs;
+  } catch (const std::exception& e) {
+    return std::string("hybridized: threw: ") + e.what();
+  }
+}
+
 bool AnyStrided(const std::vector<HostTensor>& in) {
   for (const HostTensor& h : in) {
     // A strided tensor is non-contiguous when some dimension other than a size-1 one exists.
@@ -460,6 +516,30 @@ TEST_CASE("conformance: forward") {
     for (const std::string& n : no_gpu_kernel) names += " " + n;
     MESSAGE("conformance: GPU pass skipped for ops without a GPU kernel:" << names);
   }
+}
+
+TEST_CASE("conformance: eager against hybridized") {
+  int64_t runs = 0;
+  for (const OpCase& c : Cases().cases) {
+    std::vector<std::optional<DType>> dtypes;
+    if (HasFloatInput(c)) dtypes.assign(c.dtypes.begin(), c.dtypes.end());
+    if (dtypes.empty()) dtypes.push_back(std::nullopt);
+    for (std::optional<DType> dt : dtypes) {
+      for (bool strided : {false, true}) {
+        if (strided && (!c.noncontiguous || !AnyStrided(c.inputs))) continue;
+        Run run{c, dt, cpu(), strided};
+        const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+        for (bool chained : {false, true}) {
+          if (chained && !def.unary_fn && !def.binary_fn) continue;
+          std::string err = RunHybridized(run, chained);
+          const std::string what = run.str() + (chained ? ", negated in the graph" : "");
+          CHECK_MESSAGE(err.empty(), what << ": " << err);
+          ++runs;
+        }
+      }
+    }
+  }
+  MESSAGE("conformance: " << runs << " hybridized runs");
 }
 
 TEST_CASE("conformance: gradients") {

@@ -107,6 +107,12 @@ double IntPow(double a, double b) {
   return std::pow(a, b);
 }
 
+// torch.nn.functional.softplus (beta 1, threshold 20): x above the threshold, else log1p(e^x).
+double Softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+
+// Mish (Misra 2019) as torch.nn.functional.mish computes it.
+double Mish(double x) { return x * std::tanh(Softplus(x)); }
+
 struct UnarySpec {
   const char* op;
   Fn1 f;
@@ -133,6 +139,8 @@ void AddUnary(std::vector<OpCase>& cs) {
       {"cos", [](double x) { return std::cos(x); }, -4, 4},
       {"tanh", [](double x) { return std::tanh(x); }, -3, 3},
       {"erf", [](double x) { return std::erf(x); }, -2, 2},
+      {"softplus", Softplus, -4, 4},
+      {"mish", Mish, -4, 4},
   };
   uint64_t seed = 100;
   for (const UnarySpec& s : specs) {
@@ -173,6 +181,11 @@ void AddUnary(std::vector<OpCase>& cs) {
   special("sqrt special values", "sqrt", {-1, 0, kInf, 4}, [](double x) { return std::sqrt(x); });
   special("reciprocal of zero", "reciprocal", {0, -0.0, kInf}, [](double x) { return 1 / x; });
   special("tanh saturates", "tanh", {-kInf, -30, 30, kInf}, [](double x) { return std::tanh(x); });
+  special("softplus large |x|", "softplus", {-kInf, -1000, -90, -30, 30, 90, 1000, kInf, kNaN}, Softplus);
+  // The gradient (sigmoid) where it saturates, and tiny where x is very negative.
+  cs.push_back(Case("softplus tails", "softplus", {Floats({4}, {-30, -12, 12, 30})}, Map1(Softplus)));
+  special("mish large |x|", "mish", {-kInf, -1000, -30, 30, 1000, kInf, kNaN}, Mish);
+  cs.push_back(Case("mish tails", "mish", {Floats({4}, {-30, -12, 12, 30})}, Map1(Mish)));
 
   // Integer and bool inputs.
   for (DType t : kIntTypes) {

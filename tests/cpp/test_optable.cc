@@ -129,3 +129,58 @@ TEST_CASE("op table: unknown op name") {
   CHECK(Contains(msg, "add"));  // similar names are suggested
 }
 
+
+TEST_CASE("op table: the op list's ids, names and scalar functions are the table's") {
+  const ir::OpTable& table = ir::OpTable::Get();
+  REQUIRE(table.size() == op::kNumOps);
+  for (OpId id = 0; id < op::kNumOps; ++id) {
+    const ir::OpDef& d = table[id];
+    INFO("op '" << OpName(id) << "'");
+    CHECK(d.id == id);
+    CHECK(d.name == OpName(id));
+    CHECK(OpIdOf(d.name) == id);
+    CHECK(d.unary_fn == UnaryFnOf(id));
+    CHECK(d.binary_fn == BinaryFnOf(id));
+  }
+  static_assert(op::kAdd != op::kSub && OpName(op::kOneHot) == "one_hot");
+  CHECK(ir::FindOp("broadcast_to") == op::kBroadcastTo);
+  CHECK(ir::GetOp(op::kSoftplus).unary_fn == UnaryFn::kSoftplus);
+  CHECK(ir::GetOp(op::kCopy).unary_fn == UnaryFn::kIdentity);
+  CHECK(!OpIdOf("no_such_op").has_value());
+  CHECK(OpName(op::kNumOps) == "?");
+}
+
+TEST_CASE("op table: an op is declared once, by its id, and every listed op is declared") {
+  auto declare = [](ir::OpTable& t, OpId id) {
+    ir::OpDef d(id);
+    d.infer = [](const ir::OpDef&, std::span<const ir::TensorType> in, const ir::Attrs&) {
+      return std::vector<ir::TensorType>(in.begin(), in.end());
+    };
+    return t.Add(std::move(d)).id;
+  };
+  ir::OpTable t;
+  CHECK(declare(t, op::kAdd) == op::kAdd);
+  CHECK_THROWS_WITH_AS(declare(t, op::kAdd), doctest::Contains("'add' is declared twice"), InternalError);
+  ir::OpDef by_name;
+  by_name.name = "add";
+  by_name.infer = ir::GetOp(op::kAdd).infer;
+  CHECK_THROWS_WITH_AS(t.Add(by_name), doctest::Contains("not declared by its id"), InternalError);
+  // Everything but add is missing: the error names what is missing, in list order.
+  CHECK_THROWS_WITH_AS(t.CheckComplete(), doctest::Contains("never declared in ir/ops_*.cc: neg, abs, sign"),
+                       InternalError);
+  CHECK_NOTHROW(ir::OpTable::Get().CheckComplete());
+}
+
+TEST_CASE("kernel table: every op has a CPU kernel bound by id, in runtime/") {
+  const KernelTable& kernels = KernelTable::Get();
+  for (OpId id = 0; id < op::kNumOps; ++id) {
+    INFO("op '" << OpName(id) << "'");
+    CHECK(kernels.Find(id, DeviceType::kCPU) != nullptr);
+  }
+  CHECK(kernels.Find(op::kNumOps, DeviceType::kCPU) == nullptr);
+  // Binding twice is an internal error naming the op.
+  KernelTable t;
+  t.Bind(op::kExp, DeviceType::kCPU, *kernels.Find(op::kExp, DeviceType::kCPU));
+  CHECK_THROWS_WITH_AS(t.Bind("exp", DeviceType::kCPU, *kernels.Find(op::kExp, DeviceType::kCPU)),
+                       doctest::Contains("kernel for 'exp' bound twice"), InternalError);
+}

@@ -1,7 +1,7 @@
 // Eager dispatch: the one path by which every op runs. Invoke checks the arguments and infers
 // output types on the calling thread (errors name the op, shapes, dtypes, devices), allocates
 // the outputs, records the op on the autograd tape when recording, and queues the kernel.
-// Kernels are bound to op ids per device type in the KernelTable (frontend/kernels_*.cc).
+// Kernels are bound to op ids per device type in runtime's KernelTable (runtime/cpu/kernels_*.cc).
 #pragma once
 
 #include <optional>
@@ -11,56 +11,13 @@
 
 #include "kiln/frontend/tensor.h"
 #include "kiln/ir/op.h"
+#include "kiln/runtime/kernel.h"
 #include "kiln/runtime/tensor_view.h"
 
 namespace kiln {
 
-/// What a kernel receives.
-struct KernelArgs {
-  const ir::OpDef& op;
-  std::span<const TensorView> in;
-  std::span<const TensorView> out;
-  const ir::Attrs& attrs;
-  Device device;
-  uint64_t seed = 0;    ///< random ops: generator seed
-  uint64_t offset = 0;  ///< random ops: counter offset of the first element
-};
-using KernelFn = void (*)(const KernelArgs&);
-
-/// Position of a view in its storage.
-struct Layout {
-  int64_t offset = 0;
-  Shape shape;
-  Strides strides;
-};
-/// For ops whose output can alias the input (reshape, transpose, slice, ...): computes the output
-/// layout from the input's, or returns false when a copy is needed (the kernel then runs).
-using ViewFn = bool (*)(const Layout& in, const ir::Attrs& attrs, const ir::TensorType& out, Layout* result);
-
-struct KernelBinding {
-  KernelFn fn = nullptr;
-  bool contiguous_inputs = false;  ///< inputs are made contiguous before the kernel runs
-  ViewFn view = nullptr;
-};
-
-class KernelTable {
- public:
-  static const KernelTable& Get();
-  const KernelBinding* Find(ir::OpId op, DeviceType device) const;
-  /// Binds a kernel to the op named `op` (which must be declared) on a device type.
-  void Bind(std::string_view op, DeviceType device, KernelBinding binding);
-
- private:
-  std::vector<KernelBinding> table_[2];
-};
-
-// One binding function per group of CPU kernels (frontend/kernels_<group>.cc).
-void BindElementwiseKernels(KernelTable& t);
-void BindReduceKernels(KernelTable& t);
-void BindMovementKernels(KernelTable& t);
-void BindNNKernels(KernelTable& t);
-void BindCreationKernels(KernelTable& t);
-void BindGraphKernels(KernelTable& t);  // call_graph (cached_graph.cc)
+/// The call_graph kernels (cached_graph.cc), added to the runtime's kernel table by dispatch.cc.
+void BindGraphKernels(KernelTable& t);
 
 /// Runs op `op` eagerly. `device` places ops without inputs (creation); for other ops it must be
 /// empty or equal to the inputs' device.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/frontend/tensor.h"
+#include "kiln/runtime/op_list.h"
 
 namespace kiln::nd {
 
@@ -28,22 +29,20 @@ void seed(uint64_t s);
 }  // namespace random
 
 // ---- elementwise ----
-#define KILN_UNARY(name) Tensor name(const Tensor& x);
-KILN_UNARY(negative) KILN_UNARY(abs) KILN_UNARY(sign) KILN_UNARY(square) KILN_UNARY(sqrt)
-KILN_UNARY(rsqrt) KILN_UNARY(reciprocal) KILN_UNARY(exp) KILN_UNARY(log) KILN_UNARY(log1p)
-KILN_UNARY(expm1) KILN_UNARY(sin) KILN_UNARY(cos) KILN_UNARY(tanh) KILN_UNARY(erf) KILN_UNARY(relu)
-KILN_UNARY(floor) KILN_UNARY(ceil) KILN_UNARY(round) KILN_UNARY(logical_not) KILN_UNARY(stop_gradient)
-KILN_UNARY(sigmoid) KILN_UNARY(gelu)
-#undef KILN_UNARY
+// One function per unary and binary op of the op list (kiln/runtime/op_list.h), named as there.
+#define KILN_X(Id, name, nd_name, domain, doc) /** doc */ Tensor nd_name(const Tensor& x);
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+Tensor stop_gradient(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor gelu(const Tensor& x);
 
-#define KILN_BINARY(name)                         \
-  Tensor name(const Tensor& a, const Tensor& b); \
-  Tensor name(const Tensor& a, double b);        \
-  Tensor name(double a, const Tensor& b);
-KILN_BINARY(add) KILN_BINARY(subtract) KILN_BINARY(multiply) KILN_BINARY(divide) KILN_BINARY(power)
-KILN_BINARY(maximum) KILN_BINARY(minimum) KILN_BINARY(equal) KILN_BINARY(not_equal) KILN_BINARY(less)
-KILN_BINARY(less_equal) KILN_BINARY(greater) KILN_BINARY(greater_equal)
-#undef KILN_BINARY
+#define KILN_X(Id, name, nd_name, doc)          \
+  Tensor nd_name(const Tensor& a, const Tensor& b); \
+  Tensor nd_name(const Tensor& a, double b);        \
+  Tensor nd_name(double a, const Tensor& b);
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor cast(const Tensor& x, DType dtype);

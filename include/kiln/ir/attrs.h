@@ -1,60 +1,24 @@
-// Typed op attributes. An op's schema (OpDef::attrs) lists each attribute's name, kind and
-// default; Attrs holds one value per schema entry, in schema order, checked at construction.
-// Lookups are by name over a handful of entries; a misspelled name is an InternalError.
+// Op attribute schemas: each attribute's name, kind and default (OpDef::attrs). The values
+// themselves (Attrs, AttrValue) are runtime types, so that kernels can read them.
 #pragma once
 
-#include <cstdint>
-#include <initializer_list>
 #include <optional>
-#include <string>
-#include <utility>
-#include <variant>
-#include <vector>
 
-#include "kiln/runtime/dtype.h"
-#include "kiln/runtime/shape.h"
+#include "kiln/runtime/attrs.h"
 
 namespace kiln::ir {
 
-enum class AttrKind : uint8_t { kInt, kFloat, kBool, kInts, kDType };
-const char* AttrKindName(AttrKind k);
-
-using AttrValue = std::variant<int64_t, double, bool, std::vector<int64_t>, DType>;
-AttrKind KindOf(const AttrValue& v);
-std::string AttrValueStr(const AttrValue& v);
+using kiln::AttrKind;
+using kiln::AttrKindName;
+using kiln::Attrs;
+using kiln::AttrValue;
+using kiln::AttrValueStr;
+using kiln::KindOf;
 
 struct AttrSpec {
   const char* name;
   AttrKind kind;
   std::optional<AttrValue> default_value;  ///< nullopt: required
-};
-
-/// Attribute values of one node, in its op's schema order.
-class Attrs {
- public:
-  Attrs() = default;
-  /// Unchecked name/value pairs, as callers write them; OpDef::Resolve checks and orders them.
-  Attrs(std::initializer_list<std::pair<const char*, AttrValue>> items)
-      : items_(items.begin(), items.end()) {}
-
-  int64_t Int(const char* name) const { return std::get<int64_t>(Find(name)); }
-  double Float(const char* name) const { return std::get<double>(Find(name)); }
-  bool Bool(const char* name) const { return std::get<bool>(Find(name)); }
-  const std::vector<int64_t>& Ints(const char* name) const {
-    return std::get<std::vector<int64_t>>(Find(name));
-  }
-  DType Type(const char* name) const { return std::get<DType>(Find(name)); }
-  bool Has(const char* name) const;
-
-  const std::vector<std::pair<const char*, AttrValue>>& items() const { return items_; }
-  std::vector<std::pair<const char*, AttrValue>>& items() { return items_; }
-  bool empty() const { return items_.empty(); }
-  std::string str() const;  // "axes=[1], keepdims=true"
-  friend bool operator==(const Attrs& a, const Attrs& b);
-
- private:
-  const AttrValue& Find(const char* name) const;
-  std::vector<std::pair<const char*, AttrValue>> items_;
 };
 
 }  // namespace kiln::ir

@@ -109,15 +109,18 @@ class Builder {
   explicit Builder(Graph& g) : g_(g) {}
   Graph& graph() { return g_; }
 
-  /// The first output of a new node of op `name`.
+  /// The first output of a new node of op `op` (op::kAdd, ...).
+  Value* Op(OpId op, std::vector<Value*> inputs, const Attrs& attrs = {});
+  std::vector<Value*> OpN(OpId op, std::vector<Value*> inputs, const Attrs& attrs = {});
+  /// The same by name, for tests and text (code uses the id constants).
   Value* Op(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs = {});
   std::vector<Value*> OpN(std::string_view name, std::vector<Value*> inputs, const Attrs& attrs = {});
 
-  Value* Add(Value* a, Value* b) { return Op("add", {a, b}); }
-  Value* Sub(Value* a, Value* b) { return Op("sub", {a, b}); }
-  Value* Mul(Value* a, Value* b) { return Op("mul", {a, b}); }
-  Value* Div(Value* a, Value* b) { return Op("div", {a, b}); }
-  Value* Neg(Value* a) { return Op("neg", {a}); }
+  Value* Add(Value* a, Value* b) { return Op(op::kAdd, {a, b}); }
+  Value* Sub(Value* a, Value* b) { return Op(op::kSub, {a, b}); }
+  Value* Mul(Value* a, Value* b) { return Op(op::kMul, {a, b}); }
+  Value* Div(Value* a, Value* b) { return Op(op::kDiv, {a, b}); }
+  Value* Neg(Value* a) { return Op(op::kNeg, {a}); }
   /// A 0-d constant of `dtype` (a `full` node).
   Value* Scalar(double v, DType dtype);
   Value* ZerosLike(Value* x);

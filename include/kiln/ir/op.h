@@ -2,7 +2,9 @@
 // declaration drives everything else: name and attribute schema, arity, shape and dtype
 // inference, fusion kind, the gradient rule (graph construction in terms of other ops, shared by
 // eager autograd and graph autodiff), and for elementwise ops the scalar function codegen emits.
-// Kernels are bound to an op's id per device in frontend/ (runtime/ knows no ops).
+// Ids, names and scalar functions come from the op list (kiln/runtime/op_list.h; constants
+// kiln::op::kAdd, ...), which runtime/ also sees; the table checks at start-up that every listed
+// op is declared here exactly once. Kernels are bound to ids per device in runtime/ (kernel.h).
 #pragma once
 
 #include <cstdint>
@@ -16,11 +18,14 @@
 #include <vector>
 
 #include "kiln/ir/attrs.h"
+#include "kiln/runtime/kernel.h"
+#include "kiln/runtime/op_id.h"
 #include "kiln/runtime/scalar_fn.h"
 
 namespace kiln::ir {
 
-using OpId = uint16_t;
+using kiln::OpId;
+namespace op = kiln::op;
 
 /// How an op may take part in fusion (TVM's OpPatternKind).
 enum class FusionKind : uint8_t {
@@ -52,9 +57,11 @@ using InferFn = std::function<std::vector<TensorType>(const OpDef& op, std::span
 /// Returns one Value* per input; nullptr means "no gradient flows into this input".
 using GradFn = std::function<std::vector<Value*>(GradContext& g)>;
 
-struct OpDef {
-  OpId id = 0;
-  std::string name;
+/// One op's declaration. `id`, `name`, `unary_fn` and `binary_fn` (OpInfo, what kernels see)
+/// come from the op list: construct with OpDef(op::kAdd).
+struct OpDef : OpInfo {
+  OpDef() = default;
+  explicit OpDef(OpId id);
   int num_inputs = 1;   ///< -1: variadic, at least one
   int num_outputs = 1;  ///< -1: given by `outputs_from_attrs`
   std::function<int(const Attrs&, int num_inputs)> outputs_from_attrs;
@@ -66,8 +73,6 @@ struct OpDef {
   bool random = false;      ///< consumes the random generator (seed and offset)
   /// Generator counter space one call consumes; empty: the number of output elements.
   std::function<int64_t(const Attrs&)> random_numel;
-  std::optional<UnaryFn> unary_fn;    ///< scalar function of a unary elementwise op
-  std::optional<BinaryFn> binary_fn;  ///< scalar function of a binary broadcast op
   std::string doc;          ///< one line
 
   /// Checks caller-supplied attributes against the schema: fills defaults, orders them, and
@@ -78,8 +83,9 @@ struct OpDef {
   std::vector<TensorType> Infer(std::span<const TensorType> in, const Attrs& attrs) const;
 };
 
-/// The table. Built on first use by calling every Register*Ops function (no static-init order
-/// or dropped-object-file surprises).
+/// The table, indexed by op id. Built on first use by calling every Register*Ops function (no
+/// static-init order or dropped-object-file surprises), then checked: every op of the op list
+/// declared exactly once.
 class OpTable {
  public:
   static const OpTable& Get();
@@ -90,14 +96,17 @@ class OpTable {
   size_t size() const { return ops_.size(); }
 
   /// Adds a declaration (used by the Register*Ops functions); returns it for chained setup.
+  /// `def.id` must be an op of the op list not declared before.
   OpDef& Add(OpDef def);
+  /// Throws InternalError naming every op of the op list that was never declared.
+  void CheckComplete() const;
 
  private:
-  std::vector<std::unique_ptr<OpDef>> ops_;
-  std::unordered_map<std::string_view, OpId> by_name_;  // keys point into ops_[i]->name
+  std::vector<std::unique_ptr<OpDef>> ops_ = std::vector<std::unique_ptr<OpDef>>(op::kNumOps);
 };
 
-/// Shorthand for OpTable::Get().Find(name).
+/// Shorthand for OpTable::Get().Find(name): for names from text, files and users. Code that
+/// means a particular op uses its constant (op::kAdd).
 inline OpId FindOp(std::string_view name) { return OpTable::Get().Find(name); }
 /// The op whose name is closest to `name` (edit distance), for "did you mean" messages.
 std::string ClosestOpName(std::string_view name);

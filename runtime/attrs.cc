@@ -1,11 +1,12 @@
-#include "kiln/ir/attrs.h"
+// Attribute values: kinds, printing, lookup by name.
+#include "kiln/runtime/attrs.h"
 
 #include <cstring>
 #include <sstream>
 
 #include "kiln/runtime/error.h"
 
-namespace kiln::ir {
+namespace kiln {
 
 const char* AttrKindName(AttrKind k) {
   switch (k) {
@@ -73,4 +74,4 @@ bool operator==(const Attrs& a, const Attrs& b) {
   return true;
 }
 
-}  // namespace kiln::ir
+}  // namespace kiln

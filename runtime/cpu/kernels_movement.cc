@@ -1,7 +1,7 @@
-// CPU kernels of the movement ops (ir/ops_movement.cc). The layout ops bind a ViewFn, so that
+// CPU kernels of the movement ops (the ops of ir/ops_movement.cc). The layout ops bind a ViewFn, so that
 // Invoke returns a view of the input without running anything, and a kernel that copies through
 // the same layout, for InvokeInto and for a reshape whose input strides allow no view.
-#include "kiln/frontend/dispatch.h"
+#include "kiln/runtime/kernel.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/cpu/movement.h"
@@ -23,12 +23,12 @@ bool IsContiguous(const Layout& l) {
 
 // A view exists when each group of old axes that is contiguous in memory maps onto whole new
 // axes (PyTorch's computeStride): e.g. a transposed matrix cannot be flattened without a copy.
-bool ReshapeView(const Layout& in, const ir::Attrs&, const ir::TensorType& out, Layout* r) {
+bool ReshapeView(const Layout& in, const Attrs&, const Shape& out_shape, Layout* r) {
   r->offset = in.offset;
-  r->shape = out.shape;
+  r->shape = out_shape;
   const Shape& os = in.shape;
   const Strides& ost = in.strides;
-  const Shape& ns = out.shape;
+  const Shape& ns = out_shape;
   if (os.numel() == 0 || os.rank() == 0 || IsContiguous(in)) {
     r->strides = ns.ContiguousStrides();
     return true;
@@ -57,11 +57,11 @@ bool ReshapeView(const Layout& in, const ir::Attrs&, const ir::TensorType& out, 
   return true;
 }
 
-bool TransposeView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, Layout* r) {
+bool TransposeView(const Layout& in, const Attrs& a, const Shape& out_shape, Layout* r) {
   const auto& axes = a.Ints("axes");
   int rank = in.shape.rank();
   r->offset = in.offset;
-  r->shape = out.shape;
+  r->shape = out_shape;
   r->strides = in.strides;
   for (int i = 0; i < rank; ++i) {
     int64_t p = axes.empty() ? rank - 1 - i : axes[i] < 0 ? axes[i] + rank : axes[i];
@@ -70,10 +70,10 @@ bool TransposeView(const Layout& in, const ir::Attrs& a, const ir::TensorType& o
   return true;
 }
 
-bool SliceView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, Layout* r) {
+bool SliceView(const Layout& in, const Attrs& a, const Shape& out_shape, Layout* r) {
   auto axes = NormalizeSlice(in.shape, a.Ints("begin"), a.Ints("end"), a.Ints("step"), "slice");
   r->offset = in.offset;
-  r->shape = out.shape;
+  r->shape = out_shape;
   r->strides = in.strides;
   for (int i = 0; i < in.shape.rank(); ++i) {
     r->offset += axes[i].begin * in.strides[i];
@@ -82,27 +82,27 @@ bool SliceView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, 
   return true;
 }
 
-bool BroadcastView(const Layout& in, const ir::Attrs&, const ir::TensorType& out, Layout* r) {
+bool BroadcastView(const Layout& in, const Attrs&, const Shape& out_shape, Layout* r) {
   r->offset = in.offset;
-  r->shape = out.shape;
-  r->strides = host::BroadcastStrides(in.shape, in.strides, out.shape);
+  r->shape = out_shape;
+  r->strides = host::BroadcastStrides(in.shape, in.strides, out_shape);
   return true;
 }
 
-bool ExpandDimsView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, Layout* r) {
-  int axis = NormalizeAxis(a.Int("axis"), out.shape.rank(), "expand_dims");
+bool ExpandDimsView(const Layout& in, const Attrs& a, const Shape& out_shape, Layout* r) {
+  int axis = NormalizeAxis(a.Int("axis"), out_shape.rank(), "expand_dims");
   r->offset = in.offset;
-  r->shape = out.shape;
+  r->shape = out_shape;
   r->strides = in.strides;
   r->strides.insert(axis, axis < in.shape.rank() ? in.strides[axis] * in.shape[axis] : 1);
   return true;
 }
 
-bool SqueezeView(const Layout& in, const ir::Attrs& a, const ir::TensorType& out, Layout* r) {
+bool SqueezeView(const Layout& in, const Attrs& a, const Shape& out_shape, Layout* r) {
   const auto& axes = a.Ints("axes");
   int rank = in.shape.rank();
   r->offset = in.offset;
-  r->shape = out.shape;
+  r->shape = out_shape;
   r->strides = Strides();
   for (int i = 0; i < rank; ++i) {
     bool drop = axes.empty() ? in.shape[i] == 1 : false;
@@ -121,7 +121,7 @@ void CopyThroughView(const KernelArgs& a) {
   const TensorView& x = a.in[0];
   const TensorView& y = a.out[0];
   Layout v;
-  if (V(Layout{0, x.shape, x.strides}, a.attrs, {y.shape, y.dtype}, &v)) {
+  if (V(Layout{0, x.shape, x.strides}, a.attrs, y.shape, &v)) {
     TensorView src = x;
     src.data = static_cast<char*>(x.data) + v.offset * static_cast<int64_t>(DTypeSize(x.dtype));
     src.shape = v.shape;
@@ -139,7 +139,7 @@ void SliceGradKernel(const KernelArgs& a) {
   const TensorView& y = a.out[0];
   host::Fill(y, 0.0);
   Layout v;
-  SliceView(Layout{0, y.shape, y.strides}, a.attrs, {a.in[0].shape, y.dtype}, &v);
+  SliceView(Layout{0, y.shape, y.strides}, a.attrs, a.in[0].shape, &v);
   TensorView dst = y;
   dst.data = static_cast<char*>(y.data) + v.offset * static_cast<int64_t>(DTypeSize(y.dtype));
   dst.shape = v.shape;
@@ -183,19 +183,19 @@ void OneHotKernel(const KernelArgs& a) {
 
 void BindMovementKernels(KernelTable& t) {
   constexpr DeviceType kCPU = DeviceType::kCPU;
-  t.Bind("reshape", kCPU, {CopyThroughView<ReshapeView>, false, ReshapeView});
-  t.Bind("transpose", kCPU, {CopyThroughView<TransposeView>, false, TransposeView});
-  t.Bind("slice", kCPU, {CopyThroughView<SliceView>, false, SliceView});
-  t.Bind("broadcast_to", kCPU, {CopyThroughView<BroadcastView>, false, BroadcastView});
-  t.Bind("expand_dims", kCPU, {CopyThroughView<ExpandDimsView>, false, ExpandDimsView});
-  t.Bind("squeeze", kCPU, {CopyThroughView<SqueezeView>, false, SqueezeView});
-  t.Bind("slice_grad", kCPU, {SliceGradKernel});
-  t.Bind("concat", kCPU, {ConcatKernel});
-  t.Bind("stack", kCPU, {StackKernel});
-  t.Bind("split", kCPU, {SplitKernel});
-  t.Bind("take", kCPU, {TakeKernel, true});
-  t.Bind("take_grad", kCPU, {TakeGradKernel, true});
-  t.Bind("one_hot", kCPU, {OneHotKernel, true});
+  t.Bind(op::kReshape, kCPU, {CopyThroughView<ReshapeView>, false, ReshapeView});
+  t.Bind(op::kTranspose, kCPU, {CopyThroughView<TransposeView>, false, TransposeView});
+  t.Bind(op::kSlice, kCPU, {CopyThroughView<SliceView>, false, SliceView});
+  t.Bind(op::kBroadcastTo, kCPU, {CopyThroughView<BroadcastView>, false, BroadcastView});
+  t.Bind(op::kExpandDims, kCPU, {CopyThroughView<ExpandDimsView>, false, ExpandDimsView});
+  t.Bind(op::kSqueeze, kCPU, {CopyThroughView<SqueezeView>, false, SqueezeView});
+  t.Bind(op::kSliceGrad, kCPU, {SliceGradKernel});
+  t.Bind(op::kConcat, kCPU, {ConcatKernel});
+  t.Bind(op::kStack, kCPU, {StackKernel});
+  t.Bind(op::kSplit, kCPU, {SplitKernel});
+  t.Bind(op::kTake, kCPU, {TakeKernel, true});
+  t.Bind(op::kTakeGrad, kCPU, {TakeGradKernel, true});
+  t.Bind(op::kOneHot, kCPU, {OneHotKernel, true});
 }
 
 }  // namespace kiln

@@ -1,7 +1,7 @@
-// CPU kernels of the reduction ops (ir/ops_reduce.cc).
+// CPU kernels of the reduction ops (the ops of ir/ops_reduce.cc).
 #include <vector>
 
-#include "kiln/frontend/dispatch.h"
+#include "kiln/runtime/kernel.h"
 #include "kiln/runtime/cpu/reduce.h"
 
 namespace kiln {
@@ -26,12 +26,12 @@ template <bool kMax> void ArgReduceKernel(const KernelArgs& a) {
 
 void BindReduceKernels(KernelTable& t) {
   using K = host::ReduceKind;
-  t.Bind("sum", DeviceType::kCPU, {ReduceKernel<K::kSum>});
-  t.Bind("mean", DeviceType::kCPU, {ReduceKernel<K::kMean>});
-  t.Bind("max", DeviceType::kCPU, {ReduceKernel<K::kMax>});
-  t.Bind("min", DeviceType::kCPU, {ReduceKernel<K::kMin>});
-  t.Bind("argmax", DeviceType::kCPU, {ArgReduceKernel<true>});
-  t.Bind("argmin", DeviceType::kCPU, {ArgReduceKernel<false>});
+  t.Bind(op::kSum, DeviceType::kCPU, {ReduceKernel<K::kSum>});
+  t.Bind(op::kMean, DeviceType::kCPU, {ReduceKernel<K::kMean>});
+  t.Bind(op::kMax, DeviceType::kCPU, {ReduceKernel<K::kMax>});
+  t.Bind(op::kMin, DeviceType::kCPU, {ReduceKernel<K::kMin>});
+  t.Bind(op::kArgmax, DeviceType::kCPU, {ArgReduceKernel<true>});
+  t.Bind(op::kArgmin, DeviceType::kCPU, {ArgReduceKernel<false>});
 }
 
 } // namespace kiln

@@ -1,5 +1,5 @@
-// CPU kernels of the creation ops (ir/ops_creation.cc).
-#include "kiln/frontend/dispatch.h"
+// CPU kernels of the creation ops (the ops of ir/ops_creation.cc).
+#include "kiln/runtime/kernel.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/cpu/random.h"
@@ -34,11 +34,11 @@ void Bernoulli(const KernelArgs& a) {
 }  // namespace
 
 void BindCreationKernels(KernelTable& t) {
-  t.Bind("full", DeviceType::kCPU, {Full});
-  t.Bind("arange", DeviceType::kCPU, {Arange});
-  t.Bind("random_uniform", DeviceType::kCPU, {Uniform});
-  t.Bind("random_normal", DeviceType::kCPU, {Normal});
-  t.Bind("random_bernoulli", DeviceType::kCPU, {Bernoulli});
+  t.Bind(op::kFull, DeviceType::kCPU, {Full});
+  t.Bind(op::kArange, DeviceType::kCPU, {Arange});
+  t.Bind(op::kRandomUniform, DeviceType::kCPU, {Uniform});
+  t.Bind(op::kRandomNormal, DeviceType::kCPU, {Normal});
+  t.Bind(op::kRandomBernoulli, DeviceType::kCPU, {Bernoulli});
 }
 
 }  // namespace kiln

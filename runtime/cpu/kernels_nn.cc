@@ -1,7 +1,7 @@
-// CPU kernels of the neural-network ops (ir/ops_nn.cc): attributes become the parameter structs
+// CPU kernels of the neural-network ops (the ops of ir/ops_nn.cc): attributes become the parameter structs
 // of runtime/cpu/onednn.h. Inputs are made contiguous by dispatch (contiguous_inputs), so the
 // kernels see row-major NCHW / OIHW buffers; the attributes were validated by inference.
-#include "kiln/frontend/dispatch.h"
+#include "kiln/runtime/kernel.h"
 #include "kiln/runtime/cpu/onednn.h"
 
 namespace kiln {
@@ -9,13 +9,13 @@ namespace kiln {
 namespace {
 
 /// A two-element spatial attribute; a single value stands for both dims.
-void ReadPair(const ir::Attrs& a, const char* name, int64_t out[2]) {
+void ReadPair(const Attrs& a, const char* name, int64_t out[2]) {
   const std::vector<int64_t>& v = a.Ints(name);
   out[0] = v[0];
   out[1] = v.size() > 1 ? v[1] : v[0];
 }
 
-host::Conv2dParams ConvParams(const ir::Attrs& a) {
+host::Conv2dParams ConvParams(const Attrs& a) {
   host::Conv2dParams p;
   ReadPair(a, "stride", p.stride);
   ReadPair(a, "padding", p.padding);
@@ -24,7 +24,7 @@ host::Conv2dParams ConvParams(const ir::Attrs& a) {
   return p;
 }
 
-host::Pool2dParams PoolParams(const ir::Attrs& a) {
+host::Pool2dParams PoolParams(const Attrs& a) {
   host::Pool2dParams p;
   ReadPair(a, "kernel", p.kernel);
   ReadPair(a, a.Ints("stride").empty() ? "kernel" : "stride", p.stride);
@@ -54,14 +54,14 @@ void AvgPoolGradKernel(const KernelArgs& k) { host::AvgPool2dGrad(k.in[0], k.out
 
 void BindNNKernels(KernelTable& t) {
   const bool contiguous = true;
-  t.Bind("matmul", DeviceType::kCPU, {MatmulKernel, contiguous});
-  t.Bind("conv2d", DeviceType::kCPU, {Conv2dKernel, contiguous});
-  t.Bind("conv2d_grad_data", DeviceType::kCPU, {Conv2dGradDataKernel, contiguous});
-  t.Bind("conv2d_grad_weight", DeviceType::kCPU, {Conv2dGradWeightKernel, contiguous});
-  t.Bind("max_pool2d", DeviceType::kCPU, {MaxPoolKernel, contiguous});
-  t.Bind("max_pool2d_grad", DeviceType::kCPU, {MaxPoolGradKernel, contiguous});
-  t.Bind("avg_pool2d", DeviceType::kCPU, {AvgPoolKernel, contiguous});
-  t.Bind("avg_pool2d_grad", DeviceType::kCPU, {AvgPoolGradKernel, contiguous});
+  t.Bind(op::kMatmul, DeviceType::kCPU, {MatmulKernel, contiguous});
+  t.Bind(op::kConv2d, DeviceType::kCPU, {Conv2dKernel, contiguous});
+  t.Bind(op::kConv2dGradData, DeviceType::kCPU, {Conv2dGradDataKernel, contiguous});
+  t.Bind(op::kConv2dGradWeight, DeviceType::kCPU, {Conv2dGradWeightKernel, contiguous});
+  t.Bind(op::kMaxPool2d, DeviceType::kCPU, {MaxPoolKernel, contiguous});
+  t.Bind(op::kMaxPool2dGrad, DeviceType::kCPU, {MaxPoolGradKernel, contiguous});
+  t.Bind(op::kAvgPool2d, DeviceType::kCPU, {AvgPoolKernel, contiguous});
+  t.Bind(op::kAvgPool2dGrad, DeviceType::kCPU, {AvgPoolGradKernel, contiguous});
 }
 
 } // namespace kiln
