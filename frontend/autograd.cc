@@ -121,8 +121,7 @@ void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
   in.reserve(inputs.size());
   for (const Tensor& t : inputs) in.push_back(ValueOn(tape, t));
   ir::Node* n = tape->graph.AddNode(op, std::move(in), attrs);
-  static const ir::OpId kCallGraph = ir::FindOp("call_graph");
-  if (op == kCallGraph) tape->graphs.emplace(n, ir::FindGraph(attrs.Int("graph_id")));
+  if (op == op::kCallGraph) tape->graphs.emplace(n, ir::FindGraph(attrs.Int("graph_id")));
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::Value* v = n->output(static_cast<int>(i));
     tape->data.emplace(v, Detached(outputs[i]));

@@ -188,8 +188,8 @@ void CallGraphBackwardKernel(const KernelArgs& a) {
 }  // namespace
 
 void BindGraphKernels(KernelTable& t) {
-  t.Bind("call_graph", DeviceType::kCPU, {CallGraphKernel, /*contiguous_inputs=*/true});
-  t.Bind("call_graph_backward", DeviceType::kCPU, {CallGraphBackwardKernel, /*contiguous_inputs=*/true});
+  t.Bind(op::kCallGraph, DeviceType::kCPU, {CallGraphKernel, /*contiguous_inputs=*/true});
+  t.Bind(op::kCallGraphBackward, DeviceType::kCPU, {CallGraphBackwardKernel, /*contiguous_inputs=*/true});
 }
 
 // ---- calls -------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ void BindGraphKernels(KernelTable& t) {
 namespace {
 // The graphs `g` calls (call_graph and call_graph_backward nodes), added to `out` once each.
 void AddCallees(const ir::Graph& g, std::vector<ir::GraphRef>& out) {
-  static const ir::OpId call = ir::FindOp("call_graph"), call_backward = ir::FindOp("call_graph_backward");
+  const ir::OpId call = op::kCallGraph, call_backward = op::kCallGraphBackward;
   for (const auto& n : g.nodes()) {
     if (n->op() != call && n->op() != call_backward) continue;
     int64_t id = n->attrs().Int("graph_id");
@@ -402,7 +402,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
     e.training_id.store(id);
     n_out = static_cast<int>(variant->signature().outputs.size());
   }
-  std::vector<Tensor> out = Invoke(ir::FindOp("call_graph"), in,
+  std::vector<Tensor> out = Invoke(op::kCallGraph, in,
                                    {{"graph_id", id}, {"num_outputs", static_cast<int64_t>(n_out)}}, device_);
   for (const Assign& a : assigns_) {
     const Tensor& src = out[static_cast<size_t>(a.output)];
