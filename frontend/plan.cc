@@ -1,8 +1,9 @@
 // Compiled plans (see plan.h): fusion of elementwise groups into generated kernels (row groups,
 // a reduction with its neighbours, are found in fuse_rows.cc), kernel lookup, memory placement by
-// liveness, the optimizing pipeline in front of them (with freeze_fold for frozen graphs), running
-// a plan, and the compile report's text. Not here: graph ids, backward and training variants,
-// tracing (cached_graph.cc).
+// liveness, the optimizing pipeline in front of them (with freeze_fold for frozen graphs), binding
+// the steps for the executor, and the compile report's text. Not here: running a plan (the
+// executor, runtime/executor.cc), stream assignment's scheduling (passes/stream_assignment.cc),
+// graph ids, backward and training variants, tracing (cached_graph.cc).
 #include "plan.h"
 
 #include <algorithm>
@@ -16,7 +17,6 @@
 
 #include "kiln/passes/dce.h"
 #include "kiln/passes/pass.h"
-#include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln {
@@ -227,14 +227,6 @@ int64_t Traffic(std::span<const ir::Value* const> in, std::span<const ir::Value*
   return b;
 }
 
-// freeze_fold's options for the one pipeline run that uses them: RunPipeline takes plain function
-// pointers, so they reach the pass through this thread.
-thread_local const passes::FreezeOptions* tls_freeze = nullptr;
-thread_local passes::FreezeResult* tls_frozen = nullptr;
-bool FreezeFoldStep(std::unique_ptr<ir::Graph>& g) {
-  return passes::RunFreezeFold(g, *tls_freeze, tls_frozen);
-}
-
 }  // namespace
 
 // Streams: the nodes that run become steps, each depending on the producers of what it reads
@@ -245,15 +237,15 @@ bool FreezeFoldStep(std::unique_ptr<ir::Graph>& g) {
 // The steps of a plan (the nodes that run, in order) with their data dependencies and costs,
 // assigned to streams before memory is planned.
 template <class Reads, class Writes>
-std::vector<streams::Step> PlanSteps(const ir::Graph& graph, const std::vector<bool>& executes,
+std::vector<passes::StreamStep> PlanSteps(const ir::Graph& graph, const std::vector<bool>& executes,
                                      const Reads& reads, const Writes& writes, Plan* p) {
   std::vector<int> producer(p->slots.size(), -1);  // value id -> step that writes it
-  std::vector<streams::Step> steps;
+  std::vector<passes::StreamStep> steps;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     if (!executes[i]) continue;
     int step = static_cast<int>(steps.size());
     p->step_nodes.push_back(static_cast<int>(i));
-    streams::Step st;
+    passes::StreamStep st;
     std::vector<const ir::Value*> in = reads(i), out = writes(i);
     for (const ir::Value* v : in)
       if (int d = producer[v->id()]; d >= 0 && std::find(st.deps.begin(), st.deps.end(), d) == st.deps.end())
@@ -265,23 +257,21 @@ std::vector<streams::Step> PlanSteps(const ir::Graph& graph, const std::vector<b
     for (const ir::Value* o : out) producer[o->id()] = step;
     steps.push_back(std::move(st));
   }
-  int max_streams = passes::PassDisabled("streams") ? 1 : streams::MaxStreams();
-  p->schedule = streams::Assign(steps, max_streams);
-  const streams::Schedule& s = p->schedule;
-  p->concurrent = s.num_streams > 1 && s.total - s.critical >= streams::MinConcurrentWork() &&
-                  s.critical <= 0.9 * s.total;
+  int max_streams = passes::PassDisabled("streams") ? 1 : exec::CpuLanes().MaxLanes();
+  p->schedule = passes::AssignStreams(steps, max_streams);
+  p->concurrent = passes::WorthConcurrent(p->schedule, passes::MinConcurrentWork());
   return steps;
 }
 
 // After memory planning: the reuse of arena bytes across streams becomes waits too, then the
 // final schedule (the streams kept) decides whether running them concurrently still pays.
 template <class Reads, class Writes>
-void FinishStreams(const ir::Graph& graph, std::vector<streams::Step> steps, const Reads& reads,
+void FinishStreams(const ir::Graph& graph, std::vector<passes::StreamStep> steps, const Reads& reads,
                    const Writes& writes, Plan* p) {
   CompileReport::PlanReport& r = p->report;
   r.streams = p->schedule.num_streams;
   if (p->concurrent) {
-    std::vector<streams::Buffer> buffers;
+    std::vector<passes::ArenaBlock> buffers;
     std::vector<int> buffer_of(p->slots.size(), -1);
     for (size_t k = 0; k < p->step_nodes.size(); ++k) {
       size_t i = static_cast<size_t>(p->step_nodes[k]);
@@ -295,13 +285,81 @@ void FinishStreams(const ir::Graph& graph, std::vector<streams::Step> steps, con
         buffers.push_back({s.index, s.index + static_cast<int64_t>(Bytes(o)), step, {}});
       }
     }
-    streams::ReuseDeps(buffers, steps);
-    p->schedule = streams::Finalize(steps, p->schedule.stream);
-    const streams::Schedule& s = p->schedule;
-    p->concurrent = s.total - s.critical >= streams::MinConcurrentWork() && s.critical <= 0.9 * s.total;
+    passes::AddReuseDeps(buffers, steps);
+    p->schedule = passes::FinalizeStreams(steps, p->schedule.stream);
+    p->concurrent = passes::WorthConcurrent(p->schedule, passes::MinConcurrentWork());
   }
   r.concurrent = p->concurrent;
   r.critical_fraction = p->schedule.total > 0 ? p->schedule.critical / p->schedule.total : 1;
+}
+
+// The data pointers of views, for a generated kernel's arguments (on the stack up to 16).
+template <class T>
+struct FloatPointers {
+  explicit FloatPointers(std::span<const TensorView> views) {
+    if (views.size() > std::size(stack)) heap.resize(views.size()), data = heap.data();
+    for (size_t k = 0; k < views.size(); ++k) data[k] = static_cast<T*>(views[k].data);
+  }
+  T* stack[16];
+  std::vector<T*> heap;
+  T** data = stack;
+};
+
+// What the executor runs: each step's values and its launch (a generated kernel, an epilogue's
+// library call or the node's kernel), the two layouts and the streams as lanes.
+template <class Reads, class Writes>
+void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes, Plan* p) {
+  exec::Plan& x = p->exec;
+  x.values.resize(static_cast<size_t>(graph.num_values()));
+  auto describe = [&](const ir::Value* v) { x.values[static_cast<size_t>(v->id())] = {v->dtype(), v->shape()}; };
+  for (const ir::Value* v : graph.inputs()) describe(v);
+  for (const auto& n : graph.nodes())
+    for (const ir::Value* v : n->outputs()) describe(v);
+  auto ids = [](const std::vector<const ir::Value*>& vs) {
+    std::vector<int> out;
+    out.reserve(vs.size());
+    for (const ir::Value* v : vs) out.push_back(v->id());
+    return out;
+  };
+  for (int i : p->step_nodes) {
+    const size_t node = static_cast<size_t>(i);
+    const ir::Node& n = *graph.nodes()[node];
+    exec::Step& st = x.steps.emplace_back();
+    st.in = ids(reads(node));
+    st.out = ids(writes(node));
+    const Plan::Fused* f = p->fused[node].get();
+    if (f && f->epilogue) {
+      st.launch = [call = f->epilogue.get()](const exec::StepArgs& a) { fusion::RunEpilogue(*call, a.in, a.out[0]); };
+      continue;
+    }
+#if KILN_WITH_CODEGEN
+    if (f) {  // a generated kernel reads and writes float32 buffers
+      if (f->row_kernel) {
+        st.launch = [kernel = f->row_kernel.get(), rows = f->rows, len = f->len](const exec::StepArgs& a) {
+          FloatPointers<const float> in(a.in);
+          FloatPointers<float> out(a.out);
+          kernel->Run(in.data, out.data, rows, len);
+        };
+      } else {
+        st.launch = [kernel = f->kernel.get(), numel = n.output()->shape().numel()](const exec::StepArgs& a) {
+          FloatPointers<const float> in(a.in);
+          kernel->Run(in.data, static_cast<float*>(a.out[0].data), numel);
+        };
+      }
+      continue;
+    }
+#endif
+    st.launch = [kb = p->kernels[node], op = &n, offset = p->random_offsets[node]](const exec::StepArgs& a) {
+      kb->fn(KernelArgs{op->def(), a.in, a.out, op->attrs(), a.call.device, a.call.seed, a.call.offset + offset});
+    };
+  }
+  x.serial = {p->slots, p->arena_bytes};
+  x.concurrent = p->concurrent;
+  if (p->concurrent) {
+    x.per_lane = {p->stream_slots, p->stream_arena_bytes};
+    x.lanes = {p->schedule.num_streams, p->schedule.stream, p->schedule.waits, p->schedule.lists};
+  }
+  for (int k : p->out_of_place) x.copy_out.emplace_back(graph.outputs()[static_cast<size_t>(k)]->id(), k);
 }
 
 // Lays out the intermediates: a value takes the smallest free block that fits once its producer
@@ -376,7 +434,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   // streams would make them wait for each other); the run picks the layout of its mode.
   std::vector<bool> executes(graph.nodes().size());
   for (size_t i = 0; i < graph.nodes().size(); ++i) executes[i] = live[i] && !p->fused_member[i] && !unread(i);
-  std::vector<streams::Step> steps = PlanSteps(graph, executes, reads, writes, p.get());
+  std::vector<passes::StreamStep> steps = PlanSteps(graph, executes, reads, writes, p.get());
   uint64_t rnd = 0;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& n = *graph.nodes()[i];
@@ -458,6 +516,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   p->arena_bytes = r.arena_bytes = end;
   p->random_numel = static_cast<int64_t>(rnd);
   FinishStreams(graph, std::move(steps), reads, writes, p.get());
+  BindSteps(graph, reads, writes, p.get());
   p->graph = std::move(g);
   r.codegen_cache = CodegenCounters();
   for (size_t k = 0; k < r.codegen_cache.size(); ++k) r.codegen_cache[k].second -= cache_before[k].second;
@@ -475,11 +534,9 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
   const Clock::time_point t0 = Clock::now();
   if (freeze) {
     std::vector<passes::Pass> pipeline(passes::DefaultPipeline().begin(), passes::DefaultPipeline().end());
-    pipeline.push_back({"freeze_fold", FreezeFoldStep});
-    tls_freeze = freeze, tls_frozen = &result;
-    struct Reset {
-      ~Reset() { tls_freeze = nullptr, tls_frozen = nullptr; }
-    } reset;
+    pipeline.push_back({"freeze_fold", [&](std::unique_ptr<ir::Graph>& graph) {
+                          return passes::RunFreezeFold(graph, *freeze, &result);
+                        }});
     g = passes::RunPipeline(std::move(g), pipeline, {}, &passes_run);
   } else {
     g = passes::RunPipeline(std::move(g), passes::DefaultPipeline(), {}, &passes_run);
@@ -498,123 +555,8 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
   return p;
 }
 
-namespace {
-
-// Per-thread arenas, grown as needed and kept between calls; one per nesting depth, since a
-// plan may run another (a call_graph node inside a compiled graph) while its own values live.
-thread_local int tls_plan_depth = 0;
-uint8_t* Arena(size_t bytes) {
-  struct Buf {
-    uint8_t* p = nullptr;
-    size_t n = 0;
-    ~Buf() { std::free(p); }
-  };
-  thread_local std::vector<std::unique_ptr<Buf>> bufs;
-  while (static_cast<int>(bufs.size()) <= tls_plan_depth) bufs.push_back(std::make_unique<Buf>());
-  Buf& buf = *bufs[static_cast<size_t>(tls_plan_depth)];
-  if (buf.n < bytes) {
-    std::free(buf.p);
-    buf.n = (bytes + 4095) / 4096 * 4096;
-    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, buf.n));
-    if (!buf.p) KILN_THROW(MemoryError) << "hybridize: cannot allocate an arena of " << bytes << " bytes";
-  }
-  return buf.p;
-}
-
-}  // namespace
-
 void RunPlan(const Plan& p, const KernelArgs& a) {
-  const ir::Graph& g = *p.graph;
-  // Concurrent streams, or the timing trial's turn for them: the layout kept per stream.
-  bool use_streams = false;
-  int call = -1;
-  if (p.concurrent) {
-    int decided = p.trial.decided.load(std::memory_order_acquire);
-    if (streams::AlwaysConcurrent()) use_streams = true;
-    else if (decided >= 0) use_streams = decided == 1;
-    else use_streams = (call = p.trial.calls.fetch_add(1)) % 2 == 1;
-  }
-  const std::vector<Slot>& slots = use_streams ? p.stream_slots : p.slots;
-  size_t arena_bytes = use_streams ? p.stream_arena_bytes : p.arena_bytes;
-  uint8_t* arena = arena_bytes ? Arena(arena_bytes) : nullptr;
-  struct Depth {  // nested plans take the next arena
-    Depth() { ++tls_plan_depth; }
-    ~Depth() { --tls_plan_depth; }
-  } depth;
-  auto view = [&](const ir::Value* v) {
-    const Slot& s = slots[v->id()];
-    switch (s.kind) {
-      case Slot::kInput: return a.in[static_cast<size_t>(s.index)];
-      case Slot::kOutput: return a.out[static_cast<size_t>(s.index)];
-      default: {
-        TensorView t;
-        t.data = arena + s.index;
-        t.dtype = v->dtype();
-        t.shape = v->shape();
-        t.strides = v->shape().ContiguousStrides();
-        return t;
-      }
-    }
-  };
-  // Runs node i with the scratch vectors of the thread running it.
-  struct Scratch {
-    std::vector<TensorView> in, out;
-    std::vector<const float*> fused_in;
-    std::vector<float*> fused_out;
-  };
-  auto run = [&](size_t i, Scratch& sc) {
-    const ir::Node& n = *g.nodes()[i];
-    if (const Plan::Fused* f = p.fused[i].get(); f && f->epilogue) {
-      sc.in.clear();
-      for (const ir::Value* v : f->inputs) sc.in.push_back(view(v));
-      fusion::RunEpilogue(*f->epilogue, sc.in, view(n.output()));
-      return;
-    }
-#if KILN_WITH_CODEGEN
-    if (const Plan::Fused* f = p.fused[i].get()) {
-      sc.fused_in.clear();
-      for (const ir::Value* v : f->inputs) sc.fused_in.push_back(static_cast<const float*>(view(v).data));
-      if (f->row_kernel) {
-        sc.fused_out.clear();
-        for (const ir::Value* v : f->outputs) sc.fused_out.push_back(static_cast<float*>(view(v).data));
-        f->row_kernel->Run(sc.fused_in.data(), sc.fused_out.data(), f->rows, f->len);
-      } else {
-        f->kernel->Run(sc.fused_in.data(), static_cast<float*>(view(n.output()).data), n.output()->shape().numel());
-      }
-      return;
-    }
-#endif
-    sc.in.clear(), sc.out.clear();
-    for (const ir::Value* v : n.inputs()) sc.in.push_back(view(v));
-    for (const ir::Value* v : n.outputs()) sc.out.push_back(view(v));
-    p.kernels[i]->fn(KernelArgs{n.def(), sc.in, sc.out, n.attrs(), a.device, a.seed, a.offset + p.random_offsets[i]});
-  };
-  auto CopyOutOfPlace = [&] {
-    for (int k : p.out_of_place)
-      host::CopyConvert(view(g.outputs()[static_cast<size_t>(k)]), a.out[static_cast<size_t>(k)]);
-  };
-  auto serial = [&] {
-    Scratch sc;  // kept across nodes: one allocation per call, not per group
-    for (int i : p.step_nodes) run(static_cast<size_t>(i), sc);
-  };
-  auto concurrent = [&] {
-    streams::Execute(p.schedule, [&](int step) {
-      Scratch sc;  // per step: steps are big when streams run concurrently, and may nest plans
-      run(static_cast<size_t>(p.step_nodes[static_cast<size_t>(step)]), sc);
-    });
-  };
-  if (call < 0) return (use_streams ? concurrent() : serial()), CopyOutOfPlace();
-  // Whether the streams pay off depends on how many threads each kernel already keeps busy: the
-  // first calls alternate and are timed, then the faster way stays.
-  Plan::StreamTrial& t = p.trial;
-  const Clock::time_point t0 = Clock::now();
-  use_streams ? concurrent() : serial();
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  if (call >= 2) (use_streams ? t.concurrent_ns : t.serial_ns).fetch_add(ns);  // the first two warm up
-  if (call == 2 + 2 * Plan::StreamTrial::kRounds - 1)
-    t.decided.store(t.concurrent_ns.load() < 0.95 * static_cast<double>(t.serial_ns.load()) ? 1 : 0,
-                    std::memory_order_release);
-  CopyOutOfPlace();
+  exec::Run(p.exec, a.in, a.out, exec::CallInfo{a.device, a.seed, a.offset});
 }
 
 // ---- the compile report's text -----------------------------------------------------------------

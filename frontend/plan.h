@@ -17,7 +17,8 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
-#include "streams.h"
+#include "kiln/passes/stream_assignment.h"
+#include "kiln/runtime/executor.h"
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
@@ -29,11 +30,8 @@ namespace fusion {
 struct EpilogueCall;  // fuse_epilogue.cc
 }
 
-/// Where a value lives while a plan runs.
-struct Slot {
-  enum Kind : uint8_t { kNone, kInput, kOutput, kArena } kind = kNone;
-  int64_t index = 0;  ///< input or output index, or byte offset in the arena
-};
+/// Where a value lives while a plan runs (the executor's places).
+using Slot = exec::Place;
 
 /// A graph ready to run: its nodes in order with their kernels, and a place for every value.
 struct Plan {
@@ -45,22 +43,17 @@ struct Plan {
   std::vector<int> out_of_place;               ///< outputs whose value lives elsewhere: copied at the end
   size_t arena_bytes = 0;
   /// Stream assignment: the nodes that run (steps), in order, and their streams; the steps run
-  /// concurrently, stream by stream, when `concurrent` (see streams.h).
+  /// concurrently, stream by stream, when `concurrent` (see passes/stream_assignment.h).
   std::vector<int> step_nodes;
-  streams::Schedule schedule;
+  passes::StreamSchedule schedule;
   bool concurrent = false;  ///< streams worth trying concurrently (enough independent work)
   /// With `concurrent`: the memory layout for running the streams concurrently (each stream
   /// reuses only its own freed blocks); `slots` and `arena_bytes` are the serial layout.
   std::vector<Slot> stream_slots;
   size_t stream_arena_bytes = 0;
-  /// The first calls of a plan with `concurrent` alternate serial and concurrent runs and are
-  /// timed; then the faster stays (`decided`: 1 concurrent, 0 serial, -1 not yet).
-  struct StreamTrial {
-    static constexpr int kRounds = 4;
-    std::atomic<int> calls{0}, decided{-1};
-    std::atomic<int64_t> serial_ns{0}, concurrent_ns{0};
-  };
-  mutable StreamTrial trial;
+  /// What the executor runs (runtime/executor.h): the steps bound to their kernels, the layouts
+  /// and the lanes, built last from everything above.
+  exec::Plan exec;
   int64_t random_numel = 0;
   /// Fused groups: at the group's last node, one generated kernel over the group's inputs; the
   /// other members are skipped (their values never exist, unless a row group writes them).
@@ -125,7 +118,8 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
                                       const passes::FreezeOptions* freeze = nullptr,
                                       passes::FreezeResult* frozen = nullptr);
 
-/// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments).
+/// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments) through the
+/// executor (runtime/executor.h).
 void RunPlan(const Plan& p, const KernelArgs& a);
 
 }  // namespace kiln

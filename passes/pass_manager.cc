@@ -16,7 +16,7 @@ namespace kiln::passes {
 
 namespace {
 
-constexpr Pass kDefaultPipeline[] = {
+const Pass kDefaultPipeline[] = {
     // Fold computations on constants first: the folded values (x * (2 * 0.5) -> x * 1) expose
     // identities to simplify.
     {"constant_fold", RunConstantFold},

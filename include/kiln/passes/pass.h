@@ -6,6 +6,7 @@
 // each pass did. It does not schedule, iterate to a fixed point or cache results.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -20,10 +21,11 @@ namespace kiln::passes {
 /// A pass: may replace `g`; returns true when the graph changed.
 using PassFn = bool (*)(std::unique_ptr<ir::Graph>& g);
 
-/// A pass with the name KILN_DISABLE_PASS, KILN_DUMP_IR and reports use.
+/// A pass with the name KILN_DISABLE_PASS, KILN_DUMP_IR and reports use. A pass with options is
+/// bound to them here, typed: {"freeze_fold", [&](auto& g) { return RunFreezeFold(g, opts, &out); }}.
 struct Pass {
   const char* name;
-  PassFn fn;
+  std::function<bool(std::unique_ptr<ir::Graph>& g)> fn;
 };
 
 struct PipelineOptions {
