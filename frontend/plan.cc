@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "kiln/passes/dce.h"
+#include "kiln/passes/memory_planning.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/error.h"
 
@@ -362,10 +363,9 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
   for (int k : p->out_of_place) x.copy_out.emplace_back(graph.outputs()[static_cast<size_t>(k)]->id(), k);
 }
 
-// Lays out the intermediates: a value takes the smallest free block that fits once its producer
-// runs, and frees its block after its last reader. An elementwise node's output may instead take
-// the block of an input that dies there (in place); other blocks are freed only after the node's
-// outputs are placed, so no other node's output overlaps its inputs.
+// Fusion, then the steps (the nodes that run) assigned to streams, kernels looked up, memory
+// planned (passes/memory_planning.h), the waits memory reuse adds, and the steps bound for the
+// executor.
 std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name) {
   const Clock::time_point t0 = Clock::now();
   auto p = std::make_unique<Plan>();
@@ -408,27 +408,6 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
       if (last_use[o->id()] >= 0 || p->slots[o->id()].kind == Slot::kOutput) return false;
     return true;
   };
-  // In place: an elementwise kernel (CPU kernels and generated ones alike) reads element k of
-  // each operand before it writes element k of its output, so the output may take the block of
-  // an input of its size and dtype that no later node reads. Not copies (a memcpy onto itself),
-  // nor ops that read other elements than the one they write (matmul, transpose, reductions).
-  const bool in_place = !passes::PassDisabled("inplace");
-  auto dying_input = [&](size_t i, const ir::Value* o, const std::vector<Slot>& slots,
-                         const std::vector<int>& last_use) -> const ir::Value* {
-    if (!in_place) return nullptr;
-    const ir::Node& n = *graph.nodes()[i];
-    const ir::OpDef& d = n.def();
-    // Not row groups: a row is read in several passes, and other rows' elements after it.
-    // Nor epilogue groups: a matmul/conv reads other elements than the one it writes.
-    bool elementwise = p->fused[i] ? p->fused[i]->outputs.empty() && !p->fused[i]->epilogue
-                                   : d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity);
-    if (!device.is_cpu() || !elementwise || n.outputs().size() != 1) return nullptr;
-    for (const ir::Value* v : reads(i))
-      if (slots[v->id()].kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i) &&
-          v->dtype() == o->dtype() && v->shape().numel() == o->shape().numel())
-        return v;
-    return nullptr;
-  };
   // Streams first: when they may run concurrently, memory is laid out twice, once for running
   // serially and once keeping each stream's freed blocks for that stream (a block shared across
   // streams would make them wait for each other); the run picks the layout of its mode.
@@ -460,58 +439,58 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
     p->kernels.push_back(kb);
     ++r.kernels_after, r.bytes_after += Traffic(reads(i), writes(i));
   }
-  // Places every intermediate into `slots`; returns the arena size. With `per_stream`, a block
-  // freed on a stream is taken again only on that stream (the concurrent layout).
-  const std::vector<int> first_use = last_use;
-  auto place = [&](bool per_stream, std::vector<Slot>& slots) -> size_t {
-    std::vector<int> last_use = first_use;
-    std::vector<std::multimap<size_t, size_t>> free_lists(  // per stream: size -> offset
-        static_cast<size_t>(per_stream ? p->schedule.num_streams : 1));
-    size_t end = 0;
-    for (int step = 0; step < static_cast<int>(p->step_nodes.size()); ++step) {
-      size_t i = static_cast<size_t>(p->step_nodes[static_cast<size_t>(step)]);
-      std::multimap<size_t, size_t>& free_blocks =
-          free_lists[per_stream ? static_cast<size_t>(p->schedule.stream[static_cast<size_t>(step)]) : 0];
-      const std::vector<const ir::Value*> written = writes(i);
-      for (const ir::Value* o : written) {
-        Slot& s = slots[o->id()];
-        if (s.kind != Slot::kNone) continue;
-        size_t need = Bytes(o);
-        if (!per_stream) ++r.intermediates, r.unshared_bytes += need;
-        if (const ir::Value* v = dying_input(i, o, slots, last_use)) {
-          s = slots[v->id()];
-          last_use[v->id()] = -2;  // its block now belongs to `o`: not freed here
-          if (!per_stream) ++r.in_place;
-          continue;
-        }
-        auto it = free_blocks.lower_bound(need);
-        if (it != free_blocks.end()) {
-          s = {Slot::kArena, static_cast<int64_t>(it->second)};
-          if (it->first > need) free_blocks.emplace(it->first - need, it->second + need);
-          free_blocks.erase(it);
-        } else {
-          s = {Slot::kArena, static_cast<int64_t>(end)};
-          end += need;
-        }
-      }
-      for (const ir::Value* v : reads(i)) {
-        const Slot& s = slots[v->id()];
-        if (s.kind == Slot::kArena && last_use[v->id()] == static_cast<int>(i)) {
-          free_blocks.emplace(Bytes(v), static_cast<size_t>(s.index));
-          last_use[v->id()] = -2;  // freed once, even when the node reads it twice (a * a)
-        }
-      }
-      for (const ir::Value* o : written)  // outputs nobody reads
-        if (slots[o->id()].kind == Slot::kArena && last_use[o->id()] < 0)
-          free_blocks.emplace(Bytes(o), static_cast<size_t>(slots[o->id()].index));
-    }
-    return end;
+  // Memory planning (passes/memory_planning.h) over the steps. In place: an elementwise kernel
+  // (CPU kernels and generated ones alike) reads element k of each operand before it writes
+  // element k of its output. Not copies (a memcpy onto itself), nor ops that read other elements
+  // than the one they write (matmul, transpose, reductions), nor row groups (a row is read in
+  // several passes), nor epilogue groups (a matmul/conv).
+  std::vector<int> step_of(graph.nodes().size(), -1);
+  for (size_t k = 0; k < p->step_nodes.size(); ++k) step_of[static_cast<size_t>(p->step_nodes[k])] = static_cast<int>(k);
+  std::vector<passes::MemoryValue> values(p->slots.size());
+  auto describe = [&](const ir::Value* v) {
+    passes::MemoryValue& m = values[static_cast<size_t>(v->id())];
+    m.planned = p->slots[v->id()].kind == Slot::kNone;
+    m.dtype = v->dtype(), m.numel = v->shape().numel();
+    int last = last_use[v->id()];
+    m.last_reader = last < 0 ? passes::MemoryValue::kNoReader
+                  : step_of[static_cast<size_t>(last)] >= 0 ? step_of[static_cast<size_t>(last)]
+                                                            : passes::MemoryValue::kNeverFreed;
+  };
+  for (const ir::Value* v : graph.inputs()) describe(v);
+  for (const auto& n : graph.nodes())
+    for (const ir::Value* v : n->outputs()) describe(v);
+  std::vector<passes::MemoryStep> mem_steps;
+  for (size_t k = 0; k < p->step_nodes.size(); ++k) {
+    const size_t i = static_cast<size_t>(p->step_nodes[k]);
+    const ir::OpDef& d = graph.nodes()[i]->def();
+    passes::MemoryStep& m = mem_steps.emplace_back();
+    for (const ir::Value* v : reads(i)) m.reads.push_back(v->id());
+    for (const ir::Value* v : writes(i)) m.writes.push_back(v->id());
+    m.elementwise = device.is_cpu() && graph.nodes()[i]->outputs().size() == 1 &&
+                    (p->fused[i] ? p->fused[i]->outputs.empty() && !p->fused[i]->epilogue
+                                 : d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity));
+    m.stream = p->schedule.stream[k];
+  }
+  // Streams first: when they may run concurrently, memory is laid out twice, once for running
+  // serially and once keeping each stream's freed blocks for that stream (a block shared across
+  // streams would make them wait for each other); the run picks the layout of its mode.
+  passes::MemoryOptions mem_options{.in_place = !passes::PassDisabled("inplace"), .per_stream = false};
+  auto place = [&](const passes::MemoryPlan& plan, std::vector<Slot>& slots) {
+    for (size_t v = 0; v < plan.offset.size(); ++v)
+      if (plan.offset[v] >= 0) slots[v] = {Slot::kArena, plan.offset[v]};
   };
   std::vector<Slot> io_slots = p->slots;  // inputs and outputs only, so far
-  size_t end = place(false, p->slots);
+  const passes::MemoryPlan serial = passes::PlanMemory(mem_steps, values, mem_options);
+  place(serial, p->slots);
+  size_t end = serial.arena_bytes;
+  r.intermediates = serial.intermediates, r.in_place = serial.in_place;
+  r.unshared_bytes = serial.unshared_bytes;
   if (p->concurrent) {
+    mem_options.per_stream = true;
+    const passes::MemoryPlan per_stream = passes::PlanMemory(mem_steps, values, mem_options);
     p->stream_slots = io_slots;
-    p->stream_arena_bytes = place(true, p->stream_slots);
+    place(per_stream, p->stream_slots);
+    p->stream_arena_bytes = per_stream.arena_bytes;
   }
   p->arena_bytes = r.arena_bytes = end;
   p->random_numel = static_cast<int64_t>(rnd);
