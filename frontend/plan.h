@@ -17,6 +17,7 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
+#include "kiln/passes/fusion.h"
 #include "kiln/passes/stream_assignment.h"
 #include "kiln/runtime/executor.h"
 #if KILN_WITH_CODEGEN
@@ -76,16 +77,12 @@ struct Plan {
   CompileReport::PlanReport report;            ///< what building it did
 };
 
-/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc).
+/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc): the decisions
+/// of passes/fusion.h.
 namespace fusion {
-/// A float32 elementwise op of the op table (unary_fn or binary_fn) with one output.
-bool Fusable(const ir::Node& n);
-/// How an operand of shape `in` is read along an output of shape `out`: {inner, outer} with
-/// element i reading in[(i / inner) % outer] (outer 0: the same shape), when its dimensions other
-/// than 1 are one contiguous block equal to the output's there (a bias); nullopt otherwise.
-std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const Shape& out);
-/// The value of a `full` constant (every element equal), if `v` is one.
-std::optional<double> ScalarConst(const ir::Value* v);
+using passes::BroadcastIndex;
+using passes::Fusable;
+using passes::ScalarConst;
 /// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): each live float32 op of fusion kind
 /// out-elementwise-fusable that has a library kernel taking an epilogue (matmul, conv2d on CPU),
 /// with the chain of elementwise consumers that oneDNN post-ops express (a per-channel bias,
