@@ -1,9 +1,9 @@
-// Compiled plans (see plan.h): fusion of elementwise groups into generated kernels (row groups,
-// a reduction with its neighbours, are found in fuse_rows.cc), kernel lookup, memory placement by
-// liveness, the optimizing pipeline in front of them (with freeze_fold for frozen graphs), binding
-// the steps for the executor, and the compile report's text. Not here: running a plan (the
-// executor, runtime/executor.cc), stream assignment's scheduling (passes/stream_assignment.cc),
-// graph ids, backward and training variants, tracing (cached_graph.cc).
+// Compiled plans (see plan.h): the optimizing pipeline in front (passes::FrozenPipeline for frozen
+// graphs), fusion (decisions in passes/fusion.h; kernels compiled through codegen/; row and
+// epilogue groups in fuse_rows.cc and fuse_epilogue.cc), the steps and their streams
+// (passes/stream_assignment.h), kernel lookup, memory (passes/memory_planning.h), and binding the
+// steps for the executor (runtime/executor.h), which runs them. Not here: the compile report's
+// text (compile_report.cc), graph ids, backward and training variants, tracing (cached_graph.cc).
 #include "plan.h"
 
 #include <algorithm>
@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <unordered_map>
 
 #include "kiln/passes/dce.h"
@@ -415,20 +414,14 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   return p;
 }
 
-
-// A frozen graph runs the default pipeline first (so constant_fold has turned computations on fills
-// into fills and CSE has merged duplicates), then freeze_fold, which leaves nothing dead behind.
+// The pipeline (a frozen graph's with freeze_fold, passes::FrozenPipeline), then the plan.
 std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
                                       const passes::FreezeOptions* freeze, passes::FreezeResult* frozen) {
   passes::PipelineReport passes_run;
   passes::FreezeResult result;
   const Clock::time_point t0 = Clock::now();
   if (freeze) {
-    std::vector<passes::Pass> pipeline(passes::DefaultPipeline().begin(), passes::DefaultPipeline().end());
-    pipeline.push_back({"freeze_fold", [&](std::unique_ptr<ir::Graph>& graph) {
-                          return passes::RunFreezeFold(graph, *freeze, &result);
-                        }});
-    g = passes::RunPipeline(std::move(g), pipeline, {}, &passes_run);
+    g = passes::RunPipeline(std::move(g), passes::FrozenPipeline(*freeze, &result), {}, &passes_run);
   } else {
     g = passes::RunPipeline(std::move(g), passes::DefaultPipeline(), {}, &passes_run);
   }
@@ -448,79 +441,6 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
 
 void RunPlan(const Plan& p, const KernelArgs& a) {
   exec::Run(p.exec, a.in, a.out, exec::CallInfo{a.device, a.seed, a.offset});
-}
-
-// ---- the compile report's text -----------------------------------------------------------------
-
-namespace {
-std::string HumanBytes(int64_t b) {
-  char buf[32];
-  if (b < 10 * 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else if (b < 10 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024 * 1024));
-  return buf;
-}
-
-std::string Ms(double ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f ms", ms);
-  return buf;
-}
-}  // namespace
-
-double CompileReport::total_ms() const {
-  double ms = 0;
-  for (const PlanReport& p : plans) ms += p.total_ms();
-  return ms;
-}
-
-std::string CompileReport::str() const {
-  std::ostringstream os;
-  os << "compile report, graph " << graph_id << " (" << plans.size()
-     << (plans.size() == 1 ? " plan, " : " plans, ") << Ms(total_ms()) << "):\n";
-  for (const PlanReport& p : plans) {
-    os << p.name << ":\n  passes:";
-    if (p.pipeline_ran) {
-      std::istringstream lines(p.pipeline.str());
-      os << "\n";
-      for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
-    } else {
-      os << " none (built from the optimized forward)\n";
-    }
-    os << "    fusion: " << p.fusion << "\n";
-    if (const auto& f = p.freeze)
-      os << "  frozen: " << f->parameters << (f->parameters == 1 ? " parameter" : " parameters")
-         << " became constants, " << f->nodes_folded << (f->nodes_folded == 1 ? " node" : " nodes")
-         << " folded; the graph reads " << f->constants << (f->constants == 1 ? " constant" : " constants")
-         << " (" << HumanBytes(f->constant_bytes) << ")\n";
-    for (size_t k = 0; k < p.groups.size(); ++k) {
-      const Group& g = p.groups[k];
-      os << "  group " << k << ": ";
-      for (size_t m = 0; m < g.ops.size(); ++m) os << (m ? ", " : "") << g.ops[m];
-      os << " -> 1 kernel (";
-      for (int i = 0; i < g.num_inputs; ++i) os << (i ? ", in" : "in") << i;
-      os << "), " << g.ops.size() << " ops\n    " << g.expr;
-      if (g.expr.rfind("oneDNN ", 0) == 0) os << "\n";  // an epilogue group: a library call, no codegen
-      else os << "  [LLVM " << Ms(g.compile_ms) << "]\n";
-    }
-    os << "  kernels: " << p.kernels_before << " before fusion, " << p.kernels_after << " after\n"
-       << "  bytes moved: " << HumanBytes(p.bytes_before) << " before fusion, " << HumanBytes(p.bytes_after)
-       << " after\n"
-       << "  memory: arena " << HumanBytes(static_cast<int64_t>(p.arena_bytes)) << " at peak ("
-       << HumanBytes(static_cast<int64_t>(p.unshared_bytes)) << " unshared); " << p.in_place << " of "
-       << p.intermediates << " intermediates in place\n"
-       << "  streams: " << p.streams << (p.concurrent ? ", run concurrently" : p.streams > 1 ? ", run one after another (too little work apart)" : "")
-       << "; estimated critical path " << static_cast<int>(p.critical_fraction * 100 + 0.5) << "% of the serial time\n"
-       << "  time: " << Ms(p.total_ms()) << " (pipeline " << Ms(p.pipeline_ms) << ", planning "
-       << Ms(p.plan_ms) << ", codegen " << Ms(p.codegen_ms) << ")\n";
-    if (!p.codegen_cache.empty()) {
-      os << "  codegen cache:";
-      for (size_t k = 0; k < p.codegen_cache.size(); ++k)
-        os << (k ? ", " : " ") << p.codegen_cache[k].second << " " << p.codegen_cache[k].first;
-      os << "\n";
-    }
-  }
-  return os.str();
 }
 
 }  // namespace kiln

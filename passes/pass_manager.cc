@@ -8,6 +8,7 @@
 
 #include "kiln/ir/text.h"
 #include "kiln/ir/verify.h"
+#include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
@@ -28,9 +29,12 @@ const Pass kDefaultPipeline[] = {
     {"dce", RunDCE},
 };
 
-// Passes that only some pipelines run, with options of their own; known to the switches always.
+// Passes that only some pipelines run, with options of their own (FrozenPipeline); known to the
+// switches always.
 constexpr const char* kOptionalPasses[] = {
     // hybridize(freeze=True): parameters become constants, folded into what depends on them alone.
+    // After the default pipeline, so that constant_fold has turned computations on fills into fills
+    // and CSE has merged duplicates; it leaves nothing dead behind.
     "freeze_fold",
 };
 
@@ -91,6 +95,14 @@ bool Named(const std::vector<std::string>& names, std::string_view name) {
 } // namespace
 
 std::span<const Pass> DefaultPipeline() { return kDefaultPipeline; }
+
+std::vector<Pass> FrozenPipeline(const FreezeOptions& options, FreezeResult* result) {
+  std::vector<Pass> pipeline(std::begin(kDefaultPipeline), std::end(kDefaultPipeline));
+  pipeline.push_back({kOptionalPasses[0], [&options, result](std::unique_ptr<ir::Graph>& g) {
+                        return RunFreezeFold(g, options, result);
+                      }});
+  return pipeline;
+}
 
 std::span<const char* const> PlanSteps() { return kPlanSteps; }
 

@@ -61,6 +61,12 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
 /// The standard graph-level pipeline: constant_fold, simplify, cse, dce (see pass_manager.cc for why each).
 std::span<const Pass> DefaultPipeline();
 
+struct FreezeOptions;
+struct FreezeResult;
+/// For hybridize(freeze=True): the default pipeline, then freeze_fold with `options`, which writes
+/// what it did into `*result` (both must outlive the pipeline's run).
+std::vector<Pass> FrozenPipeline(const FreezeOptions& options, FreezeResult* result);
+
 /// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
 /// (elementwise groups into generated kernels) and `inplace` (an elementwise output reusing the
 /// memory of an input that dies there). They are not graph-to-graph passes, but
