@@ -183,6 +183,7 @@ int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p
     for (int m : members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
     r.num_inputs = static_cast<int>(fused->inputs.size());
     fused->epilogue = std::make_shared<const EpilogueCall>(std::move(*call));
+    fused->members = members;
     p->fused[static_cast<size_t>(members.back())] = std::move(fused);
     for (size_t k = 0; k + 1 < members.size(); ++k) p->fused_member[static_cast<size_t>(members[k])] = true;
     for (int m : members) (*claimed)[static_cast<size_t>(m)] = true;

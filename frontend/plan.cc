@@ -82,6 +82,7 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vect
     r.num_inputs = static_cast<int>(fused->inputs.size());
     r.expr = fused->kernel->expr();
     r.compile_ms = fused->kernel->compile_ms();
+    fused->members = g.members;
     p->fused[static_cast<size_t>(g.members.back())] = std::move(fused);
     for (size_t k = 0; k + 1 < g.members.size(); ++k) p->fused_member[static_cast<size_t>(g.members[k])] = true;
     ++p->num_fused_groups;
@@ -411,6 +412,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   r.codegen_cache = CodegenCounters();
   for (size_t k = 0; k < r.codegen_cache.size(); ++k) r.codegen_cache[k].second -= cache_before[k].second;
   r.plan_ms = MsSince(t0) - r.codegen_ms;
+  if (passes::PlanDumpRequested())
+    std::fprintf(stderr, "# after the plan steps (%s)\n%s", r.name.c_str(), PlanText(*p).c_str());
   return p;
 }
 

@@ -65,6 +65,7 @@ struct Plan {
     std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
     std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
 #endif
+    std::vector<int> members;  ///< node indices in order; the last is the group's root
     std::vector<const ir::Value*> inputs;
     /// Row groups: the members' values the kernel writes (read outside the group, or graph
     /// outputs), over `rows` rows of `len`. Elementwise groups write the root's output only.
@@ -114,6 +115,11 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
 std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
                                       const passes::FreezeOptions* freeze = nullptr,
                                       passes::FreezeResult* frozen = nullptr);
+
+/// The graph's IR text with each node's planning decisions as a comment at the end of its line
+/// (its step, group, stream, waits, and where the values it writes live: `%5@128` is 128 bytes
+/// into the arena, `/256` the per-stream layout's offset); KILN_DUMP_IR=<plan step> prints it.
+std::string PlanText(const Plan& p);
 
 /// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments) through the
 /// executor (runtime/executor.h).

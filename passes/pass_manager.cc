@@ -51,7 +51,7 @@ constexpr const char* kPlanSteps[] = {
 
 /// The names in a comma-separated switch value, spaces trimmed, empty items skipped. Each must
 /// be a known pass (or `all` where `allow_all`); otherwise ValueError with the closest name.
-/// `plan_steps`: the plan steps are names too (KILN_DISABLE_PASS; KILN_DUMP_IR has no graph to print there).
+/// `plan_steps`: the plan steps are names too.
 std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeline, bool allow_all, bool plan_steps) {
   std::vector<std::string_view> known;
   for (const Pass& p : pipeline) known.push_back(p.name);
@@ -108,6 +108,14 @@ std::span<const char* const> PlanSteps() { return kPlanSteps; }
 
 bool PassDisabled(std::string_view name) { return Named(PassNames("KILN_DISABLE_PASS", {}, false, true), name); }
 
+bool PlanDumpRequested() {
+  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", {}, true, true);
+  if (Named(dump, "all")) return true;
+  for (const char* step : kPlanSteps)
+    if (Named(dump, step)) return true;
+  return false;
+}
+
 std::string PipelineReport::str() const {
   std::string s;
   for (const PassRecord& r : passes) {
@@ -125,7 +133,7 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
                                        const PipelineOptions& options, PipelineReport* report) {
   KILN_CHECK(g) << "RunPipeline: null graph";
   std::vector<std::string> disabled = PassNames("KILN_DISABLE_PASS", pipeline, false, true);
-  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true, false);
+  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true, true);
   bool verify = options.verify || env::GetInt("KILN_VERIFY") != 0;
   if (verify) {
     try {

@@ -70,8 +70,12 @@ std::vector<Pass> FrozenPipeline(const FreezeOptions& options, FreezeResult* res
 /// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
 /// (elementwise groups into generated kernels) and `inplace` (an elementwise output reusing the
 /// memory of an input that dies there). They are not graph-to-graph passes, but
-/// KILN_DISABLE_PASS and the compile report name them like passes.
+/// KILN_DISABLE_PASS, KILN_DUMP_IR and the compile report name them like passes.
 std::span<const char* const> PlanSteps();
+
+/// Whether KILN_DUMP_IR names a plan step or `all`: the plan builder then prints the graph with
+/// its planning decisions once the plan is built (the plan steps run together).
+bool PlanDumpRequested();
 
 /// Whether KILN_DISABLE_PASS names `name` (a pass of the default pipeline or a plan step).
 /// A misspelled name in the switch is a ValueError naming the closest pass.
