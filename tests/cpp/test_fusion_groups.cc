@@ -1,13 +1,15 @@
-// Elementwise fusion decisions (passes/fusion.h) on graphs written as IR text: chains and trees
+// Fusion decisions on graphs written as IR text. Elementwise (passes/fusion.h): chains and trees
 // become one group, a value read twice or returned ends a group, two producer groups merge at
 // their common consumer, broadcast operands and `full` constants join, claimed nodes and
-// non-float32 ops stay out.
+// non-float32 ops stay out. Epilogues (passes/epilogue_fusion.h): a matmul's chain follows single
+// readers while the capability callbacks accept the next op.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
 #include "kiln/ir/text.h"
+#include "kiln/passes/epilogue_fusion.h"
 #include "kiln/passes/fusion.h"
 
 using kiln::passes::FindElementwiseGroups;
@@ -74,4 +76,51 @@ TEST_CASE("fusion groups: a bias operand and a full constant join; other broadca
                "%a = neg(%x) : int32(4,)\n"
                "%b = abs(%a) : int32(4,)\n"
                "return %b\n") == G{});
+}
+
+namespace {
+// A library whose epilogue takes relu and add after a matmul (channel axis: the last).
+int MatmulLast(const kiln::ir::Node& n) { return n.def().name == "matmul" ? n.output()->shape().rank() - 1 : -1; }
+int NoAnchor(const kiln::ir::Node&) { return -1; }
+bool ReluOnly(kiln::UnaryFn f) { return f == kiln::UnaryFn::kRelu; }
+bool AddOnly(kiln::BinaryFn f) { return f == kiln::BinaryFn::kAdd; }
+
+const char* kDense = "%x = input \"x\" : float32(4, 8)\n"
+                     "%w = input \"w\" : float32(8, 8)\n"
+                     "%b = input \"b\" : float32(8,)\n"
+                     "%m = matmul(%x, %w) : float32(4, 8)\n"
+                     "%a = add(%m, %b) : float32(4, 8)\n"
+                     "%half = full() {shape=[], value=0.5} : float32()\n"
+                     "%s = mul(%a, %half) : float32(4, 8)\n"
+                     "%r = relu(%s) : float32(4, 8)\n"
+                     "%e = exp(%r) : float32(4, 8)\n"
+                     "return %e\n";
+
+std::vector<kiln::passes::EpilogueChain> Chains(const std::string& text, const kiln::passes::EpilogueOptions& o) {
+  auto g = kiln::ir::ParseGraph(text);
+  std::vector<bool> live(g->nodes().size(), true), claimed(g->nodes().size(), false);
+  return kiln::passes::FindEpilogueChains(*g, live, claimed, o);
+}
+}  // namespace
+
+TEST_CASE("epilogue chains: a matmul takes its bias, a scalar scale and relu; exp ends the chain") {
+  using kiln::passes::EpilogueOp;
+  auto chains = Chains(kDense, {MatmulLast, ReluOnly, AddOnly, 4});
+  REQUIRE(chains.size() == 1);
+  CHECK(chains[0].members == std::vector<int>{0, 1, 3, 4});  // node 2 is the `full` constant
+  REQUIRE(chains[0].ops.size() == 3);
+  CHECK(chains[0].ops[0].kind == EpilogueOp::kBinary);
+  CHECK(chains[0].ops[0].per_channel);
+  CHECK(chains[0].ops[1].kind == EpilogueOp::kLinear);
+  CHECK(chains[0].ops[1].alpha == 0.5f);
+  CHECK(chains[0].ops[2].kind == EpilogueOp::kUnary);
+  CHECK(chains[0].operands.size() == 1);
+}
+
+TEST_CASE("epilogue chains: the capability callbacks decide") {
+  CHECK(Chains(kDense, {NoAnchor, ReluOnly, AddOnly, 4}).empty());
+  // Without binary post-ops the bias add cannot follow: nothing after the matmul joins.
+  CHECK(Chains(kDense, {MatmulLast, ReluOnly, [](kiln::BinaryFn) { return false; }, 4}).empty());
+  // No tensor operands allowed: the bias ends the chain before it starts.
+  CHECK(Chains(kDense, {MatmulLast, ReluOnly, AddOnly, 0}).empty());
 }
