@@ -1,10 +1,11 @@
 // Compiled plans (internal to frontend/): a graph made ready to run, with its kernels, fused groups
-// and memory placed, and the running of it. The machinery around it (graph ids, backward and
-// training variants, tracing) is cached_graph.cc's; this file does not know where graphs come
-// from or when they run.
+// and memory placed, bound into steps that the executor (runtime/executor.h) runs. The decisions
+// are made by functions of passes/ (fusion.h, epilogue_fusion.h, stream_assignment.h,
+// memory_planning.h); row groups are still found while their kernels are built (fuse_rows.cc).
+// The machinery around it (graph ids, backward and training variants, tracing) is
+// cached_graph.cc's; this file does not know where graphs come from or when they run.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -84,11 +85,9 @@ namespace fusion {
 using passes::BroadcastIndex;
 using passes::Fusable;
 using passes::ScalarConst;
-/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): each live float32 op of fusion kind
-/// out-elementwise-fusable that has a library kernel taking an epilogue (matmul, conv2d on CPU),
-/// with the chain of elementwise consumers that oneDNN post-ops express (a per-channel bias,
-/// activations, scalar affine steps, binary ops with a same-shape or per-channel tensor), each
-/// link the only reader of the value before it; set at the chain's last node in `p`, members
+/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): the chains passes::FindEpilogueChains
+/// finds among the nodes not `claimed` (a matmul/conv2d and the elementwise consumers oneDNN
+/// post-ops express), each bound to one oneDNN call set at the chain's last node in `p`, members
 /// marked in `claimed`. Returns the number of groups.
 int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
 /// Runs an epilogue group: `in` are the group's inputs (Fused::inputs), `out` the last node's output.

@@ -35,7 +35,7 @@ class CpuLanesImpl final : public Lanes {
   int MaxLanes() const override { return max_lanes_; }
 
   bool Begin(int num_lanes, int num_steps, const std::function<void(int)>& launch) override {
-    if (num_lanes > max_lanes_ || !run_mu_.try_lock()) return false;
+    if (num_lanes > max_lanes_ || busy_.exchange(true, std::memory_order_acquire)) return false;
     num_lanes_ = num_lanes;
     launch_ = &launch;
     ops_.resize(static_cast<size_t>(num_lanes));
@@ -69,7 +69,7 @@ class CpuLanesImpl final : public Lanes {
     std::exception_ptr error = std::move(error_);
     error_ = nullptr;
     launch_ = nullptr;
-    run_mu_.unlock();
+    busy_.store(false, std::memory_order_release);
     if (error) std::rethrow_exception(error);
   }
 
@@ -137,7 +137,9 @@ class CpuLanesImpl final : public Lanes {
   }
 
   const int max_lanes_;
-  std::mutex run_mu_;  // held from Begin to Finish: one run at a time
+  // Set from Begin to Finish: one run at a time. A flag, not a mutex: a step on the thread that
+  // began the run may begin another (a nested plan), which must see "busy", not deadlock.
+  std::atomic<bool> busy_{false};
   // The run in progress (written between Begin and Finish by the issuing thread only).
   int num_lanes_ = 0;
   const std::function<void(int)>* launch_ = nullptr;

@@ -60,7 +60,7 @@ TEST_CASE("fusion groups: two producer groups merge at their common consumer") {
                "return %r\n") == G{{0, 1, 2, 3, 4}});
 }
 
-TEST_CASE("fusion groups: a bias operand and a full constant join; other broadcasts and dtypes do not") {
+TEST_CASE("fusion groups: a bias operand and a full constant join, other broadcasts and dtypes do not") {
   CHECK(Groups("%x = input \"x\" : float32(2, 3)\n"
                "%bias = input \"bias\" : float32(3,)\n"
                "%two = full() {shape=[], value=2.0} : float32()\n"
@@ -103,7 +103,7 @@ std::vector<kiln::passes::EpilogueChain> Chains(const std::string& text, const k
 }
 }  // namespace
 
-TEST_CASE("epilogue chains: a matmul takes its bias, a scalar scale and relu; exp ends the chain") {
+TEST_CASE("epilogue chains: a matmul takes its bias, a scalar scale and relu, and exp ends the chain") {
   using kiln::passes::EpilogueOp;
   auto chains = Chains(kDense, {MatmulLast, ReluOnly, AddOnly, 4});
   REQUIRE(chains.size() == 1);

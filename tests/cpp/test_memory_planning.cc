@@ -59,7 +59,7 @@ TEST_CASE("memory planning: no in place over an input of another size, nor for n
   CHECK(PlanMemory(not_ew, same, {}).in_place == 0);
 }
 
-TEST_CASE("memory planning: a value read twice is freed once; a reader that never runs keeps the block") {
+TEST_CASE("memory planning: a value read twice is freed once, a reader that never runs keeps the block") {
   // s1 reads v1 twice (a * a); v2's reader never runs as a step; v3 and v6 are read by nobody.
   std::vector<MemoryValue> values = {F32(16, 0, false), F32(16, 1), F32(16, MemoryValue::kNeverFreed),
                                      F32(16, MemoryValue::kNoReader), F32(16, 4), F32(16, -1, false),
