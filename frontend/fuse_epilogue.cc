@@ -8,7 +8,7 @@
 #include <string>
 
 #include "kiln/passes/epilogue_fusion.h"
-#include "kiln/runtime/cpu/onednn.h"
+#include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/error.h"
 #include "plan.h"
 
@@ -16,13 +16,7 @@ namespace kiln {
 
 namespace fusion {
 
-/// What an epilogue group runs: the anchor's library kernel with the epilogue.
-struct EpilogueCall {
-  enum Anchor { kMatmul, kConv2d } anchor = kMatmul;
-  host::MatmulParams matmul;
-  host::Conv2dParams conv;
-  host::Epilogue epilogue;
-};
+using host::EpilogueCall;
 
 namespace {
 
@@ -123,14 +117,6 @@ int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p
     p->num_fused_nodes += static_cast<int>(chain.members.size());
   }
   return static_cast<int>(chains.size());
-}
-
-void RunEpilogue(const EpilogueCall& call, std::span<const TensorView> in, const TensorView& out) {
-  KILN_CHECK(in.size() >= 2) << "an epilogue group reads its anchor's two inputs";
-  if (call.anchor == EpilogueCall::kMatmul)
-    host::MatmulEpilogue(in[0], in[1], out, call.matmul, call.epilogue, in.subspan(2));
-  else
-    host::Conv2dEpilogue(in[0], in[1], out, call.conv, call.epilogue, in.subspan(2));
 }
 
 } // namespace fusion

@@ -17,6 +17,7 @@
 #include "kiln/passes/dce.h"
 #include "kiln/passes/memory_planning.h"
 #include "kiln/passes/pass.h"
+#include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln {
@@ -206,18 +207,6 @@ void FinishStreams(const ir::Graph& graph, std::vector<passes::StreamStep> steps
   r.critical_fraction = p->schedule.total > 0 ? p->schedule.critical / p->schedule.total : 1;
 }
 
-// The data pointers of views, for a generated kernel's arguments (on the stack up to 16).
-template <class T>
-struct FloatPointers {
-  explicit FloatPointers(std::span<const TensorView> views) {
-    if (views.size() > std::size(stack)) heap.resize(views.size()), data = heap.data();
-    for (size_t k = 0; k < views.size(); ++k) data[k] = static_cast<T*>(views[k].data);
-  }
-  T* stack[16];
-  std::vector<T*> heap;
-  T** data = stack;
-};
-
 // What the executor runs: each step's values and its launch (a generated kernel, an epilogue's
 // library call or the node's kernel), the two layouts and the streams as lanes.
 template <class Reads, class Writes>
@@ -242,23 +231,13 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     st.out = ids(writes(node));
     const Plan::Fused* f = p->fused[node].get();
     if (f && f->epilogue) {
-      st.launch = [call = f->epilogue.get()](const exec::StepArgs& a) { fusion::RunEpilogue(*call, a.in, a.out[0]); };
+      st.launch = [call = f->epilogue](const exec::StepArgs& a) { host::RunEpilogueCall(*call, a.in, a.out[0]); };
       continue;
     }
 #if KILN_WITH_CODEGEN
-    if (f) {  // a generated kernel reads and writes float32 buffers
-      if (f->row_kernel) {
-        st.launch = [kernel = f->row_kernel.get(), rows = f->rows, len = f->len](const exec::StepArgs& a) {
-          FloatPointers<const float> in(a.in);
-          FloatPointers<float> out(a.out);
-          kernel->Run(in.data, out.data, rows, len);
-        };
-      } else {
-        st.launch = [kernel = f->kernel.get(), numel = n.output()->shape().numel()](const exec::StepArgs& a) {
-          FloatPointers<const float> in(a.in);
-          kernel->Run(in.data, static_cast<float*>(a.out[0].data), numel);
-        };
-      }
+    if (f) {  // a generated kernel (codegen/steps.h)
+      st.launch = f->row_kernel ? codegen::RowStep(f->row_kernel, f->rows, f->len)
+                                : codegen::ElementwiseStep(f->kernel, n.output()->shape().numel());
       continue;
     }
 #endif

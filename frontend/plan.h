@@ -24,12 +24,13 @@
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
+#include "kiln/codegen/steps.h"
 #endif
 
 namespace kiln {
 
-namespace fusion {
-struct EpilogueCall;  // fuse_epilogue.cc
+namespace host {
+struct EpilogueCall;  // runtime/cpu/epilogue_call.h
 }
 
 /// Where a value lives while a plan runs (the executor's places).
@@ -61,7 +62,7 @@ struct Plan {
   /// other members are skipped (their values never exist, unless a row group writes them).
   /// An epilogue group is one library call instead: a matmul/conv with its elementwise consumers.
   struct Fused {
-    std::shared_ptr<const fusion::EpilogueCall> epilogue;  ///< set for an epilogue group
+    std::shared_ptr<const host::EpilogueCall> epilogue;  ///< set for an epilogue group
 #if KILN_WITH_CODEGEN
     std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
     std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
@@ -90,8 +91,6 @@ using passes::ScalarConst;
 /// post-ops express), each bound to one oneDNN call set at the chain's last node in `p`, members
 /// marked in `claimed`. Returns the number of groups.
 int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
-/// Runs an epilogue group: `in` are the group's inputs (Fused::inputs), `out` the last node's output.
-void RunEpilogue(const EpilogueCall& call, std::span<const TensorView> in, const TensorView& out);
 }  // namespace fusion
 
 #if KILN_WITH_CODEGEN
