@@ -102,21 +102,21 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
       }
     }
   };
-  auto step = [&](int k, Scratch& sc) {
+  auto step = [&](int k, Scratch& sc, int lane) {
     const Step& st = p.steps[static_cast<size_t>(k)];
     sc.in.clear(), sc.out.clear();
     for (int v : st.in) sc.in.push_back(view(v));
     for (int v : st.out) sc.out.push_back(view(v));
-    st.launch(StepArgs{sc.in, sc.out, call});
+    st.launch(StepArgs{sc.in, sc.out, call, lane});
   };
   auto serial = [&] {
     Scratch sc;  // kept across steps: one allocation per call, not per step
-    for (int k = 0; k < static_cast<int>(p.steps.size()); ++k) step(k, sc);
+    for (int k = 0; k < static_cast<int>(p.steps.size()); ++k) step(k, sc, 0);
   };
   auto concurrent = [&] {
     RunLanes(p.lanes, [&](int k) {
       Scratch sc;  // per step: steps are big when lanes run concurrently, and may nest plans
-      step(k, sc);
+      step(k, sc, p.lanes.lane[static_cast<size_t>(k)]);
     }, lanes);
   };
   auto copy_out = [&] {

@@ -52,10 +52,12 @@ struct CallInfo {
   uint64_t seed = 0, offset = 0;
 };
 
-/// What a step's launch sees: views of the values it reads and writes (in the step's order).
+/// What a step's launch sees: views of the values it reads and writes (in the step's order), and
+/// the lane it runs on (0 when the steps run one after another).
 struct StepArgs {
   std::span<const TensorView> in, out;
   const CallInfo& call;
+  int lane = 0;
 };
 
 struct Step {

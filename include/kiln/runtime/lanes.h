@@ -29,7 +29,9 @@ class Lanes {
   virtual bool Begin(int num_lanes, int num_steps, const std::function<void(int step)>& launch) = 0;
   /// Work issued to `lane` after this waits until `event` was recorded.
   virtual void Wait(int lane, int event) = 0;
-  /// Runs launch(step) on `lane`, after the lane's earlier work.
+  /// Runs launch(step) on `lane`, after the lane's earlier work. The step learns its lane from
+  /// the executor (StepArgs::lane); a GPU implementation makes the lane's stream the one the
+  /// step's kernels are issued to, a CPU lane is the thread that calls launch.
   virtual void Launch(int lane, int step) = 0;
   /// Records `event` on `lane`: it happens when the lane's work issued before it is done.
   virtual void Record(int lane, int event) = 0;
