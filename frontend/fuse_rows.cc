@@ -624,6 +624,7 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
     r.expr = fused->row_kernel->text() + "  (rows " + std::to_string(b.rows()) + " x " +
              std::to_string(b.len()) + ")";
     r.compile_ms = fused->row_kernel->compile_ms();
+    fused->members.assign(members.begin(), members.end());
     p->fused[static_cast<size_t>(members.back())] = std::move(fused);
     for (int m : members) (*claimed)[static_cast<size_t>(m)] = true;
     for (size_t k = 0; k + 1 < members.size(); ++k) p->fused_member[static_cast<size_t>(members[k])] = true;

@@ -1,10 +1,11 @@
 // Compiled plans (internal to frontend/): a graph made ready to run, with its kernels, fused groups
-// and memory placed, and the running of it. The machinery around it (graph ids, backward and
-// training variants, tracing) is cached_graph.cc's; this file does not know where graphs come
-// from or when they run.
+// and memory placed, bound into steps that the executor (runtime/executor.h) runs. The decisions
+// are made by functions of passes/ (fusion.h, epilogue_fusion.h, stream_assignment.h,
+// memory_planning.h); row groups are still found while their kernels are built (fuse_rows.cc).
+// The machinery around it (graph ids, backward and training variants, tracing) is
+// cached_graph.cc's; this file does not know where graphs come from or when they run.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,23 +18,23 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
-#include "streams.h"
+#include "kiln/passes/fusion.h"
+#include "kiln/passes/stream_assignment.h"
+#include "kiln/runtime/executor.h"
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
+#include "kiln/codegen/steps.h"
 #endif
 
 namespace kiln {
 
-namespace fusion {
-struct EpilogueCall;  // fuse_epilogue.cc
+namespace host {
+struct EpilogueCall;  // runtime/cpu/epilogue_call.h
 }
 
-/// Where a value lives while a plan runs.
-struct Slot {
-  enum Kind : uint8_t { kNone, kInput, kOutput, kArena } kind = kNone;
-  int64_t index = 0;  ///< input or output index, or byte offset in the arena
-};
+/// Where a value lives while a plan runs (the executor's places).
+using Slot = exec::Place;
 
 /// A graph ready to run: its nodes in order with their kernels, and a place for every value.
 struct Plan {
@@ -45,32 +46,28 @@ struct Plan {
   std::vector<int> out_of_place;               ///< outputs whose value lives elsewhere: copied at the end
   size_t arena_bytes = 0;
   /// Stream assignment: the nodes that run (steps), in order, and their streams; the steps run
-  /// concurrently, stream by stream, when `concurrent` (see streams.h).
+  /// concurrently, stream by stream, when `concurrent` (see passes/stream_assignment.h).
   std::vector<int> step_nodes;
-  streams::Schedule schedule;
+  passes::StreamSchedule schedule;
   bool concurrent = false;  ///< streams worth trying concurrently (enough independent work)
   /// With `concurrent`: the memory layout for running the streams concurrently (each stream
   /// reuses only its own freed blocks); `slots` and `arena_bytes` are the serial layout.
   std::vector<Slot> stream_slots;
   size_t stream_arena_bytes = 0;
-  /// The first calls of a plan with `concurrent` alternate serial and concurrent runs and are
-  /// timed; then the faster stays (`decided`: 1 concurrent, 0 serial, -1 not yet).
-  struct StreamTrial {
-    static constexpr int kRounds = 4;
-    std::atomic<int> calls{0}, decided{-1};
-    std::atomic<int64_t> serial_ns{0}, concurrent_ns{0};
-  };
-  mutable StreamTrial trial;
+  /// What the executor runs (runtime/executor.h): the steps bound to their kernels, the layouts
+  /// and the lanes, built last from everything above.
+  exec::Plan exec;
   int64_t random_numel = 0;
   /// Fused groups: at the group's last node, one generated kernel over the group's inputs; the
   /// other members are skipped (their values never exist, unless a row group writes them).
   /// An epilogue group is one library call instead: a matmul/conv with its elementwise consumers.
   struct Fused {
-    std::shared_ptr<const fusion::EpilogueCall> epilogue;  ///< set for an epilogue group
+    std::shared_ptr<const host::EpilogueCall> epilogue;  ///< set for an epilogue group
 #if KILN_WITH_CODEGEN
     std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
     std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
 #endif
+    std::vector<int> members;  ///< node indices in order; the last is the group's root
     std::vector<const ir::Value*> inputs;
     /// Row groups: the members' values the kernel writes (read outside the group, or graph
     /// outputs), over `rows` rows of `len`. Elementwise groups write the root's output only.
@@ -83,25 +80,17 @@ struct Plan {
   CompileReport::PlanReport report;            ///< what building it did
 };
 
-/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc).
+/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc): the decisions
+/// of passes/fusion.h.
 namespace fusion {
-/// A float32 elementwise op of the op table (unary_fn or binary_fn) with one output.
-bool Fusable(const ir::Node& n);
-/// How an operand of shape `in` is read along an output of shape `out`: {inner, outer} with
-/// element i reading in[(i / inner) % outer] (outer 0: the same shape), when its dimensions other
-/// than 1 are one contiguous block equal to the output's there (a bias); nullopt otherwise.
-std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const Shape& out);
-/// The value of a `full` constant (every element equal), if `v` is one.
-std::optional<double> ScalarConst(const ir::Value* v);
-/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): each live float32 op of fusion kind
-/// out-elementwise-fusable that has a library kernel taking an epilogue (matmul, conv2d on CPU),
-/// with the chain of elementwise consumers that oneDNN post-ops express (a per-channel bias,
-/// activations, scalar affine steps, binary ops with a same-shape or per-channel tensor), each
-/// link the only reader of the value before it; set at the chain's last node in `p`, members
+using passes::BroadcastIndex;
+using passes::Fusable;
+using passes::ScalarConst;
+/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): the chains passes::FindEpilogueChains
+/// finds among the nodes not `claimed` (a matmul/conv2d and the elementwise consumers oneDNN
+/// post-ops express), each bound to one oneDNN call set at the chain's last node in `p`, members
 /// marked in `claimed`. Returns the number of groups.
 int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
-/// Runs an epilogue group: `in` are the group's inputs (Fused::inputs), `out` the last node's output.
-void RunEpilogue(const EpilogueCall& call, std::span<const TensorView> in, const TensorView& out);
 }  // namespace fusion
 
 #if KILN_WITH_CODEGEN
@@ -125,7 +114,13 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
                                       const passes::FreezeOptions* freeze = nullptr,
                                       passes::FreezeResult* frozen = nullptr);
 
-/// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments).
+/// The graph's IR text with each node's planning decisions as a comment at the end of its line
+/// (its step, group, stream, waits, and where the values it writes live: `%5@128` is 128 bytes
+/// into the arena, `/256` the per-stream layout's offset); KILN_DUMP_IR=<plan step> prints it.
+std::string PlanText(const Plan& p);
+
+/// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments) through the
+/// executor (runtime/executor.h).
 void RunPlan(const Plan& p, const KernelArgs& a);
 
 }  // namespace kiln

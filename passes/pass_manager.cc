@@ -8,6 +8,7 @@
 
 #include "kiln/ir/text.h"
 #include "kiln/ir/verify.h"
+#include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
@@ -16,7 +17,7 @@ namespace kiln::passes {
 
 namespace {
 
-constexpr Pass kDefaultPipeline[] = {
+const Pass kDefaultPipeline[] = {
     // Fold computations on constants first: the folded values (x * (2 * 0.5) -> x * 1) expose
     // identities to simplify.
     {"constant_fold", RunConstantFold},
@@ -28,9 +29,12 @@ constexpr Pass kDefaultPipeline[] = {
     {"dce", RunDCE},
 };
 
-// Passes that only some pipelines run, with options of their own; known to the switches always.
+// Passes that only some pipelines run, with options of their own (FrozenPipeline); known to the
+// switches always.
 constexpr const char* kOptionalPasses[] = {
     // hybridize(freeze=True): parameters become constants, folded into what depends on them alone.
+    // After the default pipeline, so that constant_fold has turned computations on fills into fills
+    // and CSE has merged duplicates; it leaves nothing dead behind.
     "freeze_fold",
 };
 
@@ -47,7 +51,7 @@ constexpr const char* kPlanSteps[] = {
 
 /// The names in a comma-separated switch value, spaces trimmed, empty items skipped. Each must
 /// be a known pass (or `all` where `allow_all`); otherwise ValueError with the closest name.
-/// `plan_steps`: the plan steps are names too (KILN_DISABLE_PASS; KILN_DUMP_IR has no graph to print there).
+/// `plan_steps`: the plan steps are names too.
 std::vector<std::string> PassNames(const char* var, std::span<const Pass> pipeline, bool allow_all, bool plan_steps) {
   std::vector<std::string_view> known;
   for (const Pass& p : pipeline) known.push_back(p.name);
@@ -92,9 +96,25 @@ bool Named(const std::vector<std::string>& names, std::string_view name) {
 
 std::span<const Pass> DefaultPipeline() { return kDefaultPipeline; }
 
+std::vector<Pass> FrozenPipeline(const FreezeOptions& options, FreezeResult* result) {
+  std::vector<Pass> pipeline(std::begin(kDefaultPipeline), std::end(kDefaultPipeline));
+  pipeline.push_back({kOptionalPasses[0], [&options, result](std::unique_ptr<ir::Graph>& g) {
+                        return RunFreezeFold(g, options, result);
+                      }});
+  return pipeline;
+}
+
 std::span<const char* const> PlanSteps() { return kPlanSteps; }
 
 bool PassDisabled(std::string_view name) { return Named(PassNames("KILN_DISABLE_PASS", {}, false, true), name); }
+
+bool PlanDumpRequested() {
+  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", {}, true, true);
+  if (Named(dump, "all")) return true;
+  for (const char* step : kPlanSteps)
+    if (Named(dump, step)) return true;
+  return false;
+}
 
 std::string PipelineReport::str() const {
   std::string s;
@@ -113,7 +133,7 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
                                        const PipelineOptions& options, PipelineReport* report) {
   KILN_CHECK(g) << "RunPipeline: null graph";
   std::vector<std::string> disabled = PassNames("KILN_DISABLE_PASS", pipeline, false, true);
-  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true, false);
+  std::vector<std::string> dump = PassNames("KILN_DUMP_IR", pipeline, true, true);
   bool verify = options.verify || env::GetInt("KILN_VERIFY") != 0;
   if (verify) {
     try {

@@ -2,11 +2,12 @@
 // in memory, in blocks that stay in L1 across the steps, with the scalar functions of
 // runtime/cpu/elementwise.cc. Used where oneDNN does not run the epilogue as post-ops (the
 // hand-written kernels, the few-rows matmul, steps its post-ops get wrong). Not here: choosing
-// between the two (nn_dispatch.cc).
+// between the two (nn_dispatch.cc). Also RunEpilogueCall (epilogue_call.h), a plan step's entry.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/cpu/onednn.h"
 #include "kiln/runtime/error.h"
 
@@ -124,6 +125,14 @@ void ApplyEpilogue(float* y, int64_t begin, int64_t end, int64_t inner, int64_t 
       }
     }
   }
+}
+
+void RunEpilogueCall(const EpilogueCall& call, std::span<const TensorView> in, const TensorView& out) {
+  KILN_CHECK(in.size() >= 2) << "an epilogue group reads its anchor's two inputs";
+  if (call.anchor == EpilogueCall::kMatmul)
+    MatmulEpilogue(in[0], in[1], out, call.matmul, call.epilogue, in.subspan(2));
+  else
+    Conv2dEpilogue(in[0], in[1], out, call.conv, call.epilogue, in.subspan(2));
 }
 
 } // namespace kiln::host

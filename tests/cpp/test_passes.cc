@@ -252,7 +252,7 @@ TEST_CASE("pass pipeline: KILN_DISABLE_PASS skips a pass, unknown names suggest 
     CHECK(
         ErrorOf<ValueError>([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); }) ==
         "KILN_DUMP_IR: unknown pass 'simplfy'; did you mean 'simplify'? The passes are: "
-        "constant_fold, simplify, cse, dce, freeze_fold");
+        "constant_fold, simplify, cse, dce, freeze_fold, fusion, epilogue, inplace, streams");
   }
   // Once restored, the full pipeline runs again.
   std::unique_ptr<ir::Graph> g = passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());

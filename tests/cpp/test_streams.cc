@@ -1,21 +1,30 @@
-// Stream assignment (frontend/streams.h): independent branches go to separate streams, chains
-// stay on one, memory reuse becomes a dependency, and the executor keeps every dependency while
-// running streams concurrently.
+// Stream assignment (passes/stream_assignment.h): independent branches go to separate streams,
+// chains stay on one, memory reuse becomes a dependency; the executor (runtime/executor.h) keeps
+// every dependency while running streams as lanes concurrently, and issues its work to a Lanes
+// implementation in step order.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
-#include "../../frontend/streams.h"
+#include "kiln/passes/stream_assignment.h"
+#include "kiln/runtime/executor.h"
 
-using kiln::streams::Assign;
-using kiln::streams::Buffer;
-using kiln::streams::Schedule;
-using kiln::streams::Step;
+using Schedule = kiln::passes::StreamSchedule;
+using Step = kiln::passes::StreamStep;
+using Buffer = kiln::passes::ArenaBlock;
+
+namespace {
+Schedule Assign(const std::vector<Step>& steps, int max_streams) { return kiln::passes::AssignStreams(steps, max_streams); }
+
+kiln::exec::LaneSchedule Lanes(const Schedule& s) { return {s.num_streams, s.stream, s.waits, s.lists}; }
+}  // namespace
 
 namespace {
 
@@ -81,11 +90,11 @@ TEST_CASE("streams: memory reuse orders the reusing writer after the earlier buf
   // run beside 0 or 2 on another stream and overwrite a.
   std::vector<Step> steps = {{{}, 1}, {{}, 1}, {{0}, 1}, {{1, 2}, 1}};
   std::vector<Buffer> bufs = {{0, 64, 0, {2}}, {32, 96, 1, {3}}, {128, 192, 2, {3}}};
-  kiln::streams::ReuseDeps(bufs, steps);
+  kiln::passes::AddReuseDeps(bufs, steps);
   CHECK(steps[1].deps == std::vector<int>{0});  // only earlier steps: 2 comes later in the plan
   std::vector<Buffer> disjoint = {{0, 64, 0, {2}}, {64, 128, 1, {3}}};
   std::vector<Step> fresh = {{{}, 1}, {{}, 1}, {{0}, 1}, {{1, 2}, 1}};
-  kiln::streams::ReuseDeps(disjoint, fresh);
+  kiln::passes::AddReuseDeps(disjoint, fresh);
   CHECK(fresh[1].deps.empty());
 }
 
@@ -99,13 +108,13 @@ TEST_CASE("streams: the executor keeps every dependency while streams run concur
     if (i % 10 == 9) st.deps.push_back(i - 1);
     steps.push_back(st);
   }
-  Schedule s = Assign(steps, kiln::streams::MaxStreams());
+  Schedule s = Assign(steps, kiln::exec::CpuLanes().MaxLanes());
   CHECK(s.num_streams >= 2);
   std::vector<std::atomic<int>> order(steps.size());
   std::atomic<int> clock{0};
   std::mutex mu;
   std::vector<std::thread::id> ran_on(steps.size());
-  kiln::streams::Execute(s, [&](int i) {
+  kiln::exec::RunLanes(Lanes(s), [&](int i) {
     for (int d : steps[static_cast<size_t>(i)].deps) CHECK(order[static_cast<size_t>(d)].load() > 0);
     std::lock_guard<std::mutex> g(mu);
     ran_on[static_cast<size_t>(i)] = std::this_thread::get_id();
@@ -123,15 +132,79 @@ TEST_CASE("streams: an error in one stream stops the others and reaches the call
   Schedule s = Assign(steps, 2);
   REQUIRE(s.num_streams == 2);
   std::atomic<int> ran{0};
-  CHECK_THROWS_WITH_AS(kiln::streams::Execute(s, [&](int i) {
+  CHECK_THROWS_WITH_AS(kiln::exec::RunLanes(Lanes(s), [&](int i) {
     ++ran;
     if (i == 7) throw std::runtime_error("kernel 7 failed");
   }), "kernel 7 failed", std::runtime_error);
   CHECK(ran.load() < 40);
   // and the pool is usable again
   std::atomic<int> again{0};
-  kiln::streams::Execute(s, [&](int) { ++again; });
+  kiln::exec::RunLanes(Lanes(s), [&](int) { ++again; });
   CHECK(again.load() == 40);
+}
+
+namespace {
+// A Lanes implementation that logs what the executor issues and runs it in issue order.
+class LoggingLanes final : public kiln::exec::Lanes {
+ public:
+  std::vector<std::string> log;
+  int MaxLanes() const override { return 3; }
+  bool Begin(int num_lanes, int num_steps, const std::function<void(int)>& launch) override {
+    log.push_back("begin " + std::to_string(num_lanes) + " " + std::to_string(num_steps));
+    launch_ = &launch;
+    return true;
+  }
+  void Wait(int lane, int event) override { log.push_back(std::to_string(lane) + " wait " + std::to_string(event)); }
+  void Launch(int lane, int step) override {
+    log.push_back(std::to_string(lane) + " launch " + std::to_string(step));
+    (*launch_)(step);
+  }
+  void Record(int lane, int event) override { log.push_back(std::to_string(lane) + " record " + std::to_string(event)); }
+  void Finish() override { log.push_back("finish"); }
+
+ private:
+  const std::function<void(int)>* launch_ = nullptr;
+};
+}  // namespace
+
+TEST_CASE("lanes: the executor issues waits, launches and records in step order") {
+  // 0 -> 1 and 2 -> 3 on two lanes, 4 joins both.
+  std::vector<Step> steps = {{{}, 2}, {{0}, 2}, {{}, 2}, {{2}, 2}, {{1, 3}, 1}};
+  Schedule s = Assign(steps, 2);
+  REQUIRE(s.num_streams == 2);
+  LoggingLanes lanes;
+  std::vector<int> ran;
+  kiln::exec::RunLanes(Lanes(s), [&](int i) { ran.push_back(i); }, lanes);
+  const std::string a = std::to_string(s.stream[0]), b = std::to_string(s.stream[2]);
+  const std::string join = std::to_string(s.stream[4]), other = s.stream[4] == s.stream[0] ? "3" : "1";
+  std::vector<std::string> expected = {"begin 2 5", a + " launch 0", a + " launch 1"};
+  if (other == "1") expected.push_back(a + " record 1");
+  expected.insert(expected.end(), {b + " launch 2", b + " launch 3"});
+  if (other == "3") expected.push_back(b + " record 3");
+  expected.insert(expected.end(), {join + " wait " + other, join + " launch 4", "finish"});
+  CHECK(lanes.log == expected);
+  CHECK(ran == std::vector<int>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("lanes: a busy Lanes runs the steps in order on the calling thread") {
+  struct Busy final : kiln::exec::Lanes {
+    int MaxLanes() const override { return 2; }
+    bool Begin(int, int, const std::function<void(int)>&) override { return false; }
+    void Wait(int, int) override { FAIL("wait issued to busy lanes"); }
+    void Launch(int, int) override { FAIL("launch issued to busy lanes"); }
+    void Record(int, int) override { FAIL("record issued to busy lanes"); }
+    void Finish() override { FAIL("finish on busy lanes"); }
+  } busy;
+  std::vector<Step> steps = {{{}, 1}, {{}, 1}, {{0}, 1}, {{1}, 1}};
+  Schedule s = Assign(steps, 2);
+  REQUIRE(s.num_streams == 2);
+  std::vector<int> ran;
+  std::thread::id self = std::this_thread::get_id();
+  kiln::exec::RunLanes(Lanes(s), [&](int i) {
+    CHECK(std::this_thread::get_id() == self);
+    ran.push_back(i);
+  }, busy);
+  CHECK(ran == std::vector<int>{0, 1, 2, 3});
 }
 
 // ---- compiled plans ------------------------------------------------------------------------------
@@ -185,9 +258,9 @@ std::shared_ptr<kiln::CachedGraph> TraceRandom(uint32_t seed, int branches, int6
 }
 
 struct ForceConcurrent {  // every plan with two streams runs them concurrently
-  double saved = kiln::streams::MinConcurrentWork();
-  ForceConcurrent() { kiln::streams::MinConcurrentWork() = 0, kiln::streams::AlwaysConcurrent() = true; }
-  ~ForceConcurrent() { kiln::streams::MinConcurrentWork() = saved, kiln::streams::AlwaysConcurrent() = false; }
+  double saved = kiln::passes::MinConcurrentWork();
+  ForceConcurrent() { kiln::passes::MinConcurrentWork() = 0, kiln::exec::AlwaysConcurrent() = true; }
+  ~ForceConcurrent() { kiln::passes::MinConcurrentWork() = saved, kiln::exec::AlwaysConcurrent() = false; }
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // each pass did. It does not schedule, iterate to a fixed point or cache results.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -20,10 +21,11 @@ namespace kiln::passes {
 /// A pass: may replace `g`; returns true when the graph changed.
 using PassFn = bool (*)(std::unique_ptr<ir::Graph>& g);
 
-/// A pass with the name KILN_DISABLE_PASS, KILN_DUMP_IR and reports use.
+/// A pass with the name KILN_DISABLE_PASS, KILN_DUMP_IR and reports use. A pass with options is
+/// bound to them here, typed: {"freeze_fold", [&](auto& g) { return RunFreezeFold(g, opts, &out); }}.
 struct Pass {
   const char* name;
-  PassFn fn;
+  std::function<bool(std::unique_ptr<ir::Graph>& g)> fn;
 };
 
 struct PipelineOptions {
@@ -59,11 +61,21 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
 /// The standard graph-level pipeline: constant_fold, simplify, cse, dce (see pass_manager.cc for why each).
 std::span<const Pass> DefaultPipeline();
 
+struct FreezeOptions;
+struct FreezeResult;
+/// For hybridize(freeze=True): the default pipeline, then freeze_fold with `options`, which writes
+/// what it did into `*result` (both must outlive the pipeline's run).
+std::vector<Pass> FrozenPipeline(const FreezeOptions& options, FreezeResult* result);
+
 /// The steps that run when a graph becomes an executable plan, after the pipeline: `fusion`
 /// (elementwise groups into generated kernels) and `inplace` (an elementwise output reusing the
 /// memory of an input that dies there). They are not graph-to-graph passes, but
-/// KILN_DISABLE_PASS and the compile report name them like passes.
+/// KILN_DISABLE_PASS, KILN_DUMP_IR and the compile report name them like passes.
 std::span<const char* const> PlanSteps();
+
+/// Whether KILN_DUMP_IR names a plan step or `all`: the plan builder then prints the graph with
+/// its planning decisions once the plan is built (the plan steps run together).
+bool PlanDumpRequested();
 
 /// Whether KILN_DISABLE_PASS names `name` (a pass of the default pipeline or a plan step).
 /// A misspelled name in the switch is a ValueError naming the closest pass.

@@ -1,0 +1,105 @@
+// The executor of compiled plans (DESIGN.md section 10): runs a plan's steps in order on
+// pre-planned buffers, or its lanes concurrently through a Lanes implementation (lanes.h), with
+// per-thread arenas for the intermediates. It knows no graphs: a step is a launch callback over
+// the views of the values it reads and writes, which codegen/ binds when it builds the plan.
+//
+// A plan has one memory layout for running its steps one after another and, when its lanes may
+// run concurrently, a second one in which each lane reuses only the blocks it freed itself. The
+// first calls of such a plan alternate serial and concurrent runs and are timed; then the faster
+// way stays (whether lanes pay depends on how many threads each kernel keeps busy already).
+//
+// Not here: deciding steps, lanes or offsets (passes/), binding kernels (codegen/).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/lanes.h"
+#include "kiln/runtime/tensor_view.h"
+
+namespace kiln::exec {
+
+/// Where a value lives while a plan runs: the call's input or output `index`, or `index` bytes
+/// into the arena.
+struct Place {
+  enum Kind : uint8_t { kNone, kInput, kOutput, kArena } kind = kNone;
+  int64_t index = 0;
+};
+
+/// A memory layout: a place per value and the arena's size.
+struct Layout {
+  std::vector<Place> places;
+  size_t arena_bytes = 0;
+};
+
+/// The lane of every step and the waits between lanes (from stream assignment).
+struct LaneSchedule {
+  int num_lanes = 1;
+  std::vector<int> lane;               ///< per step
+  std::vector<std::vector<int>> waits; ///< per step: the latest step of each other lane it needs
+  std::vector<std::vector<int>> lists; ///< per lane: its steps in order
+};
+
+/// What every step of one call shares: the device, and the random generator's seed and the
+/// counter offset of the call (a step adds its own offset).
+struct CallInfo {
+  Device device;
+  uint64_t seed = 0, offset = 0;
+};
+
+/// What a step's launch sees: views of the values it reads and writes (in the step's order), and
+/// the lane it runs on (0 when the steps run one after another).
+struct StepArgs {
+  std::span<const TensorView> in, out;
+  const CallInfo& call;
+  int lane = 0;
+};
+
+struct Step {
+  std::vector<int> in, out;  ///< value ids
+  std::function<void(const StepArgs&)> launch;
+};
+
+/// Whether a plan's lanes run concurrently: the first calls time both ways, then the faster stays.
+struct Trial {
+  static constexpr int kRounds = 4;
+  std::atomic<int> calls{0}, decided{-1};  ///< decided: 1 concurrent, 0 serial, -1 not yet
+  std::atomic<int64_t> serial_ns{0}, concurrent_ns{0};
+};
+
+struct Plan {
+  struct Value {
+    DType dtype = DType::kFloat32;
+    Shape shape;
+  };
+  std::vector<Value> values;  ///< by value id
+  std::vector<Step> steps;    ///< in an order that respects every dependency
+  Layout serial;              ///< for running the steps one after another
+  /// With `concurrent`: the lanes, and the layout where each lane reuses only its own blocks.
+  bool concurrent = false;
+  LaneSchedule lanes;
+  Layout per_lane;
+  /// Outputs whose value lives elsewhere (an input, an output listed twice): (value, output
+  /// index), copied at the end of a call.
+  std::vector<std::pair<int, int>> copy_out;
+  mutable Trial trial;
+};
+
+/// Runs `p` on the call's inputs and outputs. Steps raise what their launch raises.
+void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorView> out, const CallInfo& call,
+         Lanes& lanes = CpuLanes());
+
+/// Runs run(step) for every step of `s` through `lanes`: the steps of each lane in order, each
+/// after the steps it waits for; in plain order on the calling thread when `lanes` is busy or has
+/// fewer lanes than `s`. Rethrows the first error (later steps may be skipped).
+void RunLanes(const LaneSchedule& s, const std::function<void(int)>& run, Lanes& lanes = CpuLanes());
+
+/// Tests: plans whose lanes may run concurrently always do (no timing trial).
+bool& AlwaysConcurrent();
+
+}  // namespace kiln::exec

@@ -1,0 +1,135 @@
+// Golden text of compiled plans (frontend/plan.h, PlanText): graphs written as IR text are planned
+// and printed with each node's decisions: memory planning (arena offsets, in place), fusion
+// (elementwise and row groups) and stream assignment (streams, waits, the per-stream layout).
+// Planning the printed text again gives the same text (the decisions are a function of the graph);
+// KILN_DUMP_IR=<plan step> prints it.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "../../frontend/plan.h"
+#include "kiln/ir/text.h"
+#include "test_util.h"
+
+using kiln::testing::ScopedEnv;
+
+namespace {
+std::string Planned(const std::string& text) {
+  std::string out = kiln::PlanText(*kiln::MakePlan(kiln::ir::ParseGraph(text), kiln::cpu(), "test"));
+  // The text parses back as the graph, and planning it again decides the same.
+  CHECK(kiln::PlanText(*kiln::MakePlan(kiln::ir::ParseGraph(out), kiln::cpu(), "test")) == out);
+  return out;
+}
+
+const char* kChain = "%x = input \"x\" : float32(16, 16)\n"
+                     "%a = exp(%x) : float32(16, 16)\n"
+                     "%b = neg(%a) : float32(16, 16)\n"
+                     "%c = tanh(%b) : float32(16, 16)\n"
+                     "%d = sum(%c) {axes=[0], keepdims=false} : float32(16,)\n"
+                     "return %d\n";
+}  // namespace
+
+TEST_CASE("plan text: without fusion, elementwise outputs take the blocks of inputs that die there") {
+  ScopedEnv env("KILN_DISABLE_PASS", "fusion");
+  CHECK(Planned(kChain) ==
+          "%0 = input \"x\" : float32(16, 16)\n"
+          "%1 = exp(%0) : float32(16, 16)  # step 0; writes %1@0\n"
+          "%2 = neg(%1) : float32(16, 16)  # step 1; writes %2@0\n"
+          "%3 = tanh(%2) : float32(16, 16)  # step 2; writes %3@0\n"
+          "%4 = sum(%3) {axes=[0], keepdims=false} : float32(16,)  # step 3; writes %4@out0\n"
+          "return %4\n"
+          "# arena 1024 bytes, 1 stream\n");
+}
+
+TEST_CASE("plan text: with in place disabled, each intermediate takes a freed block or a new one") {
+  ScopedEnv env("KILN_DISABLE_PASS", "fusion, inplace");
+  CHECK(Planned(kChain) ==
+          "%0 = input \"x\" : float32(16, 16)\n"
+          "%1 = exp(%0) : float32(16, 16)  # step 0; writes %1@0\n"
+          "%2 = neg(%1) : float32(16, 16)  # step 1; writes %2@1024\n"
+          "%3 = tanh(%2) : float32(16, 16)  # step 2; writes %3@0\n"
+          "%4 = sum(%3) {axes=[0], keepdims=false} : float32(16,)  # step 3; writes %4@out0\n"
+          "return %4\n"
+          "# arena 2048 bytes, 1 stream\n");
+}
+
+#if KILN_WITH_CODEGEN
+TEST_CASE("plan text: an elementwise chain is one group, a reduction with its producers a row group") {
+  CHECK(Planned("%x = input \"x\" : float32(16, 16)\n"
+                "%a = exp(%x) : float32(16, 16)\n"
+                "%b = neg(%a) : float32(16, 16)\n"
+                "%c = tanh(%b) : float32(16, 16)\n"
+                "return %c\n") ==
+                        "%0 = input \"x\" : float32(16, 16)\n"
+                        "%1 = exp(%0) : float32(16, 16)  # in group 0\n"
+                        "%2 = neg(%1) : float32(16, 16)  # in group 0\n"
+                        "%3 = tanh(%2) : float32(16, 16)  # step 0, group 0 elementwise; writes %3@out0\n"
+                        "return %3\n"
+                        "# arena 0 bytes, 1 stream\n");
+  CHECK(Planned("%x = input \"x\" : float32(16, 16)\n"
+                "%a = exp(%x) : float32(16, 16)\n"
+                "%s = sum(%a) {axes=[1], keepdims=true} : float32(16, 1)\n"
+                "%d = div(%a, %s) : float32(16, 16)\n"
+                "return %d\n") ==
+                        "%0 = input \"x\" : float32(16, 16)\n"
+                        "%1 = exp(%0) : float32(16, 16)  # in group 0\n"
+                        "%2 = sum(%1) {axes=[1], keepdims=true} : float32(16, 1)  # in group 0\n"
+                        "%3 = div(%1, %2) : float32(16, 16)  # step 0, group 0 row; writes %3@out0\n"
+                        "return %3\n"
+                        "# arena 0 bytes, 1 stream\n");
+}
+#endif
+
+TEST_CASE("plan text: independent matmuls go to two streams, the join waits, each stream keeps its blocks") {
+  ScopedEnv env("KILN_DISABLE_PASS", "epilogue");
+  CHECK(Planned("%x = input \"x\" : float32(512, 512)\n"
+                "%y = input \"y\" : float32(512, 512)\n"
+                "%a = matmul(%x, %x) : float32(512, 512)\n"
+                "%b = matmul(%y, %y) : float32(512, 512)\n"
+                "%c = add(%a, %b) : float32(512, 512)\n"
+                "%e = exp(%c) : float32(512, 512)\n"
+                "return %e\n") ==
+                        "%0 = input \"x\" : float32(512, 512)\n"
+                        "%1 = input \"y\" : float32(512, 512)\n"
+                        "%2 = matmul(%0, %0) {transpose_a=false, transpose_b=false} : float32(512, 512)  # step 0, stream 0; writes %2@0/0\n"
+                        "%3 = matmul(%1, %1) {transpose_a=false, transpose_b=false} : float32(512, 512)  # step 1, stream 1; writes %3@1048576/1048576\n"
+                        "%4 = add(%2, %3) : float32(512, 512)  # in group 0\n"
+                        "%5 = exp(%4) : float32(512, 512)  # step 2, group 0 elementwise, stream 0, waits for step 1; writes %5@out0/out0\n"
+                        "return %5\n"
+                        "# arena 2097152 bytes, 2 streams run concurrently (arena 2097152 bytes)\n");
+  CHECK(Planned("%x = input \"x\" : float32(8, 8)\n"
+                "%y = input \"y\" : float32(8, 8)\n"
+                "%a = matmul(%x, %x) : float32(8, 8)\n"
+                "%b = matmul(%y, %y) : float32(8, 8)\n"
+                "%c = add(%a, %b) : float32(8, 8)\n"
+                "return %c\n") ==
+                        "%0 = input \"x\" : float32(8, 8)\n"
+                        "%1 = input \"y\" : float32(8, 8)\n"
+                        "%2 = matmul(%0, %0) {transpose_a=false, transpose_b=false} : float32(8, 8)  # step 0, stream 0; writes %2@0\n"
+                        "%3 = matmul(%1, %1) {transpose_a=false, transpose_b=false} : float32(8, 8)  # step 1, stream 1; writes %3@256\n"
+                        "%4 = add(%2, %3) : float32(8, 8)  # step 2, stream 0, waits for step 1; writes %4@out0\n"
+                        "return %4\n"
+                        "# arena 512 bytes, 2 streams\n");
+}
+
+TEST_CASE("plan text: KILN_DUMP_IR names a plan step and prints the planned graph") {
+  ScopedEnv disable("KILN_DISABLE_PASS", "fusion");
+  ScopedEnv dump("KILN_DUMP_IR", "streams");
+  std::fflush(stderr);
+  FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  int saved = dup(2);
+  dup2(fileno(capture), 2);
+  auto plan = kiln::MakePlan(kiln::ir::ParseGraph(kChain), kiln::cpu(), "dumped");
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::string dumped;
+  std::rewind(capture);
+  for (int ch; (ch = std::fgetc(capture)) != EOF;) dumped += static_cast<char>(ch);
+  std::fclose(capture);
+  CHECK(dumped == "# after the plan steps (dumped)\n" + kiln::PlanText(*plan));
+}
