@@ -29,7 +29,7 @@ void ReadPair(const ir::Attrs& a, const char* name, int64_t out[2]) {
 /// The library kernels that take an epilogue, by op: the call's parameters from the attributes
 /// and the output's channel axis. nullopt for other out-elementwise-fusable ops.
 std::optional<EpilogueCall> AnchorCall(const ir::Node& n) {
-  static const ir::OpId matmul = ir::FindOp("matmul"), conv2d = ir::FindOp("conv2d");
+  const ir::OpId matmul = op::kMatmul, conv2d = op::kConv2d;
   EpilogueCall c;
   if (n.op() == matmul) {
     c.anchor = EpilogueCall::kMatmul;

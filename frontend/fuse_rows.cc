@@ -64,13 +64,14 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
   const ir::OpDef& d = n.def();
   if (d.fusion != ir::FusionKind::kReduce || n.inputs().size() != 1 || n.outputs().size() != 1)
     return std::nullopt;
-  // The op table has no typed reduction function for these four; their names are their kinds.
-  static const std::map<std::string, RowProgram::StepKind> kinds = {{"sum", RowProgram::kSum},
-                                                                    {"mean", RowProgram::kMean},
-                                                                    {"max", RowProgram::kMax},
-                                                                    {"min", RowProgram::kMin}};
-  auto kind = kinds.find(d.name);
-  if (kind == kinds.end()) return std::nullopt;
+  std::optional<RowProgram::StepKind> kind;
+  switch (n.op()) {
+    case op::kSum: kind = RowProgram::kSum; break;
+    case op::kMean: kind = RowProgram::kMean; break;
+    case op::kMax: kind = RowProgram::kMax; break;
+    case op::kMin: kind = RowProgram::kMin; break;
+    default: return std::nullopt;
+  }
   const ir::Value* x = n.input(0);
   const Shape& s = x->shape();
   const int rank = s.rank();
@@ -96,7 +97,7 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
   for (int a = 0; a < p && a < q; ++a) outer *= s[a];
   for (int a = q; a < rank; ++a) inner *= s[a];
   RowShape r;
-  r.kind = kind->second;
+  r.kind = *kind;
   if (p == q) { // every axis: one row
     r.len = r.inner = s.numel();
   } else if (outer == 1) { // no leading axis left to reduce: contiguous rows
@@ -119,7 +120,7 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
 // indices are one per row, read by a contiguous row kernel as labels (RowProgram::kOneHot).
 std::optional<RowProgram::InputKind> OneHotLabels(const ir::Node& n, const Shape& full, int64_t rows,
                                                   int64_t len, RowProgram::Layout layout) {
-  if (n.def().name != "one_hot" || layout != RowProgram::kContiguous || n.output()->shape() != full ||
+  if (n.op() != op::kOneHot || layout != RowProgram::kContiguous || n.output()->shape() != full ||
       n.output()->dtype() != DType::kFloat32 || n.attrs().Int("depth") != len ||
       n.attrs().Float("on_value") != 1.0 || n.attrs().Float("off_value") != 0.0 ||
       n.input(0)->shape().numel() != rows)
@@ -131,8 +132,9 @@ std::optional<RowProgram::InputKind> OneHotLabels(const ir::Node& n, const Shape
 
 // Ops that keep their input's elements in order (a row value keeps its rows through them).
 bool KeepsOrder(const ir::Node& n) {
-  static const std::set<std::string> names = {"reshape", "expand_dims", "squeeze"};
-  return names.count(n.def().name) && n.inputs().size() == 1 && n.outputs().size() == 1;
+  const ir::OpId id = n.op();
+  return (id == op::kReshape || id == op::kExpandDims || id == op::kSqueeze) && n.inputs().size() == 1 &&
+         n.outputs().size() == 1;
 }
 
 class RowGroupBuilder {
@@ -206,7 +208,7 @@ public:
   }
   /// broadcast_to of a value the kernel reads per element, to the whole shape.
   bool IsBroadcast(const ir::Node& n) const {
-    return n.def().name == "broadcast_to" && n.inputs().size() == 1 && n.outputs().size() == 1 &&
+    return n.op() == op::kBroadcastTo && n.inputs().size() == 1 && n.outputs().size() == 1 &&
            n.output()->shape() == full_ && n.output()->dtype() == DType::kFloat32 &&
            n.input(0)->dtype() == DType::kFloat32;
   }

@@ -120,9 +120,9 @@ std::string RunFusion(const ir::Graph& graph, const std::vector<bool>& live, Dev
 // The codegen kernel cache's counters by the report's names: one line per CodegenStats field.
 std::vector<std::pair<std::string, int64_t>> CodegenCounters() {
 #if KILN_WITH_CODEGEN
-  const codegen::CodegenStats s = codegen::GetCodegenStats(), rows = codegen::GetRowStats();
-  return {{"compiled", s.compiles + rows.compiles}, {"cache hits", s.cache_hits + rows.cache_hits},
-          {"disk hits", s.disk_hits}};
+  // Every kind of generated kernel (elementwise, row, PTX) through the one kernel cache.
+  const codegen::CodegenStats s = codegen::GetAllKernelStats();
+  return {{"compiled", s.compiles}, {"cache hits", s.cache_hits}, {"disk hits", s.disk_hits}};
 #else
   return {};
 #endif

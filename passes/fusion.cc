@@ -35,7 +35,7 @@ std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const
 }
 
 std::optional<double> ScalarConst(const ir::Value* v) {
-  if (!v->node() || v->node()->def().name != "full") return std::nullopt;
+  if (!v->node() || v->node()->op() != op::kFull) return std::nullopt;
   return v->node()->attrs().Float("value");
 }
 
