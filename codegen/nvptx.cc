@@ -119,7 +119,7 @@ void LinkLibdevice(llvm::Module& m, const std::string& kernel) {
   llvm::internalizeModule(m, [&](const llvm::GlobalValue& gv) { return gv.getName() == kernel; });
 }
 
-std::string Compile(const Expr& e, const std::string& arch, const std::string& name) {
+std::string Compile(const Expr& e, const std::string& arch, const std::string& name, std::string* ir) {
   const llvm::Target& target = NvptxTarget();
   llvm::TargetOptions options;
   std::unique_ptr<llvm::TargetMachine> tm(target.createTargetMachine(
@@ -136,6 +136,10 @@ std::string Compile(const Expr& e, const std::string& arch, const std::string& n
   detail::CheckModule(m, "the GPU kernel of " + e.ToString());
 
   detail::OptimizeO3(m, tm.get(), /*libmvec=*/false);  // the NVPTX machine adds NVVMReflect
+  {  // the IR the PTX is made of: what the simulated GPU's emulator runs
+    llvm::raw_string_ostream os(*ir);
+    m.print(os, nullptr);
+  }
 
   llvm::SmallString<0> ptx;
   llvm::raw_svector_ostream ptx_os(ptx);
@@ -195,7 +199,7 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
   k.name = "kiln_ew_" + std::to_string(e.Hash());
   k.arch = arch;
   k.num_inputs = e.NumInputs();
-  k.ptx = Compile(e, arch, k.name);
+  k.ptx = Compile(e, arch, k.name, &k.ir);
   k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   cache->emplace(std::make_pair(key, arch), k);
   return k;
