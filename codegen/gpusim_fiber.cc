@@ -20,8 +20,9 @@
 #error "the kernel emulator's context switch is written for x86-64"
 #endif
 
-// kiln_gpusim_switch(void** save_sp, void* new_sp): saves the callee-saved registers and the
-// floating-point control words on the current stack, stores the stack pointer to *save_sp and
+// kiln_gpusim_switch(void** save_sp, void* new_sp): saves the callee-saved registers on the
+// current stack (not the floating-point control words: kernels never change them, and the
+// directed-rounding helper restores the mode before it returns), stores the stack pointer to *save_sp and
 // resumes the context whose stack pointer is new_sp. A new fiber's stack holds a frame whose
 // return address is kiln_gpusim_fiber_start, which calls r13(r12).
 asm(R"(
@@ -35,14 +36,8 @@ kiln_gpusim_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -134,18 +129,18 @@ thread_local StackPool t_stacks;
   __builtin_unreachable();
 }
 
-void StartFiber(Fiber& f, char* stack) {
+void StartFiber(Fiber& f, char* stack, size_t index) {
   f.stack = stack;
-  auto* top = reinterpret_cast<uint64_t*>(stack + kStackBytes);  // 16-byte aligned
-  uint64_t* sp = top - 8;
-  sp[0] = 0x1F80 | (uint64_t{0x037F} << 32);  // mxcsr and the x87 control word: the defaults
-  sp[1] = 0;                                   // r15
-  sp[2] = 0;                                   // r14
-  sp[3] = reinterpret_cast<uint64_t>(&FiberMain);  // r13
-  sp[4] = reinterpret_cast<uint64_t>(&f);          // r12
-  sp[5] = 0;                                   // rbx
-  sp[6] = 0;                                   // rbp
-  sp[7] = reinterpret_cast<uint64_t>(&kiln_gpusim_fiber_start);
+  // Stack tops at the same offset in their pages would share a few cache sets; stagger them.
+  auto* top = reinterpret_cast<uint64_t*>(stack + kStackBytes - (index % 32) * 192);  // 16-byte aligned
+  uint64_t* sp = top - 7;  // after 6 pops and the ret rsp = top, 16-byte aligned for the call
+  sp[0] = 0;                                       // r15
+  sp[1] = 0;                                       // r14
+  sp[2] = reinterpret_cast<uint64_t>(&FiberMain);  // r13
+  sp[3] = reinterpret_cast<uint64_t>(&f);          // r12
+  sp[4] = 0;                                       // rbx
+  sp[5] = 0;                                       // rbp
+  sp[6] = reinterpret_cast<uint64_t>(&kiln_gpusim_fiber_start);
   f.sp = sp;
   f.state = State::kRunnable;
 }
@@ -347,13 +342,13 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
     if (!has_barrier) {  // one thread after another on one stack
       for (uint64_t t = 0; t < threads && !l.fault.set; ++t) {
         set_tid(fibers[0], t);
-        StartFiber(fibers[0], t_stacks.stacks[0]);
+        StartFiber(fibers[0], t_stacks.stacks[0], 0);
         Resume(l, fibers[0]);
       }
     } else {
       for (uint64_t t = 0; t < threads; ++t) {
         set_tid(fibers[t], t);
-        StartFiber(fibers[t], t_stacks.stacks[t]);
+        StartFiber(fibers[t], t_stacks.stacks[t], t);
       }
       for (;;) {  // one round: every thread runs to its next barrier or its end
         uint64_t at_barrier = 0, done = 0, popc = 0;

@@ -213,9 +213,9 @@ class Rewriter {
     name.split(parts, '.');
     bool ftz = llvm::is_contained(parts, "ftz");
     llvm::StringRef op = parts[0];
-    std::string rnd = parts.size() > 2 && (parts[1] == "rn" || parts[1] == "rz" || parts[1] == "rm" || parts[1] == "rp")
+    std::string rnd = parts.size() > 1 && (parts[1] == "rn" || parts[1] == "rz" || parts[1] == "rm" || parts[1] == "rp")
                           ? parts[1].str()
-                          : "";
+                          : "";  // f2i.rn, add.rz.f, ...: the rounding mode is the second part
     std::vector<Value*> xs;
     for (unsigned k = 0; k < c->arg_size(); ++k) xs.push_back(ftz ? Ftz(b, arg(k)) : arg(k));
     auto out = [&](Value* v) { return ftz ? Ftz(b, v) : v; };

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -324,10 +325,19 @@ TEST_CASE("gpu emulator: a 1M-element block reduction takes well under a second"
   std::vector<float> out(in.size() / 256);
   const float* pi = in.data();
   float* po = out.data();
+  // CPU time of this thread: the emulator's cost, not the load of a shared test machine.
+  auto cpu = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
   auto t0 = std::chrono::steady_clock::now();
+  double c0 = cpu();
   REQUIRE(Launch(*m, "block_sum", {static_cast<uint32_t>(out.size()), 1, 1}, {256, 1, 1}, 0, {&pi, &po, &n}) == nullptr);
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE("1M-element block reduction (4096 blocks of 256 fiber threads, 9 barriers each): " << s * 1e3 << " ms");
+  double s = cpu() - c0;
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("1M-element block reduction (4096 blocks of 256 fiber threads, 9 barriers each): " << s * 1e3
+          << " ms CPU, " << wall * 1e3 << " ms wall");
   CHECK(s < 1.0);
   std::vector<double> want = BlockSums(in, 256);
   CHECK(std::equal(out.begin(), out.end(), want.begin()));
