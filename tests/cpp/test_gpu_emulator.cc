@@ -16,6 +16,7 @@
 #include <ctime>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/codegen/gpu_emulator.h"
@@ -343,6 +344,32 @@ TEST_CASE("gpu emulator: a 1M-element block reduction takes well under a second"
   CHECK(std::equal(out.begin(), out.end(), want.begin()));
 }
 
+TEST_CASE("gpu emulator: launches on several host threads at once (each stream's worker) do not mix") {
+  auto m = CompileEmulatedModule(StaticReduce(), Opts(false));
+  std::vector<std::thread> threads;
+  std::vector<int> ok(4, 0);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<float> in(20000);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((i + t) % 11);
+      int n = static_cast<int>(in.size());
+      std::vector<float> out((in.size() + 127) / 128);
+      const float* pi = in.data();
+      float* po = out.data();
+      std::vector<void*> args = {&pi, &po, &n};
+      bool good = true;
+      for (int rep = 0; rep < 5; ++rep) {
+        good &= m->Function("block_sum")->Run({static_cast<uint32_t>(out.size()), 1, 1}, {128, 1, 1}, 0, args.data()) ==
+                nullptr;
+        std::vector<double> want = BlockSums(in, 128);
+        good &= std::equal(out.begin(), out.end(), want.begin());
+      }
+      ok[static_cast<size_t>(t)] = good;
+    });
+  for (auto& th : threads) th.join();
+  CHECK(ok == std::vector<int>(4, 1));
+}
+
 TEST_CASE("gpu emulator: blocks run in a random order that the seed repeats") {
   std::string ir = kHeader + std::string(R"(
 define ptx_kernel void @order(ptr %order, ptr %counter) {
@@ -414,6 +441,13 @@ TEST_CASE("gpu emulator: checked mode reports a planted out-of-bounds access as 
   std::snprintf(addr, sizeof addr, "0x%lx", static_cast<unsigned long>(reinterpret_cast<uintptr_t>(d_in + 1000)));
   CHECK(fault->message.find(addr) != std::string::npos);
   CHECK(fault->message.find("KILN_GPU_SIM_SEED=7") != std::string::npos);
+  // KILN_GPU_SIM_ASAN=1 turns the checks on for modules compiled without an explicit choice.
+  ::setenv("KILN_GPU_SIM_ASAN", "1", 1);
+  auto by_env = CompileEmulatedModule(ir);
+  ::unsetenv("KILN_GPU_SIM_ASAN");
+  auto again = Launch(*by_env, "block_sum", {4, 1, 1}, {256, 1, 1}, 0, {&d_in, &d_out, &n});
+  REQUIRE(again != nullptr);
+  CHECK(again->cuda_error == 700);
   // Without the bug the same kernel passes the checks.
   auto good = CompileEmulatedModule(StaticReduce(), Opts(true));
   CHECK(Launch(*good, "block_sum", {4, 1, 1}, {256, 1, 1}, 0, {&d_in, &d_out, &n}) == nullptr);
