@@ -2,7 +2,7 @@
 // x86-64 context switch (ucontext costs a system call per switch), and the host helpers the
 // rewritten kernel code calls (special registers, barriers, shared memory, checked accesses,
 // directed rounding). Blocks run one after another in a seeded random order; the threads of a
-// block run in turn up to the next barrier. A kernel without barriers runs its threads one after
+// block run in turn up to the next barrier, warp by warp in a seeded random order. A kernel without barriers runs its threads one after
 // another on one stack. Warp-synchronous operations (shuffles, votes) are not emulated.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,7 +10,10 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <sstream>
 
 #include "gpusim_internal.h"
@@ -103,6 +106,7 @@ struct Fault {
   uint64_t bytes = 0;
   uint64_t align = 0;
   bool is_store = false;
+  bool shared = false;
   uint32_t tid[3] = {0, 0, 0};
 };
 
@@ -113,6 +117,7 @@ struct Launch {
   gpusim::Dim3 grid, block;
   uint32_t ctaid[3] = {0, 0, 0};
   char* shared = nullptr;
+  size_t shared_bytes = 0;
   Fiber* current = nullptr;
   void* scheduler_sp = nullptr;
   Fault fault;
@@ -237,17 +242,26 @@ extern "C" int HelperBarrier(int kind, int predicate) {
 
 extern "C" char* HelperSharedBase() { return t_launch->shared; }
 
-extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int is_store, uint64_t align) {
-  const gpusim::MemoryWindow& w = gpusim::DeviceMemoryWindow();
-  auto a = reinterpret_cast<uintptr_t>(address);
-  if (a - w.device_begin >= w.device_end - w.device_begin) return address;  // not device memory
-  bool aligned = align <= 1 || a % align == 0;  // x86 tolerates a misaligned access, a GPU does not
-  if (aligned && gpusim::IsLiveDeviceRange(a, bytes))
-    return reinterpret_cast<void*>(a + static_cast<uintptr_t>(w.alias_delta));
+extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uint64_t align) {
   Launch& l = *t_launch;
+  auto a = reinterpret_cast<uintptr_t>(address);
+  bool aligned = align <= 1 || a % align == 0;  // x86 tolerates a misaligned access, a GPU does not
+  void* ok = address;
+  int code = 700;
+  if (flags & 2) {  // shared memory: inside the block's static and dynamic arrays
+    auto base = reinterpret_cast<uintptr_t>(l.shared);
+    if (aligned && a >= base && a + bytes <= base + l.shared_bytes) return address;
+  } else {
+    const gpusim::MemoryWindow& w = gpusim::DeviceMemoryWindow();
+    if (a - w.device_begin >= w.device_end - w.device_begin) return address;  // not device memory
+    if (aligned && gpusim::IsLiveDeviceRange(a, bytes)) ok = reinterpret_cast<void*>(a + static_cast<uintptr_t>(w.alias_delta));
+    else ok = nullptr;
+    if (ok) return ok;
+  }
+  if (!aligned) code = 716;
   Fiber* f = l.current;
-  l.fault = {.set = true, .cuda_error = aligned ? 700 : 716, .address = a, .bytes = bytes, .align = align,
-             .is_store = is_store != 0};
+  l.fault = {.set = true, .cuda_error = code, .address = a, .bytes = bytes, .align = align, .is_store = (flags & 1) != 0,
+             .shared = (flags & 2) != 0};
   std::memcpy(l.fault.tid, f->tid, sizeof f->tid);
   Yield(f, State::kFaulted);  // never resumed
   __builtin_unreachable();
@@ -314,6 +328,7 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   l.block = block;
   std::vector<char> shared(static_smem + dynamic_smem + 16);
   l.shared = shared.data();
+  l.shared_bytes = static_smem + dynamic_smem;
   std::vector<Fiber> fibers(has_barrier ? threads : 1);
   for (size_t i = 0; i < fibers.size(); ++i) t_stacks.Get(i);
   t_launch = &l;
@@ -322,8 +337,12 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   } reset;
 
   // The order depends on the seed, the kernel and the grid only, so that the seed repeats it.
-  const BlockOrder order(blocks, BlockOrder::Mix(seed ^ std::hash<std::string>{}(kernel) ^
-                                                 (uint64_t{grid.x} << 40 ^ uint64_t{grid.y} << 20 ^ grid.z)));
+  const uint64_t launch_seed = BlockOrder::Mix(seed ^ std::hash<std::string>{}(kernel) ^
+                                               (uint64_t{grid.x} << 40 ^ uint64_t{grid.y} << 20 ^ grid.z));
+  const BlockOrder order(blocks, launch_seed);
+  // Between two barriers the warps of a block run in a random order too (the threads of a warp
+  // in order), so that a missing __syncthreads shows up whichever neighbour a thread reads.
+  std::vector<uint32_t> warps((threads + 31) / 32);
   auto seed_note = [&] {
     return " (blocks ran in a random order: KILN_GPU_SIM_SEED=" + std::to_string(seed) + " repeats it)";
   };
@@ -350,11 +369,17 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
         set_tid(fibers[t], t);
         StartFiber(fibers[t], t_stacks.stacks[t], t);
       }
+      std::iota(warps.begin(), warps.end(), 0u);
+      std::shuffle(warps.begin(), warps.end(), std::mt19937_64(launch_seed + b));
       for (;;) {  // one round: every thread runs to its next barrier or its end
         uint64_t at_barrier = 0, done = 0, popc = 0;
-        for (Fiber& f : fibers) {
-          if (f.state != State::kRunnable) continue;
-          Resume(l, f);
+        for (uint32_t w : warps) {
+          for (uint64_t t = uint64_t{w} * 32; t < std::min<uint64_t>(threads, uint64_t{w} * 32 + 32); ++t) {
+            Fiber& f = fibers[t];
+            if (f.state != State::kRunnable) continue;
+            Resume(l, f);
+            if (l.fault.set) break;
+          }
           if (l.fault.set) break;
         }
         if (l.fault.set) break;
@@ -380,9 +405,15 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
       const Fault& x = l.fault;
       std::ostringstream os;
       os << "thread " << Dims(x.tid) << " of block " << Dims(l.ctaid) << (x.is_store ? " wrote " : " read ") << x.bytes
-         << " bytes at device address 0x" << std::hex << x.address << std::dec;
+         << " bytes at ";
+      if (x.shared)
+        os << "shared memory offset " << static_cast<int64_t>(x.address - reinterpret_cast<uintptr_t>(l.shared));
+      else
+        os << "device address 0x" << std::hex << x.address << std::dec;
       if (x.cuda_error == 716)
         os << ", which is not aligned to " << x.align << " bytes as the access requires (cuda error 716 misaligned address";
+      else if (x.shared)
+        os << ", outside the block's " << l.shared_bytes << " bytes of shared memory (cuda error 700 illegal address";
       else
         os << ", which is not inside one live allocation (cuda error 700 illegal address";
       os << "; checked by KILN_GPU_SIM_ASAN=1)" << seed_note();

@@ -36,7 +36,8 @@ struct Helpers {
   uintptr_t sreg;           ///< uint32_t (int which)
   uintptr_t barrier;        ///< int (int kind, int predicate)
   uintptr_t shared_base;    ///< char* ()
-  uintptr_t check_access;   ///< void* (void* address, uint64_t bytes, int is_store, uint64_t align)
+  uintptr_t check_access;   ///< void* (void* address, uint64_t bytes, int flags, uint64_t align): translated
+                            ///< flags: 1 a store, 2 a shared-memory access
   uintptr_t rounded_f32;    ///< float (int op, int mode, float a, float b, float c)
   uintptr_t rounded_f64;    ///< double (int op, int mode, double a, double b, double c)
   uintptr_t window;         ///< const gpusim::MemoryWindow*

@@ -390,14 +390,15 @@ class Rewriter {
     auto* i64 = llvm::Type::getInt64Ty(ctx_);
     for (const Access& a : accesses) {
       Value* p = a.inst->getOperand(a.operand);
-      if (!MayBeDevice(p)) continue;
+      bool shared = p->getType()->getPointerAddressSpace() == 3;  // checked against the block's buffer
+      if (!(checked_ && shared) && !MayBeDevice(p)) continue;
       IRBuilder<> b(a.inst);
       if (checked_) {
         auto* pty = b.getPtrTy();
         auto* fty = llvm::FunctionType::get(pty, {pty, i64, b.getInt32Ty(), i64}, false);
         Value* q = CallHelper(b, h_.check_access, fty,
                               {b.CreateAddrSpaceCast(p, pty), b.CreateZExtOrTrunc(a.bytes, i64),
-                               b.getInt32(a.store), b.getInt64(a.align)});
+                               b.getInt32((a.store ? 1 : 0) | (shared ? 2 : 0)), b.getInt64(a.align)});
         a.inst->setOperand(a.operand, b.CreateAddrSpaceCast(q, p->getType()));
         continue;
       }

