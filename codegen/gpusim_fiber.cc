@@ -68,6 +68,7 @@ namespace {
 
 constexpr size_t kStackBytes = 128 * 1024;  // kernel frames are small; host helpers run here too
 const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+constexpr size_t kSharedRedZone = 4096;
 
 enum class State : uint8_t { kRunnable, kAtBarrier, kDone, kFaulted };
 
@@ -246,17 +247,20 @@ extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uin
   Launch& l = *t_launch;
   auto a = reinterpret_cast<uintptr_t>(address);
   bool aligned = align <= 1 || a % align == 0;  // x86 tolerates a misaligned access, a GPU does not
-  void* ok = address;
   int code = 700;
   if (flags & 2) {  // shared memory: inside the block's static and dynamic arrays
     auto base = reinterpret_cast<uintptr_t>(l.shared);
     if (aligned && a >= base && a + bytes <= base + l.shared_bytes) return address;
   } else {
     const gpusim::MemoryWindow& w = gpusim::DeviceMemoryWindow();
-    if (a - w.device_begin >= w.device_end - w.device_begin) return address;  // not device memory
-    if (aligned && gpusim::IsLiveDeviceRange(a, bytes)) ok = reinterpret_cast<void*>(a + static_cast<uintptr_t>(w.alias_delta));
-    else ok = nullptr;
-    if (ok) return ok;
+    auto base = reinterpret_cast<uintptr_t>(l.shared);
+    if (a + bytes > base - kSharedRedZone && a < base + l.shared_bytes + kSharedRedZone &&
+        (a < base || a + bytes > base + l.shared_bytes))
+      flags |= 2;  // a generic access just outside the block's shared memory
+    else if (a - w.device_begin >= w.device_end - w.device_begin)
+      return address;  // not device memory
+    else if (aligned && gpusim::IsLiveDeviceRange(a, bytes))
+      return reinterpret_cast<void*>(a + static_cast<uintptr_t>(w.alias_delta));
   }
   if (!aligned) code = 716;
   Fiber* f = l.current;
@@ -326,8 +330,10 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   l.args = args;
   l.grid = grid;
   l.block = block;
-  std::vector<char> shared(static_smem + dynamic_smem + 16);
-  l.shared = shared.data();
+  // Red zones around the block's shared memory: a stray generic access near it corrupts nothing,
+  // and checked mode reports it.
+  std::vector<char> shared(kSharedRedZone + static_smem + dynamic_smem + kSharedRedZone);
+  l.shared = shared.data() + kSharedRedZone;
   l.shared_bytes = static_smem + dynamic_smem;
   std::vector<Fiber> fibers(has_barrier ? threads : 1);
   for (size_t i = 0; i < fibers.size(); ++i) t_stacks.Get(i);
@@ -357,7 +363,7 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
     l.ctaid[0] = static_cast<uint32_t>(b % grid.x);
     l.ctaid[1] = static_cast<uint32_t>(b / grid.x % grid.y);
     l.ctaid[2] = static_cast<uint32_t>(b / (uint64_t{grid.x} * grid.y));
-    std::memset(shared.data(), 0xFF, shared.size());  // poison: NaN as float, -1 as integer
+    std::memset(l.shared, 0xFF, l.shared_bytes);  // poison: NaN as float, -1 as integer
     if (!has_barrier) {  // one thread after another on one stack
       for (uint64_t t = 0; t < threads && !l.fault.set; ++t) {
         set_tid(fibers[0], t);

@@ -345,13 +345,26 @@ class Rewriter {
   /// Whether `p` may point into device memory (not shared, local, constant, a stack slot or a
   /// module global).
   bool MayBeDevice(Value* p) {
-    if (IsSpecialSpace(p->getType()->getPointerAddressSpace())) return false;
+    if (IsSpecialSpace(p->getType()->getPointerAddressSpace()) || PointsToShared(p)) return false;
     const Value* u = llvm::getUnderlyingObject(p, 12);
     if (llvm::isa<llvm::AllocaInst>(u) || llvm::isa<llvm::GlobalVariable>(u)) return false;
     if (auto* a = llvm::dyn_cast<llvm::Argument>(u); a && a->hasByValAttr()) return false;
     if (auto* ac = llvm::dyn_cast<llvm::AddrSpaceCastOperator>(u); ac && IsSpecialSpace(ac->getSrcAddressSpace()))
       return false;
     return true;
+  }
+
+  /// Whether every object `p` may point into is the block's shared buffer (generic pointers
+  /// made from __shared__ arrays, through casts, offsets, phis and selects).
+  bool PointsToShared(Value* p) {
+    llvm::SmallVector<const Value*, 4> objects;
+    llvm::getUnderlyingObjects(p, objects, nullptr, 12);
+    Value* base = llvm::ConstantExpr::getIntToPtr(llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx_), h_.shared_base),
+                                                  llvm::PointerType::get(ctx_, 0));
+    return !objects.empty() && llvm::all_of(objects, [&](const Value* v) {
+      auto* c = llvm::dyn_cast<llvm::CallInst>(v);
+      return c && c->getCalledOperand() == base;
+    });
   }
 
   struct Access {
@@ -390,7 +403,9 @@ class Rewriter {
     auto* i64 = llvm::Type::getInt64Ty(ctx_);
     for (const Access& a : accesses) {
       Value* p = a.inst->getOperand(a.operand);
-      bool shared = p->getType()->getPointerAddressSpace() == 3;  // checked against the block's buffer
+      // Shared accesses (also through generic pointers into the block's buffer) are checked
+      // against the buffer's bounds in checked mode.
+      bool shared = p->getType()->getPointerAddressSpace() == 3 || PointsToShared(p);
       if (!(checked_ && shared) && !MayBeDevice(p)) continue;
       IRBuilder<> b(a.inst);
       if (checked_) {
