@@ -2,15 +2,16 @@
 // x86-64 context switch (ucontext costs a system call per switch), and the host helpers the
 // rewritten kernel code calls (special registers, barriers, shared memory, checked accesses,
 // directed rounding). Blocks run one after another in a seeded random order; the threads of a
-// block run in turn up to the next barrier, warp by warp in a seeded random order. A kernel without barriers runs its threads one after
-// another on one stack. Warp-synchronous operations (shuffles, votes) are not emulated.
+// block run in turn up to the next barrier, warp by warp in a seeded random order. A kernel without barriers
+// runs its threads one after another on one stack. Warp-synchronous operations (shuffles, votes) are not
+// emulated.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cfenv>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -66,7 +67,7 @@ void kiln_gpusim_fiber_start();
 namespace kiln::codegen::gpusim_detail {
 namespace {
 
-constexpr size_t kStackBytes = 128 * 1024;  // kernel frames are small; host helpers run here too
+constexpr size_t kStackBytes = 128 * 1024; // kernel frames are small; host helpers run here too
 const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 constexpr size_t kSharedRedZone = 4096;
 
@@ -74,7 +75,7 @@ enum class State : uint8_t { kRunnable, kAtBarrier, kDone, kFaulted };
 
 struct Fiber {
   void* sp = nullptr;
-  char* stack = nullptr;  // lowest usable byte (a guard page lies below)
+  char* stack = nullptr; // lowest usable byte (a guard page lies below)
   uint32_t tid[3] = {0, 0, 0};
   uint32_t linear = 0;
   State state = State::kRunnable;
@@ -87,10 +88,10 @@ struct StackPool {
   std::vector<char*> stacks;
   char* Get(size_t i) {
     while (stacks.size() <= i) {
-      void* p = ::mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
+      void* p = ::mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       KILN_CHECK(p != MAP_FAILED) << "gpusim: cannot map a fiber stack";
-      ::mprotect(p, kPage, PROT_NONE);  // a stack overflow faults instead of corrupting memory
+      ::mprotect(p, kPage, PROT_NONE); // a stack overflow faults instead of corrupting memory
       stacks.push_back(static_cast<char*>(p) + kPage);
     }
     return stacks[i];
@@ -138,14 +139,14 @@ thread_local StackPool t_stacks;
 void StartFiber(Fiber& f, char* stack, size_t index) {
   f.stack = stack;
   // Stack tops at the same offset in their pages would share a few cache sets; stagger them.
-  auto* top = reinterpret_cast<uint64_t*>(stack + kStackBytes - (index % 32) * 192);  // 16-byte aligned
-  uint64_t* sp = top - 7;  // after 6 pops and the ret rsp = top, 16-byte aligned for the call
-  sp[0] = 0;                                       // r15
-  sp[1] = 0;                                       // r14
-  sp[2] = reinterpret_cast<uint64_t>(&FiberMain);  // r13
-  sp[3] = reinterpret_cast<uint64_t>(&f);          // r12
-  sp[4] = 0;                                       // rbx
-  sp[5] = 0;                                       // rbp
+  auto* top = reinterpret_cast<uint64_t*>(stack + kStackBytes - (index % 32) * 192); // 16-byte aligned
+  uint64_t* sp = top - 7; // after 6 pops and the ret rsp = top, 16-byte aligned for the call
+  sp[0] = 0;              // r15
+  sp[1] = 0;              // r14
+  sp[2] = reinterpret_cast<uint64_t>(&FiberMain); // r13
+  sp[3] = reinterpret_cast<uint64_t>(&f);         // r12
+  sp[4] = 0;                                      // rbx
+  sp[5] = 0;                                      // rbp
   sp[6] = reinterpret_cast<uint64_t>(&kiln_gpusim_fiber_start);
   f.sp = sp;
   f.state = State::kRunnable;
@@ -166,7 +167,7 @@ void Resume(Launch& l, Fiber& f) {
 /// A bijection of [0, n) drawn from `seed`: a 4-round Feistel network over the smallest power of
 /// four >= n, walking cycles until the value falls in range (fewer than 4 steps on average).
 class BlockOrder {
- public:
+public:
   BlockOrder(uint64_t n, uint64_t seed) : n_(n) {
     while ((uint64_t{1} << (2 * half_)) < n) ++half_;
     uint64_t s = seed;
@@ -184,7 +185,7 @@ class BlockOrder {
     return z ^ (z >> 31);
   }
 
- private:
+private:
   uint64_t Permute(uint64_t x) const {
     uint64_t mask = (uint64_t{1} << half_) - 1, l = x >> half_, r = x & mask;
     for (uint64_t k : keys_) {
@@ -209,21 +210,21 @@ extern "C" uint32_t HelperSreg(int which) {
   const Launch& l = *t_launch;
   const Fiber& f = *l.current;
   switch (which) {
-    case kTidX: return f.tid[0];
-    case kTidY: return f.tid[1];
-    case kTidZ: return f.tid[2];
-    case kNtidX: return l.block.x;
-    case kNtidY: return l.block.y;
-    case kNtidZ: return l.block.z;
-    case kCtaidX: return l.ctaid[0];
-    case kCtaidY: return l.ctaid[1];
-    case kCtaidZ: return l.ctaid[2];
-    case kNctaidX: return l.grid.x;
-    case kNctaidY: return l.grid.y;
-    case kNctaidZ: return l.grid.z;
-    case kWarpSize: return 32;
-    case kLaneId: return f.linear % 32;
-    case kWarpId: return f.linear / 32;
+  case kTidX: return f.tid[0];
+  case kTidY: return f.tid[1];
+  case kTidZ: return f.tid[2];
+  case kNtidX: return l.block.x;
+  case kNtidY: return l.block.y;
+  case kNtidZ: return l.block.z;
+  case kCtaidX: return l.ctaid[0];
+  case kCtaidY: return l.ctaid[1];
+  case kCtaidZ: return l.ctaid[2];
+  case kNctaidX: return l.grid.x;
+  case kNctaidY: return l.grid.y;
+  case kNctaidZ: return l.grid.z;
+  case kWarpSize: return 32;
+  case kLaneId: return f.linear % 32;
+  case kWarpId: return f.linear / 32;
   }
   return 0;
 }
@@ -233,11 +234,11 @@ extern "C" int HelperBarrier(int kind, int predicate) {
   f->predicate = kind == kBarPlain ? 0 : (predicate != 0);
   Yield(f, State::kAtBarrier);
   const gpusim::Dim3& b = t_launch->block;
-  int count = f->barrier_result;  // how many threads had a true predicate
+  int count = f->barrier_result; // how many threads had a true predicate
   switch (kind) {
-    case kBarAnd: return count == static_cast<int>(b.x * b.y * b.z);
-    case kBarOr: return count > 0;
-    default: return count;
+  case kBarAnd: return count == static_cast<int>(b.x * b.y * b.z);
+  case kBarOr: return count > 0;
+  default: return count;
   }
 }
 
@@ -246,9 +247,9 @@ extern "C" char* HelperSharedBase() { return t_launch->shared; }
 extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uint64_t align) {
   Launch& l = *t_launch;
   auto a = reinterpret_cast<uintptr_t>(address);
-  bool aligned = align <= 1 || a % align == 0;  // x86 tolerates a misaligned access, a GPU does not
+  bool aligned = align <= 1 || a % align == 0; // x86 tolerates a misaligned access, a GPU does not
   int code = 700;
-  if (flags & 2) {  // shared memory: inside the block's static and dynamic arrays
+  if (flags & 2) { // shared memory: inside the block's static and dynamic arrays
     auto base = reinterpret_cast<uintptr_t>(l.shared);
     if (aligned && a >= base && a + bytes <= base + l.shared_bytes) return address;
   } else {
@@ -256,44 +257,52 @@ extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uin
     auto base = reinterpret_cast<uintptr_t>(l.shared);
     if (a + bytes > base - kSharedRedZone && a < base + l.shared_bytes + kSharedRedZone &&
         (a < base || a + bytes > base + l.shared_bytes))
-      flags |= 2;  // a generic access just outside the block's shared memory
+      flags |= 2; // a generic access just outside the block's shared memory
     else if (a - w.device_begin >= w.device_end - w.device_begin)
-      return address;  // not device memory
+      return address; // not device memory
     else if (aligned && gpusim::IsLiveDeviceRange(a, bytes))
       return reinterpret_cast<void*>(a + static_cast<uintptr_t>(w.alias_delta));
   }
   if (!aligned) code = 716;
   Fiber* f = l.current;
-  l.fault = {.set = true, .cuda_error = code, .address = a, .bytes = bytes, .align = align, .is_store = (flags & 1) != 0,
+  l.fault = {.set = true,
+             .cuda_error = code,
+             .address = a,
+             .bytes = bytes,
+             .align = align,
+             .is_store = (flags & 1) != 0,
              .shared = (flags & 2) != 0};
   std::memcpy(l.fault.tid, f->tid, sizeof f->tid);
-  Yield(f, State::kFaulted);  // never resumed
+  Yield(f, State::kFaulted); // never resumed
   __builtin_unreachable();
 }
 
-template <class T>
-T Rounded(int op, int mode, T a, T b, T c) {
+template <class T> T Rounded(int op, int mode, T a, T b, T c) {
   static const int kModes[] = {FE_TONEAREST, FE_TOWARDZERO, FE_DOWNWARD, FE_UPWARD};
   int saved = std::fegetround();
   std::fesetround(kModes[mode & 3]);
-  asm volatile("" : "+x"(a), "+x"(b), "+x"(c));  // the operation stays after fesetround
+  asm volatile("" : "+x"(a), "+x"(b), "+x"(c)); // the operation stays after fesetround
   T r = 0;
   switch (op) {
-    case kRAdd: r = a + b; break;
-    case kRMul: r = a * b; break;
-    case kRFma: r = std::fma(a, b, c); break;
-    case kRDiv: r = a / b; break;
-    case kRSqrt: r = std::sqrt(a); break;
-    case kRRcp: r = T(1) / a; break;
+  case kRAdd: r = a + b; break;
+  case kRMul: r = a * b; break;
+  case kRFma: r = std::fma(a, b, c); break;
+  case kRDiv: r = a / b; break;
+  case kRSqrt: r = std::sqrt(a); break;
+  case kRRcp: r = T(1) / a; break;
   }
-  asm volatile("" : "+x"(r));  // ... and before the mode is restored
+  asm volatile("" : "+x"(r)); // ... and before the mode is restored
   std::fesetround(saved);
   return r;
 }
-extern "C" float HelperRoundedF32(int op, int mode, float a, float b, float c) { return Rounded(op, mode, a, b, c); }
-extern "C" double HelperRoundedF64(int op, int mode, double a, double b, double c) { return Rounded(op, mode, a, b, c); }
+extern "C" float HelperRoundedF32(int op, int mode, float a, float b, float c) {
+  return Rounded(op, mode, a, b, c);
+}
+extern "C" double HelperRoundedF64(int op, int mode, double a, double b, double c) {
+  return Rounded(op, mode, a, b, c);
+}
 
-}  // namespace
+} // namespace
 
 const Helpers& HostHelpers() {
   static const Helpers h{
@@ -320,9 +329,10 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
     return f;
   };
   if (threads == 0 || threads > 1024 || blocks == 0)
-    return fail(9, "invalid launch configuration: block (" + std::to_string(block.x) + ", " + std::to_string(block.y) +
-                       ", " + std::to_string(block.z) + ") of " + std::to_string(threads) + " threads, grid of " +
-                       std::to_string(blocks) + " blocks (cuda error 9 invalid configuration)");
+    return fail(9, "invalid launch configuration: block (" + std::to_string(block.x) + ", " +
+                       std::to_string(block.y) + ", " + std::to_string(block.z) + ") of " +
+                       std::to_string(threads) + " threads, grid of " + std::to_string(blocks) +
+                       " blocks (cuda error 9 invalid configuration)");
   KILN_CHECK(t_launch == nullptr) << "gpusim: a kernel launched from inside a simulated kernel";
 
   Launch l;
@@ -363,8 +373,8 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
     l.ctaid[0] = static_cast<uint32_t>(b % grid.x);
     l.ctaid[1] = static_cast<uint32_t>(b / grid.x % grid.y);
     l.ctaid[2] = static_cast<uint32_t>(b / (uint64_t{grid.x} * grid.y));
-    std::memset(l.shared, 0xFF, l.shared_bytes);  // poison: NaN as float, -1 as integer
-    if (!has_barrier) {  // one thread after another on one stack
+    std::memset(l.shared, 0xFF, l.shared_bytes); // poison: NaN as float, -1 as integer
+    if (!has_barrier) {                          // one thread after another on one stack
       for (uint64_t t = 0; t < threads && !l.fault.set; ++t) {
         set_tid(fibers[0], t);
         StartFiber(fibers[0], t_stacks.stacks[0], 0);
@@ -377,7 +387,7 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
       }
       std::iota(warps.begin(), warps.end(), 0u);
       std::shuffle(warps.begin(), warps.end(), std::mt19937_64(launch_seed + b));
-      for (;;) {  // one round: every thread runs to its next barrier or its end
+      for (;;) { // one round: every thread runs to its next barrier or its end
         uint64_t at_barrier = 0, done = 0, popc = 0;
         for (uint32_t w : warps) {
           for (uint64_t t = uint64_t{w} * 32; t < std::min<uint64_t>(threads, uint64_t{w} * 32 + 32); ++t) {
@@ -396,12 +406,14 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
         }
         if (at_barrier == 0) break;
         if (done > 0) {
-          return fail(719, "__syncthreads() in block " + Dims(l.ctaid) + " was reached by " + std::to_string(at_barrier) +
-                               " of " + std::to_string(threads) + " threads; the other " + std::to_string(done) +
+          return fail(719, "__syncthreads() in block " + Dims(l.ctaid) + " was reached by " +
+                               std::to_string(at_barrier) + " of " + std::to_string(threads) +
+                               " threads; the other " + std::to_string(done) +
                                " had returned. A barrier must be reached by every thread of the block "
-                               "(cuda error 719 launch failure)" + seed_note());
+                               "(cuda error 719 launch failure)" +
+                               seed_note());
         }
-        for (Fiber& f : fibers) {  // the count that __syncthreads_count/_and/_or derive their result from
+        for (Fiber& f : fibers) { // the count that __syncthreads_count/_and/_or derive their result from
           f.barrier_result = static_cast<int>(popc);
           f.state = State::kRunnable;
         }
@@ -410,16 +422,19 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
     if (l.fault.set) {
       const Fault& x = l.fault;
       std::ostringstream os;
-      os << "thread " << Dims(x.tid) << " of block " << Dims(l.ctaid) << (x.is_store ? " wrote " : " read ") << x.bytes
-         << " bytes at ";
+      os << "thread " << Dims(x.tid) << " of block " << Dims(l.ctaid) << (x.is_store ? " wrote " : " read ")
+         << x.bytes << " bytes at ";
       if (x.shared)
-        os << "shared memory offset " << static_cast<int64_t>(x.address - reinterpret_cast<uintptr_t>(l.shared));
+        os << "shared memory offset "
+           << static_cast<int64_t>(x.address - reinterpret_cast<uintptr_t>(l.shared));
       else
         os << "device address 0x" << std::hex << x.address << std::dec;
       if (x.cuda_error == 716)
-        os << ", which is not aligned to " << x.align << " bytes as the access requires (cuda error 716 misaligned address";
+        os << ", which is not aligned to " << x.align
+           << " bytes as the access requires (cuda error 716 misaligned address";
       else if (x.shared)
-        os << ", outside the block's " << l.shared_bytes << " bytes of shared memory (cuda error 700 illegal address";
+        os << ", outside the block's " << l.shared_bytes
+           << " bytes of shared memory (cuda error 700 illegal address";
       else
         os << ", which is not inside one live allocation (cuda error 700 illegal address";
       os << "; checked by KILN_GPU_SIM_ASAN=1)" << seed_note();
@@ -429,4 +444,4 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   return nullptr;
 }
 
-}  // namespace kiln::codegen::gpusim_detail
+} // namespace kiln::codegen::gpusim_detail

@@ -20,8 +20,21 @@ namespace kiln::codegen::gpusim_detail {
 
 /// The special registers a kernel may read, as the helper's argument.
 enum Sreg : int {
-  kTidX, kTidY, kTidZ, kNtidX, kNtidY, kNtidZ, kCtaidX, kCtaidY, kCtaidZ,
-  kNctaidX, kNctaidY, kNctaidZ, kWarpSize, kLaneId, kWarpId,
+  kTidX,
+  kTidY,
+  kTidZ,
+  kNtidX,
+  kNtidY,
+  kNtidZ,
+  kCtaidX,
+  kCtaidY,
+  kCtaidZ,
+  kNctaidX,
+  kNctaidY,
+  kNctaidZ,
+  kWarpSize,
+  kLaneId,
+  kWarpId,
 };
 
 /// A __syncthreads variant: plain, or one that also reduces a predicate over the block.
@@ -33,28 +46,28 @@ enum RoundMode : int { kRoundNearest, kRoundZero, kRoundDown, kRoundUp };
 
 /// Addresses of the host helpers the rewritten IR calls (extern "C", plain scalar arguments).
 struct Helpers {
-  uintptr_t sreg;           ///< uint32_t (int which)
-  uintptr_t barrier;        ///< int (int kind, int predicate)
-  uintptr_t shared_base;    ///< char* ()
-  uintptr_t check_access;   ///< void* (void* address, uint64_t bytes, int flags, uint64_t align): translated
-                            ///< flags: 1 a store, 2 a shared-memory access
-  uintptr_t rounded_f32;    ///< float (int op, int mode, float a, float b, float c)
-  uintptr_t rounded_f64;    ///< double (int op, int mode, double a, double b, double c)
-  uintptr_t window;         ///< const gpusim::MemoryWindow*
+  uintptr_t sreg;         ///< uint32_t (int which)
+  uintptr_t barrier;      ///< int (int kind, int predicate)
+  uintptr_t shared_base;  ///< char* ()
+  uintptr_t check_access; ///< void* (void* address, uint64_t bytes, int flags, uint64_t align): translated
+                          ///< flags: 1 a store, 2 a shared-memory access
+  uintptr_t rounded_f32;  ///< float (int op, int mode, float a, float b, float c)
+  uintptr_t rounded_f64;  ///< double (int op, int mode, double a, double b, double c)
+  uintptr_t window;       ///< const gpusim::MemoryWindow*
 };
 const Helpers& HostHelpers();
 
 /// What the rewriter found out about a module.
 struct RewriteResult {
   struct Kernel {
-    std::string name;         ///< as in the IR
-    std::string entry;        ///< the trampoline `void entry(void** args)` in the rewritten module
-    int max_threads = 1024;   ///< from a maxntid annotation
+    std::string name;       ///< as in the IR
+    std::string entry;      ///< the trampoline `void entry(void** args)` in the rewritten module
+    int max_threads = 1024; ///< from a maxntid annotation
   };
   std::vector<Kernel> kernels;
   size_t static_smem_bytes = 0;
-  bool has_barrier = false;   ///< some code calls __syncthreads (fibers need stacks of their own)
-  std::string table;          ///< `void table(void** out)`: stores each kernel's entry, in order
+  bool has_barrier = false; ///< some code calls __syncthreads (fibers need stacks of their own)
+  std::string table;        ///< `void table(void** out)`: stores each kernel's entry, in order
 };
 
 /// Rewrites NVPTX IR in `m` for the host (special registers, barriers, shared memory, device
@@ -70,4 +83,4 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
                                                size_t static_smem, gpusim::Dim3 grid, gpusim::Dim3 block,
                                                size_t dynamic_smem, void** args, uint64_t seed);
 
-}  // namespace kiln::codegen::gpusim_detail
+} // namespace kiln::codegen::gpusim_detail

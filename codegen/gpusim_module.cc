@@ -53,7 +53,8 @@ std::map<std::string, int> PtxasRegisters(const llvm::Module& nvptx) {
     if (f.hasFnAttribute("target-cpu")) arch = f.getFnAttribute("target-cpu").getValueAsString().str();
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget("nvptx64-nvidia-cuda", err);
   if (!target) return regs;
-  std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine("nvptx64-nvidia-cuda", arch, "", {}, std::nullopt));
+  std::unique_ptr<llvm::TargetMachine> tm(
+      target->createTargetMachine("nvptx64-nvidia-cuda", arch, "", {}, std::nullopt));
   if (!tm) return regs;
   std::unique_ptr<llvm::Module> m = llvm::CloneModule(nvptx);
   m->setDataLayout(tm->createDataLayout());
@@ -67,16 +68,18 @@ std::map<std::string, int> PtxasRegisters(const llvm::Module& nvptx) {
   fs::path base = fs::temp_directory_path() /
                   ("kiln-gpusim-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::ofstream(base.string() + ".ptx") << ptx.str().str();
-  std::string cmd = ptxas + " -arch=" + arch + " -v " + base.string() + ".ptx -o " + base.string() + ".cubin > " +
-                    base.string() + ".log 2>&1";
+  std::string cmd = ptxas + " -arch=" + arch + " -v " + base.string() + ".ptx -o " + base.string() +
+                    ".cubin > " + base.string() + ".log 2>&1";
   int rc = std::system(cmd.c_str());
   std::ifstream log(base.string() + ".log");
   std::string line, current;
   static const std::regex entry(R"(Compiling entry function '([^']+)')"), used(R"(Used (\d+) registers)");
   while (rc == 0 && std::getline(log, line)) {
     std::smatch s;
-    if (std::regex_search(line, s, entry)) current = s[1];
-    else if (std::regex_search(line, s, used) && !current.empty()) regs[current] = std::stoi(s[1]);
+    if (std::regex_search(line, s, entry))
+      current = s[1];
+    else if (std::regex_search(line, s, used) && !current.empty())
+      regs[current] = std::stoi(s[1]);
   }
   for (const char* ext : {".ptx", ".cubin", ".log"}) fs::remove(base.string() + ext);
   return regs;
@@ -90,8 +93,9 @@ int EstimateRegisters(const llvm::Function& f) {
 }
 
 class Kernel final : public gpusim::EmulatedKernel {
- public:
-  Kernel(std::string name, EntryFn entry, gpusim::KernelAttributes attrs, bool has_barrier, std::optional<uint64_t> seed)
+public:
+  Kernel(std::string name, EntryFn entry, gpusim::KernelAttributes attrs, bool has_barrier,
+         std::optional<uint64_t> seed)
       : name_(std::move(name)), entry_(entry), attrs_(attrs), has_barrier_(has_barrier), seed_(seed) {}
 
   gpusim::KernelAttributes& attributes() override { return attrs_; }
@@ -103,7 +107,7 @@ class Kernel final : public gpusim::EmulatedKernel {
                                     dynamic_smem_bytes, args, seed);
   }
 
- private:
+private:
   std::string name_;
   EntryFn entry_;
   gpusim::KernelAttributes attrs_;
@@ -112,7 +116,7 @@ class Kernel final : public gpusim::EmulatedKernel {
 };
 
 class Module final : public gpusim::EmulatedModule {
- public:
+public:
   gpusim::EmulatedKernel* Function(const std::string& name) override {
     auto it = kernels_.find(name);
     return it == kernels_.end() ? nullptr : it->second.get();
@@ -124,22 +128,27 @@ class Module final : public gpusim::EmulatedModule {
 /// used under the compile lock).
 llvm::TargetMachine& HostMachine() {
   static llvm::TargetMachine* tm = [] {
-    detail::Host();  // initializes the native target
+    detail::Host(); // initializes the native target
     auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-    KILN_CHECK(static_cast<bool>(jtmb)) << "gpusim: detecting the host CPU: " << llvm::toString(jtmb.takeError());
+    KILN_CHECK(static_cast<bool>(jtmb))
+        << "gpusim: detecting the host CPU: " << llvm::toString(jtmb.takeError());
     jtmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
     auto made = jtmb->createTargetMachine();
-    KILN_CHECK(static_cast<bool>(made)) << "gpusim: creating the target machine: " << llvm::toString(made.takeError());
+    KILN_CHECK(static_cast<bool>(made))
+        << "gpusim: creating the target machine: " << llvm::toString(made.takeError());
     return made->release();
   }();
   return *tm;
 }
 
-std::unique_ptr<gpusim::EmulatedModule> CompileForSeam(std::string_view ir) { return CompileEmulatedModule(ir); }
+std::unique_ptr<gpusim::EmulatedModule> CompileForSeam(std::string_view ir) {
+  return CompileEmulatedModule(ir);
+}
 
-}  // namespace
+} // namespace
 
-std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view nvptx_ir, const EmulatorOptions& options) {
+std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view nvptx_ir,
+                                                              const EmulatorOptions& options) {
   static std::mutex mu;
   static int modules = 0;
   std::lock_guard<std::mutex> lock(mu);
@@ -172,7 +181,8 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
         << "gpusim: the host target cannot emit object code";
     pm.run(*m);
   }
-  auto table = reinterpret_cast<void (*)(void**)>(detail::LoadObject(std::string_view(object.data(), object.size()), unique));
+  auto table = reinterpret_cast<void (*)(void**)>(
+      detail::LoadObject(std::string_view(object.data(), object.size()), unique));
   std::vector<void*> entries(rw.kernels.size());
   table(entries.data());
 
@@ -184,12 +194,12 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
     attrs.num_regs = it != regs.end() ? it->second : estimates[rk.name];
     attrs.static_smem_bytes = rw.static_smem_bytes;
     attrs.max_threads_per_block = rk.max_threads;
-    module->kernels_[rk.name] = std::make_unique<Kernel>(rk.name, reinterpret_cast<EntryFn>(entries[k]), attrs,
-                                                         rw.has_barrier, options.seed);
+    module->kernels_[rk.name] = std::make_unique<Kernel>(rk.name, reinterpret_cast<EntryFn>(entries[k]),
+                                                         attrs, rw.has_barrier, options.seed);
   }
   return module;
 }
 
 void InstallGpuEmulator() { gpusim::SetModuleCompiler(&CompileForSeam); }
 
-}  // namespace kiln::codegen
+} // namespace kiln::codegen

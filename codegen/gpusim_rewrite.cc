@@ -13,10 +13,10 @@
 //     one external function stores the trampolines' addresses (the JIT needs one lookup).
 // Warp-level operations (shuffles, votes, __syncwarp) are refused, not emulated.
 #include <llvm/Analysis/ValueTracking.h>
+#include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/Instructions.h>
 #include <llvm/IR/IntrinsicInst.h>
-#include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/ReplaceConstant.h>
 
@@ -36,8 +36,9 @@ using llvm::Value;
 bool IsSpecialSpace(unsigned as) { return as == 3 || as == 4 || as == 5 || as == 101; }
 
 class Rewriter {
- public:
-  Rewriter(llvm::Module& m, bool checked) : m_(m), ctx_(m.getContext()), checked_(checked), h_(HostHelpers()) {}
+public:
+  Rewriter(llvm::Module& m, bool checked)
+      : m_(m), ctx_(m.getContext()), checked_(checked), h_(HostHelpers()) {}
 
   RewriteResult Run(const std::string& unique) {
     FindKernels();
@@ -54,13 +55,14 @@ class Rewriter {
     return std::move(result_);
   }
 
- private:
+private:
   [[noreturn]] void Refuse(const std::string& what, const llvm::Instruction* at) {
     std::string fn = at ? at->getFunction()->getName().str() : "";
-    KILN_THROW(DeviceError) << "gpusim: the kernel emulator cannot translate " << what
-                            << (fn.empty() ? "" : " (in function '" + fn + "')")
-                            << "; it emulates special registers, __syncthreads, shared memory and libdevice's "
-                               "intrinsics, not warp-level or other PTX operations";
+    KILN_THROW(DeviceError)
+        << "gpusim: the kernel emulator cannot translate " << what
+        << (fn.empty() ? "" : " (in function '" + fn + "')")
+        << "; it emulates special registers, __syncthreads, shared memory and libdevice's "
+           "intrinsics, not warp-level or other PTX operations";
   }
 
   void FindKernels() {
@@ -82,7 +84,7 @@ class Rewriter {
     }
     for (llvm::Function& f : m_)
       if (f.getCallingConv() == llvm::CallingConv::PTX_Kernel) kernels.insert(&f);
-    for (llvm::Function& f : m_) {  // in module order, so that the table's order is stable
+    for (llvm::Function& f : m_) { // in module order, so that the table's order is stable
       if (!kernels.count(&f) || f.isDeclaration()) continue;
       RewriteResult::Kernel k;
       k.name = f.getName().str();
@@ -91,8 +93,9 @@ class Rewriter {
       kernel_fns_.push_back(&f);
     }
     if (kernel_fns_.empty())
-      KILN_THROW(DeviceError) << "gpusim: the module defines no kernel (no function with the ptx_kernel calling "
-                                 "convention or a nvvm.annotations 'kernel' entry)";
+      KILN_THROW(DeviceError)
+          << "gpusim: the module defines no kernel (no function with the ptx_kernel calling "
+             "convention or a nvvm.annotations 'kernel' entry)";
   }
 
   /// A call to the host helper at `address` of type `ty`.
@@ -117,13 +120,13 @@ class Rewriter {
       end += dl.getTypeAllocSize(g->getValueType());
     }
     result_.static_smem_bytes = end;
-    uint64_t dynamic = (end + 15) / 16 * 16;  // extern __shared__ starts after the static arrays
+    uint64_t dynamic = (end + 15) / 16 * 16; // extern __shared__ starts after the static arrays
     for (auto* g : shared)
       if (g->isDeclaration()) offset[g] = dynamic;
     std::vector<llvm::Constant*> consts(shared.begin(), shared.end());
     llvm::convertUsersOfConstantsToInstructions(consts);
     llvm::FunctionType* base_ty = llvm::FunctionType::get(llvm::PointerType::get(ctx_, 0), false);
-    std::map<llvm::Function*, Value*> base;  // the block's shared buffer, read once per function
+    std::map<llvm::Function*, Value*> base; // the block's shared buffer, read once per function
     for (auto* g : shared) {
       std::vector<llvm::Use*> uses;
       for (llvm::Use& u : g->uses()) uses.push_back(&u);
@@ -172,9 +175,9 @@ class Rewriter {
     if (!x->getType()->isFloatTy()) return x;
     Value* tiny = b.CreateFCmpOLT(b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x),
                                   llvm::ConstantFP::get(x->getType(), 1.17549435e-38));
-    return b.CreateSelect(tiny, b.CreateBinaryIntrinsic(llvm::Intrinsic::copysign,
-                                                        llvm::ConstantFP::get(x->getType(), 0.0), x),
-                          x);
+    return b.CreateSelect(
+        tiny, b.CreateBinaryIntrinsic(llvm::Intrinsic::copysign, llvm::ConstantFP::get(x->getType(), 0.0), x),
+        x);
   }
 
   /// The replacement of `llvm.nvvm.<name>`; nullptr when the call is simply removed.
@@ -183,15 +186,15 @@ class Rewriter {
     auto* i32 = b.getInt32Ty();
     if (name.consume_front("read.ptx.sreg.")) {
       static const std::map<std::string, int> regs = {
-          {"tid.x", kTidX},     {"tid.y", kTidY},     {"tid.z", kTidZ},     {"ntid.x", kNtidX},
-          {"ntid.y", kNtidY},   {"ntid.z", kNtidZ},   {"ctaid.x", kCtaidX}, {"ctaid.y", kCtaidY},
-          {"ctaid.z", kCtaidZ}, {"nctaid.x", kNctaidX}, {"nctaid.y", kNctaidY}, {"nctaid.z", kNctaidZ},
-          {"warpsize", kWarpSize}, {"laneid", kLaneId}, {"warpid", kWarpId}};
+          {"tid.x", kTidX},        {"tid.y", kTidY},       {"tid.z", kTidZ},       {"ntid.x", kNtidX},
+          {"ntid.y", kNtidY},      {"ntid.z", kNtidZ},     {"ctaid.x", kCtaidX},   {"ctaid.y", kCtaidY},
+          {"ctaid.z", kCtaidZ},    {"nctaid.x", kNctaidX}, {"nctaid.y", kNctaidY}, {"nctaid.z", kNctaidZ},
+          {"warpsize", kWarpSize}, {"laneid", kLaneId},    {"warpid", kWarpId}};
       auto it = regs.find(name.str());
       if (it == regs.end()) Refuse("the special register %" + name.str(), c);
       auto* call = llvm::cast<llvm::CallInst>(
           CallHelper(b, h_.sreg, llvm::FunctionType::get(i32, {i32}, false), {b.getInt32(it->second)}));
-      call->setDoesNotAccessMemory();  // constant for the thread's whole life
+      call->setDoesNotAccessMemory(); // constant for the thread's whole life
       call->setDoesNotThrow();
       return b.CreateZExtOrTrunc(call, c->getType());
     }
@@ -206,16 +209,17 @@ class Rewriter {
     if (name == "barrier0.popc") return barrier(kBarPopc, arg(0));
     if (name == "barrier0.and") return barrier(kBarAnd, arg(0));
     if (name == "barrier0.or") return barrier(kBarOr, arg(0));
-    if (name.starts_with("membar.") || name.starts_with("fence.")) return nullptr;  // fibers run in turn
+    if (name.starts_with("membar.") || name.starts_with("fence.")) return nullptr; // fibers run in turn
 
     // Math. Split "op.rnd.ftz.t" into its parts.
     llvm::SmallVector<llvm::StringRef, 4> parts;
     name.split(parts, '.');
     bool ftz = llvm::is_contained(parts, "ftz");
     llvm::StringRef op = parts[0];
-    std::string rnd = parts.size() > 1 && (parts[1] == "rn" || parts[1] == "rz" || parts[1] == "rm" || parts[1] == "rp")
-                          ? parts[1].str()
-                          : "";  // f2i.rn, add.rz.f, ...: the rounding mode is the second part
+    std::string rnd =
+        parts.size() > 1 && (parts[1] == "rn" || parts[1] == "rz" || parts[1] == "rm" || parts[1] == "rp")
+            ? parts[1].str()
+            : ""; // f2i.rn, add.rz.f, ...: the rounding mode is the second part
     std::vector<Value*> xs;
     for (unsigned k = 0; k < c->arg_size(); ++k) xs.push_back(ftz ? Ftz(b, arg(k)) : arg(k));
     auto out = [&](Value* v) { return ftz ? Ftz(b, v) : v; };
@@ -223,17 +227,17 @@ class Rewriter {
     auto bin = [&](llvm::Intrinsic::ID id) { return out(b.CreateBinaryIntrinsic(id, xs[0], xs[1])); };
     llvm::Type* ty = c->getType();
     auto one = [&] { return llvm::ConstantFP::get(ty, 1.0); };
-    static const std::map<std::string, int> rounded_ops = {{"add", kRAdd}, {"mul", kRMul}, {"fma", kRFma},
+    static const std::map<std::string, int> rounded_ops = {{"add", kRAdd}, {"mul", kRMul},   {"fma", kRFma},
                                                            {"div", kRDiv}, {"sqrt", kRSqrt}, {"rcp", kRRcp}};
     if (auto it = rounded_ops.find(op.str()); it != rounded_ops.end() && ty->isFloatingPointTy()) {
-      if (rnd.empty() || rnd == "rn") {  // nearest (also approx and full variants)
+      if (rnd.empty() || rnd == "rn") { // nearest (also approx and full variants)
         switch (it->second) {
-          case kRAdd: return out(b.CreateFAdd(xs[0], xs[1]));
-          case kRMul: return out(b.CreateFMul(xs[0], xs[1]));
-          case kRFma: return out(b.CreateIntrinsic(llvm::Intrinsic::fma, {ty}, {xs[0], xs[1], xs[2]}));
-          case kRDiv: return out(b.CreateFDiv(xs[0], xs[1]));
-          case kRSqrt: return un(llvm::Intrinsic::sqrt);
-          case kRRcp: return out(b.CreateFDiv(one(), xs[0]));
+        case kRAdd: return out(b.CreateFAdd(xs[0], xs[1]));
+        case kRMul: return out(b.CreateFMul(xs[0], xs[1]));
+        case kRFma: return out(b.CreateIntrinsic(llvm::Intrinsic::fma, {ty}, {xs[0], xs[1], xs[2]}));
+        case kRDiv: return out(b.CreateFDiv(xs[0], xs[1]));
+        case kRSqrt: return un(llvm::Intrinsic::sqrt);
+        case kRRcp: return out(b.CreateFDiv(one(), xs[0]));
         }
       }
       int mode = rnd == "rz" ? kRoundZero : rnd == "rm" ? kRoundDown : kRoundUp;
@@ -245,25 +249,28 @@ class Rewriter {
       return out(r);
     }
     if (op == "fabs") return un(llvm::Intrinsic::fabs);
-    if (op == "fmin") return bin(llvm::is_contained(parts, "nan") ? llvm::Intrinsic::minimum : llvm::Intrinsic::minnum);
-    if (op == "fmax") return bin(llvm::is_contained(parts, "nan") ? llvm::Intrinsic::maximum : llvm::Intrinsic::maxnum);
+    if (op == "fmin")
+      return bin(llvm::is_contained(parts, "nan") ? llvm::Intrinsic::minimum : llvm::Intrinsic::minnum);
+    if (op == "fmax")
+      return bin(llvm::is_contained(parts, "nan") ? llvm::Intrinsic::maximum : llvm::Intrinsic::maxnum);
     if (op == "ex2") return un(llvm::Intrinsic::exp2);
     if (op == "lg2") return un(llvm::Intrinsic::log2);
     if (op == "sin") return un(llvm::Intrinsic::sin);
     if (op == "cos") return un(llvm::Intrinsic::cos);
     if (op == "rsqrt") return out(b.CreateFDiv(one(), b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, xs[0])));
-    if (op == "round") return un(llvm::Intrinsic::rint);  // cvt.rni: nearest, ties to even
+    if (op == "round") return un(llvm::Intrinsic::rint); // cvt.rni: nearest, ties to even
     if (op == "trunc") return un(llvm::Intrinsic::trunc);
     if (op == "floor") return un(llvm::Intrinsic::floor);
     if (op == "ceil") return un(llvm::Intrinsic::ceil);
-    if (op == "saturate") {  // NaN -> 0, else clamped to [0, 1]
+    if (op == "saturate") { // NaN -> 0, else clamped to [0, 1]
       Value* x = xs[0];
       Value* hi = b.CreateSelect(b.CreateFCmpOLT(x, one()), x, one());
-      return out(b.CreateSelect(b.CreateFCmpOGT(x, llvm::ConstantFP::get(ty, 0.0)), hi, llvm::ConstantFP::get(ty, 0.0)));
+      return out(b.CreateSelect(b.CreateFCmpOGT(x, llvm::ConstantFP::get(ty, 0.0)), hi,
+                                llvm::ConstantFP::get(ty, 0.0)));
     }
-    if (op == "f2i" || op == "d2i" || op == "f2ui" || op == "d2ui" || op == "f2ll" || op == "d2ll" || op == "f2ull" ||
-        op == "d2ull") {
-      if (parts.size() >= 2 && (parts[1] == "lo" || parts[1] == "hi")) {  // d2i.lo / d2i.hi: the halves
+    if (op == "f2i" || op == "d2i" || op == "f2ui" || op == "d2ui" || op == "f2ll" || op == "d2ll" ||
+        op == "f2ull" || op == "d2ull") {
+      if (parts.size() >= 2 && (parts[1] == "lo" || parts[1] == "hi")) { // d2i.lo / d2i.hi: the halves
         Value* bits = b.CreateBitCast(xs[0], b.getInt64Ty());
         if (parts[1] == "hi") bits = b.CreateLShr(bits, 32);
         return b.CreateTrunc(bits, ty);
@@ -273,23 +280,24 @@ class Rewriter {
       if (rnd == "rm") x = b.CreateUnaryIntrinsic(llvm::Intrinsic::floor, x);
       if (rnd == "rp") x = b.CreateUnaryIntrinsic(llvm::Intrinsic::ceil, x);
       bool is_unsigned = op.contains("u");
-      return b.CreateIntrinsic(is_unsigned ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat, {ty, x->getType()},
-                               {x});
+      return b.CreateIntrinsic(is_unsigned ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat,
+                               {ty, x->getType()}, {x});
     }
     if (op == "lohi" && parts.size() == 2 && parts[1] == "i2d") {
       Value* lo = b.CreateZExt(arg(0), b.getInt64Ty());
       Value* hi = b.CreateShl(b.CreateZExt(arg(1), b.getInt64Ty()), 32);
       return b.CreateBitCast(b.CreateOr(lo, hi), ty);
     }
-    if ((op == "i2f" || op == "ui2f" || op == "ll2f" || op == "ull2f" || op == "i2d" || op == "ui2d" || op == "ll2d" ||
-         op == "ull2d") && rnd == "rn")
+    if ((op == "i2f" || op == "ui2f" || op == "ll2f" || op == "ull2f" || op == "i2d" || op == "ui2d" ||
+         op == "ll2d" || op == "ull2d") &&
+        rnd == "rn")
       return op.starts_with("u") ? b.CreateUIToFP(arg(0), ty) : b.CreateSIToFP(arg(0), ty);
     if (op == "mulhi" || op == "mul24") {
       bool is_unsigned = parts.size() > 1 && parts[1].starts_with("u");
       auto* wide = b.getIntNTy(ty->getIntegerBitWidth() * 2);
       Value* a = is_unsigned ? b.CreateZExt(arg(0), wide) : b.CreateSExt(arg(0), wide);
       Value* d = is_unsigned ? b.CreateZExt(arg(1), wide) : b.CreateSExt(arg(1), wide);
-      if (op == "mul24") {  // the low 24 bits of each operand, sign-extended for the signed form
+      if (op == "mul24") { // the low 24 bits of each operand, sign-extended for the signed form
         a = b.CreateTrunc(a, ty), d = b.CreateTrunc(d, ty);
         auto ext = [&](Value* v) {
           return is_unsigned ? b.CreateAnd(v, 0xFFFFFF) : b.CreateAShr(b.CreateShl(v, 8), 8);
@@ -299,8 +307,9 @@ class Rewriter {
       return b.CreateTrunc(b.CreateLShr(b.CreateMul(a, d), ty->getIntegerBitWidth()), ty);
     }
     if (op == "ldg" && parts.size() > 1 && parts[1] == "global")
-      return b.CreateAlignedLoad(ty, arg(0), llvm::MaybeAlign(llvm::cast<llvm::ConstantInt>(arg(1))->getZExtValue()));
-    if (op == "ptr") return b.CreateAddrSpaceCast(arg(0), ty);  // ptr.gen.to.global and back
+      return b.CreateAlignedLoad(ty, arg(0),
+                                 llvm::MaybeAlign(llvm::cast<llvm::ConstantInt>(arg(1))->getZExtValue()));
+    if (op == "ptr") return b.CreateAddrSpaceCast(arg(0), ty); // ptr.gen.to.global and back
     Refuse("the intrinsic llvm.nvvm." + name.str(), c);
   }
 
@@ -308,7 +317,8 @@ class Rewriter {
   Value* Asm(IRBuilder<>& b, llvm::CallBase* c, const llvm::InlineAsm* ia) {
     std::string s = Squeeze(ia->getAsmString());
     llvm::Type* ty = c->getType();
-    if (s == "rcp.approx.ftz.f32 $0,$1;" || s == "rcp.approx.ftz.f64 $0,$1;" || s == "rcp.approx.f32 $0,$1;") {
+    if (s == "rcp.approx.ftz.f32 $0,$1;" || s == "rcp.approx.ftz.f64 $0,$1;" ||
+        s == "rcp.approx.f32 $0,$1;") {
       bool ftz = s.find("ftz.f32") != std::string::npos;
       Value* x = ftz ? Ftz(b, c->getArgOperand(0)) : c->getArgOperand(0);
       Value* r = b.CreateFDiv(llvm::ConstantFP::get(ty, 1.0), x);
@@ -317,8 +327,9 @@ class Rewriter {
     // {lo, hi} = a * b + c as one 64-bit product (mad.lo.cc + madc.hi with carry), u32 operands.
     if (s.rfind("mad.lo.cc.u32 $0, $2, $3, $4; madc.hi.u32 $1, $2, $3, 0;", 0) == 0) {
       auto* i64 = b.getInt64Ty();
-      Value* p = b.CreateAdd(b.CreateMul(b.CreateZExt(c->getArgOperand(0), i64), b.CreateZExt(c->getArgOperand(1), i64)),
-                             b.CreateZExt(c->getArgOperand(2), i64));
+      Value* p = b.CreateAdd(
+          b.CreateMul(b.CreateZExt(c->getArgOperand(0), i64), b.CreateZExt(c->getArgOperand(1), i64)),
+          b.CreateZExt(c->getArgOperand(2), i64));
       Value* r = llvm::PoisonValue::get(ty);
       r = b.CreateInsertValue(r, b.CreateTrunc(p, b.getInt32Ty()), 0);
       return b.CreateInsertValue(r, b.CreateTrunc(b.CreateLShr(p, 32), b.getInt32Ty()), 1);
@@ -337,8 +348,10 @@ class Rewriter {
     } else {
       return;
     }
-    if (with) c->replaceAllUsesWith(with);
-    else if (!c->getType()->isVoidTy()) c->replaceAllUsesWith(llvm::PoisonValue::get(c->getType()));
+    if (with)
+      c->replaceAllUsesWith(with);
+    else if (!c->getType()->isVoidTy())
+      c->replaceAllUsesWith(llvm::PoisonValue::get(c->getType()));
     c->eraseFromParent();
   }
 
@@ -349,7 +362,8 @@ class Rewriter {
     const Value* u = llvm::getUnderlyingObject(p, 12);
     if (llvm::isa<llvm::AllocaInst>(u) || llvm::isa<llvm::GlobalVariable>(u)) return false;
     if (auto* a = llvm::dyn_cast<llvm::Argument>(u); a && a->hasByValAttr()) return false;
-    if (auto* ac = llvm::dyn_cast<llvm::AddrSpaceCastOperator>(u); ac && IsSpecialSpace(ac->getSrcAddressSpace()))
+    if (auto* ac = llvm::dyn_cast<llvm::AddrSpaceCastOperator>(u);
+        ac && IsSpecialSpace(ac->getSrcAddressSpace()))
       return false;
     return true;
   }
@@ -359,8 +373,9 @@ class Rewriter {
   bool PointsToShared(Value* p) {
     llvm::SmallVector<const Value*, 4> objects;
     llvm::getUnderlyingObjects(p, objects, nullptr, 12);
-    Value* base = llvm::ConstantExpr::getIntToPtr(llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx_), h_.shared_base),
-                                                  llvm::PointerType::get(ctx_, 0));
+    Value* base =
+        llvm::ConstantExpr::getIntToPtr(llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx_), h_.shared_base),
+                                        llvm::PointerType::get(ctx_, 0));
     return !objects.empty() && llvm::all_of(objects, [&](const Value* v) {
       auto* c = llvm::dyn_cast<llvm::CallInst>(v);
       return c && c->getCalledOperand() == base;
@@ -378,12 +393,15 @@ class Rewriter {
   void TranslateMemory() {
     const llvm::DataLayout& dl = m_.getDataLayout();
     std::vector<Access> accesses;
-    auto size_of = [&](llvm::Type* t) { return llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx_), dl.getTypeStoreSize(t)); };
+    auto size_of = [&](llvm::Type* t) {
+      return llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx_), dl.getTypeStoreSize(t));
+    };
     for (llvm::Function& f : m_)
       for (llvm::BasicBlock& bb : f)
         for (llvm::Instruction& i : bb) {
           if (auto* l = llvm::dyn_cast<llvm::LoadInst>(&i))
-            accesses.push_back({&i, l->getPointerOperandIndex(), size_of(l->getType()), l->getAlign().value(), false});
+            accesses.push_back(
+                {&i, l->getPointerOperandIndex(), size_of(l->getType()), l->getAlign().value(), false});
           else if (auto* s = llvm::dyn_cast<llvm::StoreInst>(&i))
             accesses.push_back({&i, s->getPointerOperandIndex(), size_of(s->getValueOperand()->getType()),
                                 s->getAlign().value(), true});
@@ -399,7 +417,7 @@ class Rewriter {
               accesses.push_back({&i, 1, mi->getLength(), mt->getSourceAlign().valueOrOne().value(), false});
           }
         }
-    std::map<llvm::Function*, std::array<Value*, 3>> window;  // begin, size, delta; read once per call
+    std::map<llvm::Function*, std::array<Value*, 3>> window; // begin, size, delta; read once per call
     auto* i64 = llvm::Type::getInt64Ty(ctx_);
     for (const Access& a : accesses) {
       Value* p = a.inst->getOperand(a.operand);
@@ -442,7 +460,8 @@ class Rewriter {
     m_.setTargetTriple(host.triple.str());
     m_.setDataLayout(host.tm->createDataLayout());
     for (llvm::Function& f : m_) {
-      if (f.getCallingConv() == llvm::CallingConv::PTX_Kernel || f.getCallingConv() == llvm::CallingConv::PTX_Device)
+      if (f.getCallingConv() == llvm::CallingConv::PTX_Kernel ||
+          f.getCallingConv() == llvm::CallingConv::PTX_Device)
         f.setCallingConv(llvm::CallingConv::C);
       for (llvm::User* u : f.users())
         if (auto* cb = llvm::dyn_cast<llvm::CallBase>(u)) cb->setCallingConv(llvm::CallingConv::C);
@@ -455,7 +474,8 @@ class Rewriter {
       f.setVisibility(llvm::GlobalValue::DefaultVisibility);
     }
     for (llvm::GlobalVariable& g : m_.globals())
-      if (!g.isDeclaration() && !g.getName().starts_with("llvm.")) g.setLinkage(llvm::GlobalValue::InternalLinkage);
+      if (!g.isDeclaration() && !g.getName().starts_with("llvm."))
+        g.setLinkage(llvm::GlobalValue::InternalLinkage);
     for (llvm::GlobalVariable& g : m_.globals())
       if (g.isDeclaration()) Refuse("the external variable '" + g.getName().str() + "'", nullptr);
     for (llvm::Function& f : m_)
@@ -467,15 +487,17 @@ class Rewriter {
     std::vector<llvm::Function*> entries;
     for (size_t k = 0; k < kernel_fns_.size(); ++k) {
       llvm::Function* kf = kernel_fns_[k];
-      auto* e = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {ptr}, false),
-                                       llvm::GlobalValue::InternalLinkage, kf->getName() + ".gpusim_entry", m_);
+      auto* e =
+          llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {ptr}, false),
+                                 llvm::GlobalValue::InternalLinkage, kf->getName() + ".gpusim_entry", m_);
       e->addFnAttr("target-cpu", host.cpu);
       e->addFnAttr("target-features", host.features);
       b.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", e));
       std::vector<Value*> args;
       for (llvm::Argument& a : kf->args()) {
         Value* slot = b.CreateLoad(ptr, b.CreateConstGEP1_64(ptr, e->getArg(0), a.getArgNo()));
-        args.push_back(a.hasByValAttr() ? b.CreateAddrSpaceCast(slot, a.getType()) : b.CreateLoad(a.getType(), slot));
+        args.push_back(a.hasByValAttr() ? b.CreateAddrSpaceCast(slot, a.getType())
+                                        : b.CreateLoad(a.getType(), slot));
       }
       b.CreateCall(kf, args);
       b.CreateRetVoid();
@@ -485,7 +507,8 @@ class Rewriter {
     auto* table = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {ptr}, false),
                                          llvm::GlobalValue::ExternalLinkage, unique, m_);
     b.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", table));
-    for (size_t k = 0; k < entries.size(); ++k) b.CreateStore(entries[k], b.CreateConstGEP1_64(ptr, table->getArg(0), k));
+    for (size_t k = 0; k < entries.size(); ++k)
+      b.CreateStore(entries[k], b.CreateConstGEP1_64(ptr, table->getArg(0), k));
     b.CreateRetVoid();
     result_.table = unique;
   }
@@ -498,10 +521,10 @@ class Rewriter {
   std::vector<llvm::Function*> kernel_fns_;
 };
 
-}  // namespace
+} // namespace
 
 RewriteResult RewriteForHost(llvm::Module& m, bool checked, const std::string& unique) {
   return Rewriter(m, checked).Run(unique);
 }
 
-}  // namespace kiln::codegen::gpusim_detail
+} // namespace kiln::codegen::gpusim_detail

@@ -170,8 +170,9 @@ std::string DynamicReduce() {
          Replace(Replace(kReduce, "[256 x float]", "[0 x float]"), "@SMEM", "@dyn");
 }
 
-std::unique_ptr<kiln::gpusim::KernelFault> Launch(kiln::gpusim::EmulatedModule& m, const std::string& name, Dim3 grid,
-                                                  Dim3 block, size_t dyn, std::vector<void*> args) {
+std::unique_ptr<kiln::gpusim::KernelFault> Launch(kiln::gpusim::EmulatedModule& m, const std::string& name,
+                                                  Dim3 grid, Dim3 block, size_t dyn,
+                                                  std::vector<void*> args) {
   kiln::gpusim::EmulatedKernel* k = m.Function(name);
   REQUIRE(k != nullptr);
   return k->Run(grid, block, dyn, args.data());
@@ -186,7 +187,7 @@ std::vector<double> BlockSums(const std::vector<float>& in, int block) {
 /// Device memory the host cannot touch, mapped a second time at an alias the emulator uses: the
 /// simulated GPU's layout, made here with memfd (the simulated devices are not needed).
 class FakeDevice {
- public:
+public:
   explicit FakeDevice(size_t bytes) : bytes_(bytes) {
     int fd = ::memfd_create("kiln-fake-gpu", 0);
     REQUIRE(fd >= 0);
@@ -197,8 +198,8 @@ class FakeDevice {
     REQUIRE(alias_ != MAP_FAILED);
     REQUIRE(device_ != MAP_FAILED);
     current_ = this;
-    kiln::gpusim::SetDeviceMemoryWindow({reinterpret_cast<uintptr_t>(device_), reinterpret_cast<uintptr_t>(device_ + bytes),
-                                         alias_ - device_});
+    kiln::gpusim::SetDeviceMemoryWindow({reinterpret_cast<uintptr_t>(device_),
+                                         reinterpret_cast<uintptr_t>(device_ + bytes), alias_ - device_});
     kiln::gpusim::SetLiveRangeChecker(&Live);
   }
   ~FakeDevice() {
@@ -209,8 +210,7 @@ class FakeDevice {
     ::munmap(device_, bytes_);
   }
   /// A device allocation of `bytes` (256-byte aligned, allocations back to back).
-  template <class T>
-  T* Alloc(size_t count) {
+  template <class T> T* Alloc(size_t count) {
     size_t at = (used_ + 255) / 256 * 256;
     used_ = at + count * sizeof(T);
     REQUIRE(used_ <= bytes_);
@@ -218,12 +218,11 @@ class FakeDevice {
     return reinterpret_cast<T*>(device_ + at);
   }
   /// The host's view of device memory (what a copy would read).
-  template <class T>
-  T* Host(T* device) {
+  template <class T> T* Host(T* device) {
     return reinterpret_cast<T*>(reinterpret_cast<char*>(device) - device_ + alias_);
   }
 
- private:
+private:
   static bool Live(uintptr_t a, size_t n) {
     for (auto [b, size] : current_->allocs_)
       if (a >= b && a + n <= b + size) return true;
@@ -235,7 +234,7 @@ class FakeDevice {
   std::vector<std::pair<uintptr_t, size_t>> allocs_;
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("gpu emulator: index math over 1D, 2D and 3D grids with tails writes every element once") {
   auto m = CompileEmulatedModule(kHeader + std::string(kIndex), Opts(false));
@@ -283,11 +282,12 @@ TEST_CASE("gpu emulator: block reduction in static and dynamic shared memory, wi
       const float* pi = in.data();
       float* po = out.data();
       Dim3 grid{static_cast<uint32_t>(out.size()), 1, 1};
-      REQUIRE(Launch(*m, "block_sum", grid, {block, 1, 1}, dynamic ? block * 4 : 0, {&pi, &po, &n}) == nullptr);
+      REQUIRE(Launch(*m, "block_sum", grid, {block, 1, 1}, dynamic ? block * 4 : 0, {&pi, &po, &n}) ==
+              nullptr);
       std::vector<double> want = BlockSums(in, static_cast<int>(block));
       double err = 0;
       for (size_t b = 0; b < out.size(); ++b) err = std::max(err, std::abs(out[b] - want[b]));
-      CHECK(err == 0.0);  // integers: exact in float
+      CHECK(err == 0.0); // integers: exact in float
     }
   }
 }
@@ -312,9 +312,9 @@ define ptx_kernel void @peek(ptr %out) {
   auto m = CompileEmulatedModule(ir, Opts(false));
   std::vector<int32_t> out(64, 0);
   int32_t* po = out.data();
-  for (int launch = 0; launch < 2; ++launch) {  // the second launch sees poison again, not the first's values
+  for (int launch = 0; launch < 2; ++launch) { // the second launch sees poison again, not the first's values
     REQUIRE(Launch(*m, "peek", {2, 1, 1}, {64, 1, 1}, 0, {&po}) == nullptr);
-    for (int t = 0; t < 64; ++t) CHECK(out[t] == -1 + 32);  // 0xFFFFFFFF poison + 32 odd threads
+    for (int t = 0; t < 64; ++t) CHECK(out[t] == -1 + 32); // 0xFFFFFFFF poison + 32 odd threads
   }
 }
 
@@ -334,11 +334,12 @@ TEST_CASE("gpu emulator: a 1M-element block reduction takes well under a second"
   };
   auto t0 = std::chrono::steady_clock::now();
   double c0 = cpu();
-  REQUIRE(Launch(*m, "block_sum", {static_cast<uint32_t>(out.size()), 1, 1}, {256, 1, 1}, 0, {&pi, &po, &n}) == nullptr);
+  REQUIRE(Launch(*m, "block_sum", {static_cast<uint32_t>(out.size()), 1, 1}, {256, 1, 1}, 0,
+                 {&pi, &po, &n}) == nullptr);
   double s = cpu() - c0;
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE("1M-element block reduction (4096 blocks of 256 fiber threads, 9 barriers each): " << s * 1e3
-          << " ms CPU, " << wall * 1e3 << " ms wall");
+  MESSAGE("1M-element block reduction (4096 blocks of 256 fiber threads, 9 barriers each): "
+          << s * 1e3 << " ms CPU, " << wall * 1e3 << " ms wall");
   CHECK(s < 1.0);
   std::vector<double> want = BlockSums(in, 256);
   CHECK(std::equal(out.begin(), out.end(), want.begin()));
@@ -359,8 +360,8 @@ TEST_CASE("gpu emulator: launches on several host threads at once (each stream's
       std::vector<void*> args = {&pi, &po, &n};
       bool good = true;
       for (int rep = 0; rep < 5; ++rep) {
-        good &= m->Function("block_sum")->Run({static_cast<uint32_t>(out.size()), 1, 1}, {128, 1, 1}, 0, args.data()) ==
-                nullptr;
+        good &= m->Function("block_sum")
+                    ->Run({static_cast<uint32_t>(out.size()), 1, 1}, {128, 1, 1}, 0, args.data()) == nullptr;
         std::vector<double> want = BlockSums(in, 128);
         good &= std::equal(out.begin(), out.end(), want.begin());
       }
@@ -400,9 +401,9 @@ done:
   std::sort(sorted.begin(), sorted.end());
   std::vector<int32_t> iota(1000);
   std::iota(iota.begin(), iota.end(), 0);
-  CHECK(sorted == iota);  // every block ran once
-  CHECK(a != iota);       // ... not in order
-  CHECK(a == b);          // the same seed repeats the order
+  CHECK(sorted == iota); // every block ran once
+  CHECK(a != iota);      // ... not in order
+  CHECK(a == b);         // the same seed repeats the order
   CHECK(a != c);
 }
 
@@ -438,7 +439,8 @@ TEST_CASE("gpu emulator: checked mode reports a planted out-of-bounds access as 
   CHECK(fault->message.find("kernel 'block_sum'") != std::string::npos);
   CHECK(fault->message.find("thread (232, 0, 0) of block (3, 0, 0) read 4 bytes") != std::string::npos);
   char addr[32];
-  std::snprintf(addr, sizeof addr, "0x%lx", static_cast<unsigned long>(reinterpret_cast<uintptr_t>(d_in + 1000)));
+  std::snprintf(addr, sizeof addr, "0x%lx",
+                static_cast<unsigned long>(reinterpret_cast<uintptr_t>(d_in + 1000)));
   CHECK(fault->message.find(addr) != std::string::npos);
   CHECK(fault->message.find("KILN_GPU_SIM_SEED=7") != std::string::npos);
   // KILN_GPU_SIM_ASAN=1 turns the checks on for modules compiled without an explicit choice.
@@ -467,7 +469,7 @@ define ptx_kernel void @vec4(ptr %p) {
   auto m = CompileEmulatedModule(ir, Opts(true));
   float* aligned = d;
   CHECK(Launch(*m, "vec4", {1, 1, 1}, {1, 1, 1}, 0, {&aligned}) == nullptr);
-  float* off = d + 1;  // 4-byte aligned: fine on x86, a fault on a GPU
+  float* off = d + 1; // 4-byte aligned: fine on x86, a fault on a GPU
   auto fault = Launch(*m, "vec4", {1, 1, 1}, {1, 1, 1}, 0, {&off});
   REQUIRE(fault != nullptr);
   CHECK(fault->cuda_error == 716);
@@ -493,8 +495,9 @@ define ptx_kernel void @shift(ptr %out) {
   REQUIRE(fault != nullptr);
   MESSAGE(fault->message);
   CHECK(fault->cuda_error == 700);
-  CHECK(fault->message.find("thread (255, 0, 0) of block (0, 0, 0) wrote 4 bytes at shared memory offset 1024, outside "
-                            "the block's 1024 bytes") != std::string::npos);
+  CHECK(fault->message.find(
+            "thread (255, 0, 0) of block (0, 0, 0) wrote 4 bytes at shared memory offset 1024, outside "
+            "the block's 1024 bytes") != std::string::npos);
   CHECK(Launch(*m, "shift", {1, 1, 1}, {255, 1, 1}, 0, {nullptr}) == nullptr);
 }
 
@@ -527,7 +530,7 @@ define ptx_kernel void @racy(ptr %out) {
   for (int t = 1; t < 256; ++t) poisoned += out[static_cast<size_t>(t)] == -1;
   MESSAGE(poisoned << " of 255 reads of a neighbour found the poison");
   CHECK(poisoned > 0);
-  CHECK(poisoned < 8);  // only first threads of warps that ran before the warp below them
+  CHECK(poisoned < 8); // only first threads of warps that ran before the warp below them
 }
 
 TEST_CASE("gpu emulator: a barrier reached by only some threads of a block is reported") {
@@ -569,7 +572,8 @@ define ptx_kernel void @warp(ptr %out) {
   ret void
 }
 )");
-  CHECK_THROWS_WITH_AS(CompileEmulatedModule(shfl), doctest::Contains("llvm.nvvm.shfl.sync.down.i32"), kiln::DeviceError);
+  CHECK_THROWS_WITH_AS(CompileEmulatedModule(shfl), doctest::Contains("llvm.nvvm.shfl.sync.down.i32"),
+                       kiln::DeviceError);
   std::string ext = kHeader + std::string(R"(
 declare i32 @vprintf(ptr, ptr)
 define ptx_kernel void @say(ptr %fmt) {
@@ -592,4 +596,4 @@ TEST_CASE("gpu emulator: InstallGpuEmulator makes it the simulated GPUs' module 
   CHECK(m->Function("index3d") != nullptr);
 }
 
-#endif  // KILN_WITH_CODEGEN
+#endif // KILN_WITH_CODEGEN

@@ -1,5 +1,6 @@
 // The kernel emulator on hand-written CUDA C++ (codegen/gpusim_kernels/emulator_test_kernels.cu),
-// compiled by clang-19 to NVPTX IR at build time (codegen/CMakeLists.txt): a tiled transpose (2D grid, a __shared__ tile,
+// compiled by clang-19 to NVPTX IR at build time (codegen/CMakeLists.txt): a tiled transpose (2D grid, a
+// __shared__ tile,
 // __syncthreads, tails) and a block scan (extern __shared__, __syncthreads_count) against plain
 // CPU loops. Without clang-19 at build time the test says it skipped.
 #ifdef KILN_WITH_CODEGEN
@@ -16,11 +17,13 @@
 
 TEST_CASE("gpu emulator: CUDA C++ compiled by clang-19 runs as on a GPU") {
   // In the build tree: <build>/tests/cpp/kiln_tests and <build>/codegen/gpusim_kernels/.
-  std::filesystem::path ll = std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().parent_path() /
-                             "codegen" / "gpusim_kernels" / "emulator_test_kernels.ll";
+  std::filesystem::path ll =
+      std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "codegen" /
+      "gpusim_kernels" / "emulator_test_kernels.ll";
   if (!std::filesystem::exists(ll)) {
-    std::cout << "[kiln-skip] " << ll.string()
-              << " was not built (clang-19 was not found at configure time): the CUDA C++ kernels did not run\n";
+    std::cout
+        << "[kiln-skip] " << ll.string()
+        << " was not built (clang-19 was not found at configure time): the CUDA C++ kernels did not run\n";
     return;
   }
   std::ifstream f(ll);
@@ -38,7 +41,7 @@ TEST_CASE("gpu emulator: CUDA C++ compiled by clang-19 runs as on a GPU") {
     REQUIRE(scan);
     CHECK(transpose->attributes().static_smem_bytes == 32 * 33 * 4);
 
-    int rows = 70, cols = 45;  // neither a multiple of the 32 x 32 tile
+    int rows = 70, cols = 45; // neither a multiple of the 32 x 32 tile
     std::vector<float> in(static_cast<size_t>(rows * cols)), out(in.size(), -1.0f);
     for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
     const float* pi = in.data();
@@ -47,7 +50,8 @@ TEST_CASE("gpu emulator: CUDA C++ compiled by clang-19 runs as on a GPU") {
     REQUIRE(transpose->Run({2, 3, 1}, {32, 8, 1}, 0, targs) == nullptr);
     int wrong = 0;
     for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < cols; ++c) wrong += out[static_cast<size_t>(c * rows + r)] != in[static_cast<size_t>(r * cols + c)];
+      for (int c = 0; c < cols; ++c)
+        wrong += out[static_cast<size_t>(c * rows + r)] != in[static_cast<size_t>(r * cols + c)];
     CHECK(wrong == 0);
 
     int n = 1000;
@@ -83,4 +87,4 @@ TEST_CASE("gpu emulator: CUDA C++ compiled by clang-19 runs as on a GPU") {
   }
 }
 
-#endif  // KILN_WITH_CODEGEN
+#endif // KILN_WITH_CODEGEN

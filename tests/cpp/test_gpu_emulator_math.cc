@@ -65,17 +65,18 @@ double Ulps(float got, double want) {
   if (std::isnan(want)) return std::isnan(got) ? 0 : 1e9;
   if (std::isinf(want)) return got == static_cast<float>(want) ? 0 : 1e9;
   float w = static_cast<float>(std::abs(want));
-  double ulp = std::isinf(w) ? std::ldexp(1.0, 104)
-                             : static_cast<double>(std::nextafter(w, std::numeric_limits<float>::infinity())) - w;
+  double ulp = std::isinf(w)
+                   ? std::ldexp(1.0, 104)
+                   : static_cast<double>(std::nextafter(w, std::numeric_limits<float>::infinity())) - w;
   if (ulp == 0 || w < std::numeric_limits<float>::min()) ulp = std::numeric_limits<float>::denorm_min();
   return std::abs(static_cast<double>(got) - want) / ulp;
 }
 
 struct MathCase {
   const char* name;
-  std::function<int(Expr&, int, int)> build;  // the expression of inputs x, y
+  std::function<int(Expr&, int, int)> build; // the expression of inputs x, y
   std::function<double(double, double)> exact;
-  double lo, hi;     // x drawn uniformly from [lo, hi] (and a log-uniform spread where lo > 0)
+  double lo, hi; // x drawn uniformly from [lo, hi] (and a log-uniform spread where lo > 0)
   double ylo = 0, yhi = 0;
   double max_ulps = 4;
 };
@@ -95,19 +96,26 @@ std::vector<MathCase> Cases() {
       {"erf", un(UnaryFn::kErf), [](double x, double) { return std::erf(x); }, -5, 5},
       {"round", un(UnaryFn::kRound), [](double x, double) { return std::round(x); }, -1e3, 1e3, 0, 0, 0},
       {"sqrt", un(UnaryFn::kSqrt), [](double x, double) { return std::sqrt(x); }, 1e-30, 1e30, 0, 0, 0.5},
-      {"rsqrt", un(UnaryFn::kRsqrt), [](double x, double) { return 1 / std::sqrt(x); }, 1e-30, 1e30, 0, 0, 1.5},
+      {"rsqrt", un(UnaryFn::kRsqrt), [](double x, double) { return 1 / std::sqrt(x); }, 1e-30, 1e30, 0, 0,
+       1.5},
       {"reciprocal", un(UnaryFn::kReciprocal), [](double x, double) { return 1 / x; }, -1e3, 1e3, 0, 0, 0.5},
       {"pow", [](Expr& e, int x, int y) { return e.Binary(BinaryFn::kPow, x, y); },
        [](double x, double y) { return std::pow(x, y); }, 1e-3, 30, -8, 8},
   };
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("gpu emulator: every libdevice function kiln's kernels use matches double precision") {
   if (kiln::codegen::FindLibdevice().empty()) {
     MESSAGE("no libdevice.10.bc: kiln's GPU kernels with transcendental functions cannot be built here");
-    CHECK_THROWS_AS(kiln::codegen::GeneratePtx([] { Expr e; e.Unary(UnaryFn::kExp, e.Input(0)); return e; }(), "sm_80"),
+    CHECK_THROWS_AS(kiln::codegen::GeneratePtx(
+                        [] {
+                          Expr e;
+                          e.Unary(UnaryFn::kExp, e.Input(0));
+                          return e;
+                        }(),
+                        "sm_80"),
                     kiln::codegen::UnsupportedError);
     return;
   }
@@ -120,13 +128,23 @@ TEST_CASE("gpu emulator: every libdevice function kiln's kernels use matches dou
     for (size_t i = 0; i < kN; ++i) {
       double u = std::uniform_real_distribution<double>(0, 1)(rng);
       // Half uniform, half log-uniform for positive ranges (small and large magnitudes both).
-      x[i] = static_cast<float>(c.lo > 0 && i % 2 ? std::exp(std::log(c.lo) + u * (std::log(c.hi) - std::log(c.lo)))
-                                                  : c.lo + u * (c.hi - c.lo));
+      x[i] = static_cast<float>(c.lo > 0 && i % 2
+                                    ? std::exp(std::log(c.lo) + u * (std::log(c.hi) - std::log(c.lo)))
+                                    : c.lo + u * (c.hi - c.lo));
       y[i] = static_cast<float>(c.ylo + std::uniform_real_distribution<double>(0, 1)(rng) * (c.yhi - c.ylo));
     }
     // Edge values: zeros, halves (round), infinities and NaN.
-    const float edges[] = {0.0f, -0.0f, 0.5f, -0.5f, 1.5f, 2.5f, -2.5f, 1.0f, std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+    const float edges[] = {0.0f,
+                           -0.0f,
+                           0.5f,
+                           -0.5f,
+                           1.5f,
+                           2.5f,
+                           -2.5f,
+                           1.0f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN()};
     for (size_t k = 0; k < std::size(edges); ++k) x[k] = edges[k];
     Expr e;
     int in0 = e.Input(0), in1 = c.ylo != c.yhi ? e.Input(1) : -1;
@@ -134,8 +152,7 @@ TEST_CASE("gpu emulator: every libdevice function kiln's kernels use matches dou
     std::string ir;
     std::vector<float> got = in1 >= 0 ? Emulate(e, {&x, &y}, kN, &ir) : Emulate(e, {&x}, kN, &ir);
     static const std::regex nvvm(R"(@llvm\.nvvm\.[a-z0-9.]+)");
-    for (auto it = std::sregex_iterator(ir.begin(), ir.end(), nvvm);
-         it != std::sregex_iterator(); ++it)
+    for (auto it = std::sregex_iterator(ir.begin(), ir.end(), nvvm); it != std::sregex_iterator(); ++it)
       intrinsics.insert(it->str());
     double worst_ulps = 0, worst_rel = 0;
     float worst_x = 0;
@@ -146,8 +163,8 @@ TEST_CASE("gpu emulator: every libdevice function kiln's kernels use matches dou
       if (std::isfinite(want) && std::abs(want) > 1e-30)
         worst_rel = std::max(worst_rel, std::abs(got[i] - want) / std::abs(want));
     }
-    MESSAGE(std::string(c.name) << ": max error " << worst_ulps << " ulp (at x = " << worst_x << "), max relative error "
-                   << worst_rel << " over " << kN << " inputs");
+    MESSAGE(std::string(c.name) << ": max error " << worst_ulps << " ulp (at x = " << worst_x
+                                << "), max relative error " << worst_rel << " over " << kN << " inputs");
     CHECK(worst_ulps <= c.max_ulps);
   }
   std::string names;
@@ -156,12 +173,12 @@ TEST_CASE("gpu emulator: every libdevice function kiln's kernels use matches dou
 }
 
 TEST_CASE("gpu emulator: kiln's chain and transcendental kernels give the CPU kernels' numbers") {
-  Expr chain;  // relu(a*b + c) * 0.5 + a
+  Expr chain; // relu(a*b + c) * 0.5 + a
   {
     int a = chain.Input(0), b = chain.Input(1), c = chain.Input(2);
     chain.Add(chain.Mul(chain.Relu(chain.Add(chain.Mul(a, b), c)), chain.Const(0.5)), a);
   }
-  Expr trans;  // tanh(x) + exp(-x*x) + erf(x) + log1p(|x|) + pow(|x|+1, y) + bias[(i/4)%3]
+  Expr trans; // tanh(x) + exp(-x*x) + erf(x) + log1p(|x|) + pow(|x|+1, y) + bias[(i/4)%3]
   {
     int x = trans.Input(0), y = trans.Input(1), bias = trans.InputBroadcast(2, 4, 3);
     int ax = trans.Unary(UnaryFn::kAbs, x);
@@ -171,7 +188,7 @@ TEST_CASE("gpu emulator: kiln's chain and transcendental kernels give the CPU ke
     t = trans.Add(t, trans.Binary(BinaryFn::kPow, trans.Add(ax, trans.Const(1)), y));
     trans.Add(t, bias);
   }
-  constexpr size_t kN = 10007;  // not a multiple of the block
+  constexpr size_t kN = 10007; // not a multiple of the block
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> d(-3, 3);
   std::vector<float> a(kN), b(kN), c(3);
@@ -182,7 +199,7 @@ TEST_CASE("gpu emulator: kiln's chain and transcendental kernels give the CPU ke
   for (size_t i = 0; i < kN; ++i) c_full[i] = d(rng);
   for (bool transcendental : {false, true}) {
     CAPTURE(transcendental);
-    if (transcendental && kiln::codegen::FindLibdevice().empty()) continue;  // the test above says so
+    if (transcendental && kiln::codegen::FindLibdevice().empty()) continue; // the test above says so
     const Expr& e = transcendental ? trans : chain;
     const std::vector<float>& third = transcendental ? c : c_full;
     std::vector<float> gpu = Emulate(e, {&a, &b, &third}, kN);
@@ -191,8 +208,10 @@ TEST_CASE("gpu emulator: kiln's chain and transcendental kernels give the CPU ke
     kiln::codegen::CompileElementwise(e)->Run(ins, cpu.data(), static_cast<int64_t>(kN));
     double worst = 0;
     for (size_t i = 0; i < kN; ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(gpu[i]) - cpu[i]) / std::max(1.0, std::abs(double{cpu[i]})));
-    MESSAGE(std::string(transcendental ? "transcendental" : "chain") << " kernel: emulated GPU vs CPU max error " << worst);
+      worst = std::max(worst, std::abs(static_cast<double>(gpu[i]) - cpu[i]) /
+                                  std::max(1.0, std::abs(double{cpu[i]})));
+    MESSAGE(std::string(transcendental ? "transcendental" : "chain")
+            << " kernel: emulated GPU vs CPU max error " << worst);
     CHECK(worst < 2e-6);
   }
 }
@@ -200,7 +219,7 @@ TEST_CASE("gpu emulator: kiln's chain and transcendental kernels give the CPU ke
 TEST_CASE("gpu emulator: a kernel's registers are ptxas's count for the same IR's PTX") {
   Expr e;
   e.Add(e.Unary(UnaryFn::kTanh, e.Input(0)), e.Input(1));
-  if (kiln::codegen::FindLibdevice().empty()) return;  // the libdevice test above says so
+  if (kiln::codegen::FindLibdevice().empty()) return; // the libdevice test above says so
   kiln::codegen::PtxKernel k = kiln::codegen::GeneratePtx(e, "sm_80");
   auto m = kiln::codegen::CompileEmulatedModule(k.ir);
   int regs = m->Function(k.name)->attributes().num_regs;
@@ -215,8 +234,8 @@ TEST_CASE("gpu emulator: a kernel's registers are ptxas's count for the same IR'
   fs::path dir = fs::temp_directory_path() / ("kiln-emu-regs-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "k.ptx") << k.ptx;
-  std::string cmd = ptxas + " -arch=sm_80 -v " + (dir / "k.ptx").string() + " -o " + (dir / "k.cubin").string() + " > " +
-                    (dir / "log").string() + " 2>&1";
+  std::string cmd = ptxas + " -arch=sm_80 -v " + (dir / "k.ptx").string() + " -o " +
+                    (dir / "k.cubin").string() + " > " + (dir / "log").string() + " 2>&1";
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream log(dir / "log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
@@ -227,4 +246,4 @@ TEST_CASE("gpu emulator: a kernel's registers are ptxas's count for the same IR'
   CHECK(regs == std::stoi(s[1]));
 }
 
-#endif  // KILN_WITH_CODEGEN
+#endif // KILN_WITH_CODEGEN

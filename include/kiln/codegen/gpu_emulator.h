@@ -35,4 +35,4 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
 /// call: a static initializer in a static library may be dropped by the linker).
 void InstallGpuEmulator();
 
-}  // namespace kiln::codegen
+} // namespace kiln::codegen
