@@ -94,17 +94,15 @@ int EstimateRegisters(const llvm::Function& f) {
 
 class Kernel final : public gpusim::EmulatedKernel {
 public:
-  Kernel(std::string name, EntryFn entry, gpusim::KernelAttributes attrs, bool has_barrier,
-         std::optional<uint64_t> seed)
+  Kernel(std::string name, EntryFn entry, gpusim::KernelAttributes attrs, bool has_barrier, uint64_t seed)
       : name_(std::move(name)), entry_(entry), attrs_(attrs), has_barrier_(has_barrier), seed_(seed) {}
 
   gpusim::KernelAttributes& attributes() override { return attrs_; }
 
   std::unique_ptr<gpusim::KernelFault> Run(gpusim::Dim3 grid, gpusim::Dim3 block, size_t dynamic_smem_bytes,
                                            void** args) override {
-    uint64_t seed = seed_ ? *seed_ : static_cast<uint64_t>(env::GetInt("KILN_GPU_SIM_SEED"));
     return gpusim_detail::RunLaunch(entry_, name_, has_barrier_, attrs_.static_smem_bytes, grid, block,
-                                    dynamic_smem_bytes, args, seed);
+                                    dynamic_smem_bytes, args, seed_);
   }
 
 private:
@@ -112,7 +110,7 @@ private:
   EntryFn entry_;
   gpusim::KernelAttributes attrs_;
   bool has_barrier_;
-  std::optional<uint64_t> seed_;
+  uint64_t seed_;
 };
 
 class Module final : public gpusim::EmulatedModule {
@@ -153,6 +151,7 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
   static int modules = 0;
   std::lock_guard<std::mutex> lock(mu);
   bool checked = options.checked ? *options.checked : env::GetInt("KILN_GPU_SIM_ASAN") != 0;
+  uint64_t seed = options.seed ? *options.seed : static_cast<uint64_t>(env::GetInt("KILN_GPU_SIM_SEED"));
   llvm::LLVMContext ctx;
   llvm::SMDiagnostic diag;
   std::unique_ptr<llvm::Module> m =
@@ -194,8 +193,8 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
     attrs.num_regs = it != regs.end() ? it->second : estimates[rk.name];
     attrs.static_smem_bytes = rw.static_smem_bytes;
     attrs.max_threads_per_block = rk.max_threads;
-    module->kernels_[rk.name] = std::make_unique<Kernel>(rk.name, reinterpret_cast<EntryFn>(entries[k]),
-                                                         attrs, rw.has_barrier, options.seed);
+    module->kernels_[rk.name] =
+        std::make_unique<Kernel>(rk.name, reinterpret_cast<EntryFn>(entries[k]), attrs, rw.has_barrier, seed);
   }
   return module;
 }

@@ -20,7 +20,8 @@ struct EmulatorOptions {
   /// Check every device access (out of bounds: cuda error 700; misaligned: 716). Default:
   /// KILN_GPU_SIM_ASAN.
   std::optional<bool> checked;
-  /// The seed of the blocks' order. Default: KILN_GPU_SIM_SEED, read at each launch.
+  /// The seed of the blocks' order. Default: KILN_GPU_SIM_SEED when the module is compiled (a
+  /// bad value is a ValueError there, not in a launch).
   std::optional<uint64_t> seed;
 };
 
