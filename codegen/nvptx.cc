@@ -118,7 +118,7 @@ void LinkLibdevice(llvm::Module& m, const std::string& kernel) {
   llvm::internalizeModule(m, [&](const llvm::GlobalValue& gv) { return gv.getName() == kernel; });
 }
 
-std::string Compile(const Expr& e, const std::string& arch, const std::string& name) {
+std::string Compile(const Expr& e, const std::string& arch, const std::string& name, std::string* ir) {
   const llvm::Target& target = NvptxTarget();
   llvm::TargetOptions options;
   std::unique_ptr<llvm::TargetMachine> tm(target.createTargetMachine(
@@ -135,6 +135,10 @@ std::string Compile(const Expr& e, const std::string& arch, const std::string& n
   detail::CheckModule(m, "the GPU kernel of " + e.ToString());
 
   detail::OptimizeO3(m, tm.get(), /*libmvec=*/false);  // the NVPTX machine adds NVVMReflect
+  {  // the IR the PTX is made of: what the simulated GPU's emulator runs
+    llvm::raw_string_ostream os(*ir);
+    m.print(os, nullptr);
+  }
 
   llvm::SmallString<0> ptx;
   llvm::raw_svector_ostream ptx_os(ptx);
@@ -195,16 +199,20 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
              std::to_string(libdevice_bytes);
   r.unique_symbols = false;  // each PTX module is loaded on its own: names need not differ
   r.symbol = "kiln_ew_" + std::to_string(e.Hash());
+  // The artifact holds the PTX (what a GPU loads) and, after a NUL, the NVPTX IR it came from
+  // (what the simulated GPU's kernel emulator runs), so both come back from disk together.
   r.build = [&](const std::string& name, std::string* ir) {
-    ir->clear();
-    return Compile(e, arch, name);
+    std::string ptx = Compile(e, arch, name, ir);
+    return ptx + std::string(1, '\0') + *ir;
   };
   r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
   r.make = [&](void*, std::string_view ptx, const std::string& name, const detail::Obtained& how) {
     auto k = std::make_shared<PtxKernel>();
     k->name = name;
     k->arch = arch;
-    k->ptx = std::string(ptx);
+    size_t nul = ptx.find('\0');
+    k->ptx = std::string(ptx.substr(0, nul));
+    if (nul != std::string_view::npos) k->ir = std::string(ptx.substr(nul + 1));
     k->num_inputs = e.NumInputs();
     k->compile_ms = how.ms;
     return k;

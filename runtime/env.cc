@@ -31,6 +31,8 @@ constexpr Switch kSwitches[] = {
     {"KILN_GRAPH_CACHE_SIZE", "64", "compiled graphs a hybridized block keeps, one per input signature; the least recently used is dropped beyond it"},
     {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
     {"KILN_BUCKET_MB", "25", "megabytes of gradients the Trainer sums across devices in one collective"},
+    {"KILN_GPU_SIM_ASAN", "0", "1: simulated GPUs check every device access of a kernel (out of bounds: error 700, misaligned: 716)"},
+    {"KILN_GPU_SIM_SEED", "0", "seed of the random order in which simulated GPUs run the blocks of a kernel launch"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };
 

@@ -20,6 +20,9 @@ struct PtxKernel {
   std::string name;
   std::string arch;  ///< "sm_80", ...
   std::string ptx;   ///< the PTX module (text), self-contained: libdevice is linked in
+  /// The optimized NVPTX LLVM IR (text) the PTX was emitted from, libdevice linked in: what the
+  /// simulated GPU's kernel emulator runs (codegen/gpusim_emulator.h).
+  std::string ir;
   int num_inputs = 0;
   double compile_ms = 0;
 };
