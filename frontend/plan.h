@@ -1,7 +1,7 @@
 // Compiled plans (internal to frontend/): a graph made ready to run, with its kernels, fused groups
 // and memory placed, bound into steps that the executor (runtime/executor.h) runs. The decisions
 // are made by functions of passes/ (fusion.h, epilogue_fusion.h, stream_assignment.h,
-// memory_planning.h); row groups are still found while their kernels are built (fuse_rows.cc).
+// memory_planning.h, row_fusion.h); fuse_rows.cc builds the row groups' kernels.
 // The machinery around it (graph ids, backward and training variants, tracing) is
 // cached_graph.cc's; this file does not know where graphs come from or when they run.
 #pragma once
@@ -95,10 +95,10 @@ int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p
 
 #if KILN_WITH_CODEGEN
 namespace fusion {
-/// Row groups (fuse_rows.cc): each float32 reduction over trailing axes with keepdims, grown by
-/// its elementwise producers and consumers (and chained reductions over the same rows) into one
-/// row kernel, set at the group's last node in `p`. Marks members in `claimed` (the elementwise
-/// groups formed afterwards leave them alone). A group that fails to compile is not formed.
+/// Row groups (fuse_rows.cc): the groups passes::FindRowGroups decides (a reduction with its
+/// elementwise producers and consumers), each built into one row kernel set at the group's last
+/// node in `p`. Marks members in `claimed` (the elementwise groups formed afterwards leave them
+/// alone). A group that fails to compile, or would run slower fused, is not formed.
 void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
 }  // namespace fusion
 #endif

@@ -1,9 +1,8 @@
 // Fusion decisions (DESIGN.md sections 8 and 9): which ops may join a generated kernel, how an
 // operand is read along a group's output, and the elementwise groups of a graph. These are
 // decisions over the graph alone; turning a group into a kernel (and dropping a group the code
-// generator cannot take) is the plan builder's, through codegen/. Row groups and epilogue groups
-// are found while their kernels are built (frontend/fuse_rows.cc, fuse_epilogue.cc), and claim
-// their members before elementwise groups are formed.
+// generator cannot take) is the plan builder's, through codegen/. Row groups (row_fusion.h) and
+// epilogue groups (epilogue_fusion.h) claim their members before elementwise groups are formed.
 #pragma once
 
 #include <cstdint>
