@@ -1,9 +1,12 @@
 // Memory planning (see kiln/passes/memory_planning.h): best-fit placement by liveness over free
-// lists (one per stream when streams keep their own blocks), with in-place reuse.
+// lists (one per stream when streams keep their own blocks), with in-place reuse; and the pass that
+// runs it over a graph's nodes and records the offsets as the values' notes.
 #include "kiln/passes/memory_planning.h"
 
+#include <algorithm>
 #include <map>
 
+#include "kiln/passes/fusion.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::passes {
@@ -73,6 +76,73 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
   }
   plan.arena_bytes = end;
   return plan;
+}
+
+bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* arena_bytes) {
+  const auto& nodes = graph.nodes();
+  // The last member of each group runs it; its other members do not run.
+  std::map<int, size_t> last_of_group;
+  std::map<int, bool> group_elementwise;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (const int grp = nodes[i]->note().group; grp >= 0) {
+      last_of_group[grp] = i;
+      auto [it, first] = group_elementwise.emplace(grp, true);
+      it->second = it->second && Fusable(*nodes[i]);
+    }
+  std::vector<int> runs_in(nodes.size(), -1);  // per node: the node whose step computes it
+  std::vector<size_t> order;                   // the nodes that run, in order
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int grp = nodes[i]->note().group;
+    const size_t root = grp >= 0 ? last_of_group.at(grp) : i;
+    runs_in[i] = static_cast<int>(root);
+    if (root == i) order.push_back(i);
+  }
+  std::vector<int> step_of(nodes.size(), -1);
+  for (size_t k = 0; k < order.size(); ++k) step_of[order[k]] = static_cast<int>(k);
+
+  std::vector<MemoryValue> values(static_cast<size_t>(graph.num_values()));
+  std::vector<MemoryStep> steps(order.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int k = step_of[static_cast<size_t>(runs_in[i])];
+    MemoryStep& st = steps[static_cast<size_t>(k)];
+    for (const ir::Value* v : nodes[i]->inputs()) {
+      // An operand computed inside the same group is no read of the group's step.
+      if (v->node() && runs_in[static_cast<size_t>(v->node()->id())] == runs_in[i] &&
+          static_cast<size_t>(v->node()->id()) != i)
+        continue;
+      st.reads.push_back(v->id());
+      values[static_cast<size_t>(v->id())].last_reader = k;  // nodes in order: the last one wins
+    }
+    for (const ir::Value* v : nodes[i]->outputs()) {
+      MemoryValue& m = values[static_cast<size_t>(v->id())];
+      m.dtype = v->dtype(), m.numel = v->shape().numel();
+      m.planned = step_of[i] >= 0;  // a group's inner values never exist
+      if (m.planned) st.writes.push_back(v->id());
+    }
+  }
+  for (const ir::Value* v : graph.inputs()) values[static_cast<size_t>(v->id())].planned = false;
+  for (const ir::Value* v : graph.outputs()) values[static_cast<size_t>(v->id())].planned = false;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const ir::Node& n = *nodes[order[k]];
+    const ir::OpDef& d = n.def();
+    const int grp = n.note().group;
+    steps[k].elementwise = n.outputs().size() == 1 &&
+                           (grp >= 0 ? group_elementwise.at(grp)
+                                     : d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity));
+    steps[k].stream = std::max(n.note().stream, 0);
+  }
+  const MemoryPlan plan = PlanMemory(steps, values, options);
+  if (arena_bytes) *arena_bytes = plan.arena_bytes;
+  bool changed = false;
+  auto record = [&](ir::Value* v) {
+    const int64_t offset = plan.offset[static_cast<size_t>(v->id())];
+    changed |= v->note().offset != offset;
+    v->note().offset = offset;
+  };
+  for (ir::Value* v : graph.inputs()) record(v);
+  for (const auto& n : nodes)
+    for (ir::Value* v : n->outputs()) record(v);
+  return changed;
 }
 
 }  // namespace kiln::passes

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "kiln/ir/graph.h"
 #include "kiln/runtime/dtype.h"
 
 namespace kiln::passes {
@@ -58,5 +59,13 @@ size_t BlockBytes(DType dtype, int64_t numel);
 /// Lays out the planned values of `values` written by `steps` (in run order).
 MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryValue> values,
                       const MemoryOptions& options);
+
+/// The pass over a graph: lays out its values as a plan runs it, one step per node that runs, in
+/// order (a node with a `#group=` note runs only as its group's last member, reading every operand
+/// the group takes from outside; a group of elementwise ops only is elementwise), on the stream of
+/// its `#stream=` note (0 when unset), and records each value's byte offset in its ValueNote
+/// (printed `@arena+N`; -1 for graph inputs and outputs and the values a group computes inside).
+/// Returns true when an offset changed; `arena_bytes`, when given, receives the arena's size.
+bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* arena_bytes = nullptr);
 
 }  // namespace kiln::passes

@@ -1,0 +1,119 @@
+// Planning notes in the IR text (ir/graph.h NodeNote and ValueNote, ir/text.cc): `#group=`,
+// `#stream=`, `#wait=` and `@arena+N` print after a node's types and parse back; and the memory
+// planning pass over a graph (passes/memory_planning.h, RunMemoryPlanning) as golden
+// before/after text, where a second run changes nothing.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "kiln/ir/text.h"
+#include "kiln/passes/memory_planning.h"
+#include "kiln/runtime/error.h"
+
+using kiln::ir::ParseGraph;
+using kiln::ir::PrintGraph;
+
+namespace {
+// Parses `text`, runs memory planning, returns the printed result; checks that a second run
+// changes nothing and that the result parses back to the same text.
+std::string Planned(const std::string& text, bool* changed = nullptr) {
+  auto g = ParseGraph(text);
+  const bool c = kiln::passes::RunMemoryPlanning(*g, {});
+  if (changed) *changed = c;
+  const std::string out = PrintGraph(*g);
+  CHECK(!kiln::passes::RunMemoryPlanning(*g, {}));
+  CHECK(PrintGraph(*g) == out);
+  CHECK(PrintGraph(*ParseGraph(out)) == out);
+  return out;
+}
+} // namespace
+
+TEST_CASE("plan notes: groups, streams, waits and placements print and parse back") {
+  const std::string text =
+      "%0 = input \"x\" : float32(16,)\n"
+      "%1 = exp(%0) : float32(16,) #group=0 #stream=1\n"
+      "%2 = neg(%1) : float32(16,) #group=0 #stream=1 @arena+64\n"
+      "%3 = relu(%0) : float32(16,) #stream=0 @arena+0\n"
+      "%4 = add(%2, %3) : float32(16,) #stream=0 #wait=%2,%1\n"
+      "%5, %6 = split(%4) {sections=[2], axis=0} : float32(8,), float32(8,) @- @arena+128\n"
+      "return %5, %6\n";
+  auto g = ParseGraph(text);
+  CHECK(PrintGraph(*g) == text);
+  const auto& n = g->nodes();
+  CHECK(n[0]->note().group == 0);
+  CHECK(n[0]->note().stream == 1);
+  CHECK(n[0]->output()->note().offset == -1);
+  CHECK(n[1]->output()->note().offset == 64);
+  CHECK(n[2]->note().group == -1);
+  CHECK(n[3]->note().waits == std::vector<const kiln::ir::Node*>{n[1].get(), n[0].get()});
+  CHECK(n[4]->output(1)->note().offset == 128);
+  // A plain comment is still a comment; a note written with a space is one too.
+  CHECK(PrintGraph(*ParseGraph("%0 = input \"x\" : float32(4,)\n"
+                               "%1 = exp(%0) : float32(4,)  # group=3, in a comment\n"
+                               "return %1\n")) ==
+        "%0 = input \"x\" : float32(4,)\n%1 = exp(%0) : float32(4,)\nreturn %1\n");
+}
+
+TEST_CASE("plan notes: malformed notes are format errors that say what was expected") {
+  auto fails_with = [](const std::string& text, const std::string& what) {
+    try {
+      ParseGraph(text);
+      FAIL("parsed: " << text);
+    } catch (const kiln::FormatError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, std::string(e.what()));
+    }
+  };
+  fails_with("%0 = input \"x\" : float32(16,)\n"
+             "%1, %2 = split(%0) {sections=[2], axis=0} : float32(8,), float32(8,) @arena+0\n"
+             "return %1, %2\n",
+             "one placement ('@arena+N' or '@-') per result, 2, found 1");
+  fails_with("%0 = input \"x\" : float32(4,)\n%1 = exp(%0) : float32(4,) #stream=x\nreturn %1\n",
+             "a number after '#stream='");
+  fails_with("%0 = input \"x\" : float32(4,)\n%1 = exp(%0) : float32(4,) #wait=%0\nreturn %1\n",
+             "#wait= names a graph input");
+  fails_with("%0 = input \"x\" : float32(4,)\n%1 = exp(%0) : float32(4,) @arena+\nreturn %1\n",
+             "a byte offset after '@arena+'");
+}
+
+TEST_CASE("memory planning pass: golden text, in place where an elementwise input dies") {
+  bool changed = false;
+  // %1 is read again by %3: %2 takes a new block; %3 takes %1's block (both operands die there,
+  // elementwise: in place); %4 (a transpose) is not elementwise and takes a free block; the
+  // graph's input and output are not planned.
+  CHECK(Planned("%0 = input \"x\" : float32(4, 4)\n"
+                "%1 = exp(%0) : float32(4, 4)\n"
+                "%2 = neg(%1) : float32(4, 4)\n"
+                "%3 = add(%1, %2) : float32(4, 4)\n"
+                "%4 = transpose(%3) {axes=[1, 0]} : float32(4, 4)\n"
+                "%5 = tanh(%4) : float32(4, 4)\n"
+                "return %5\n",
+                &changed) == "%0 = input \"x\" : float32(4, 4)\n"
+                             "%1 = exp(%0) : float32(4, 4) @arena+0\n"
+                             "%2 = neg(%1) : float32(4, 4) @arena+64\n"
+                             "%3 = add(%1, %2) : float32(4, 4) @arena+0\n"
+                             "%4 = transpose(%3) {axes=[1, 0]} : float32(4, 4) @arena+64\n"
+                             "%5 = tanh(%4) : float32(4, 4)\n"
+                             "return %5\n");
+  CHECK(changed);
+  // Planned text in, the same text out: nothing changes.
+  Planned("%0 = input \"x\" : float32(4, 4)\n"
+          "%1 = exp(%0) : float32(4, 4) @arena+0\n"
+          "%2 = tanh(%1) : float32(4, 4)\n"
+          "return %2\n",
+          &changed);
+  CHECK(!changed);
+}
+
+TEST_CASE("memory planning pass: a group's inner values take no memory") {
+  CHECK(Planned("%0 = input \"x\" : float32(16,)\n"
+                "%1 = exp(%0) : float32(16,) #group=0\n"
+                "%2 = neg(%1) : float32(16,) #group=0\n"
+                "%3 = sum(%2) {axes=[0], keepdims=true} : float32(1,)\n"
+                "%4 = mul(%2, %3) : float32(16,)\n"
+                "return %4\n") == "%0 = input \"x\" : float32(16,)\n"
+                                  "%1 = exp(%0) : float32(16,) #group=0\n"
+                                  "%2 = neg(%1) : float32(16,) #group=0 @arena+0\n"
+                                  "%3 = sum(%2) {axes=[0], keepdims=true} : float32(1,) @arena+64\n"
+                                  "%4 = mul(%2, %3) : float32(16,)\n"
+                                  "return %4\n");
+}
