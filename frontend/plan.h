@@ -119,6 +119,13 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
 /// into the arena, `/256` the per-stream layout's offset); KILN_DUMP_IR=<plan step> prints it.
 std::string PlanText(const Plan& p);
 
+/// A copy of the plan's graph (its own: the plan's graph itself is also the cached graph that
+/// graph_text() prints and export writes, and stays plain) carrying the plan's decisions as typed
+/// notes (ir/graph.h): each fused node's group (numbered as PlanText does), with several streams
+/// each step's stream and the nodes it waits for, and each value placed in the arena its offset in
+/// the serial layout. Its IR text parses back with the notes.
+std::unique_ptr<ir::Graph> AnnotatedGraph(const Plan& p);
+
 /// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments) through the
 /// executor (runtime/executor.h).
 void RunPlan(const Plan& p, const KernelArgs& a);

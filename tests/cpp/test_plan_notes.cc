@@ -1,14 +1,18 @@
 // Planning notes in the IR text (ir/graph.h NodeNote and ValueNote, ir/text.cc): `#group=`,
 // `#stream=`, `#wait=` and `@arena+N` print after a node's types and parse back; and the memory
 // planning pass over a graph (passes/memory_planning.h, RunMemoryPlanning) as golden
-// before/after text, where a second run changes nothing.
+// before/after text, where a second run changes nothing; and a compiled plan's decisions as notes
+// on its own copy of the graph (frontend/plan.h, AnnotatedGraph), which the memory planning pass
+// over that copy leaves unchanged (the pass and the plan agree).
 #include <doctest/doctest.h>
 
 #include <string>
 
+#include "../../frontend/plan.h"
 #include "kiln/ir/text.h"
 #include "kiln/passes/memory_planning.h"
 #include "kiln/runtime/error.h"
+#include "test_util.h"
 
 using kiln::ir::ParseGraph;
 using kiln::ir::PrintGraph;
@@ -117,3 +121,60 @@ TEST_CASE("memory planning pass: a group's inner values take no memory") {
                                   "%4 = mul(%2, %3) : float32(16,)\n"
                                   "return %4\n");
 }
+
+namespace {
+// The annotated copy of the plan of `text`, as text; the plan's own graph stays plain, the text
+// parses back, and memory planning over the copy changes nothing.
+std::string PlanNotes(const std::string& text) {
+  auto plan = kiln::MakePlan(ParseGraph(text), kiln::cpu(), "test");
+  auto annotated = kiln::AnnotatedGraph(*plan);
+  const std::string out = PrintGraph(*annotated);
+  CHECK(PrintGraph(*plan->graph).find_first_of("#@") == std::string::npos);
+  CHECK(PrintGraph(*ParseGraph(out)) == out);
+  CHECK(!kiln::passes::RunMemoryPlanning(*annotated, {}));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("plan notes: a plan's placements and streams as notes on its own copy of the graph") {
+  kiln::testing::ScopedEnv env("KILN_DISABLE_PASS", "fusion, epilogue");
+  CHECK(PlanNotes("%x = input \"x\" : float32(16, 16)\n"
+                  "%a = exp(%x) : float32(16, 16)\n"
+                  "%b = neg(%a) : float32(16, 16)\n"
+                  "%c = sum(%b) {axes=[0], keepdims=false} : float32(16,)\n"
+                  "return %c\n") == "%0 = input \"x\" : float32(16, 16)\n"
+                                    "%1 = exp(%0) : float32(16, 16) @arena+0\n"
+                                    "%2 = neg(%1) : float32(16, 16) @arena+0\n"
+                                    "%3 = sum(%2) {axes=[0], keepdims=false} : float32(16,)\n"
+                                    "return %3\n");
+  CHECK(PlanNotes("%x = input \"x\" : float32(8, 8)\n"
+                  "%y = input \"y\" : float32(8, 8)\n"
+                  "%a = matmul(%x, %x) : float32(8, 8)\n"
+                  "%b = matmul(%y, %y) : float32(8, 8)\n"
+                  "%c = add(%a, %b) : float32(8, 8)\n"
+                  "return %c\n") ==
+        "%0 = input \"x\" : float32(8, 8)\n"
+        "%1 = input \"y\" : float32(8, 8)\n"
+        "%2 = matmul(%0, %0) {transpose_a=false, transpose_b=false} : float32(8, 8) #stream=0 @arena+0\n"
+        "%3 = matmul(%1, %1) {transpose_a=false, transpose_b=false} : float32(8, 8) #stream=1 @arena+256\n"
+        "%4 = add(%2, %3) : float32(8, 8) #stream=0 #wait=%3\n"
+        "return %4\n");
+}
+
+#if KILN_WITH_CODEGEN
+TEST_CASE("plan notes: a plan's fused groups as notes; their inner values take no memory") {
+  CHECK(PlanNotes("%x = input \"x\" : float32(16, 16)\n"
+                  "%a = exp(%x) : float32(16, 16)\n"
+                  "%b = neg(%a) : float32(16, 16)\n"
+                  "%c = tanh(%b) : float32(16, 16)\n"
+                  "%d = transpose(%c) {axes=[1, 0]} : float32(16, 16)\n"
+                  "%e = relu(%d) : float32(16, 16)\n"
+                  "return %e\n") == "%0 = input \"x\" : float32(16, 16)\n"
+                                    "%1 = exp(%0) : float32(16, 16) #group=0\n"
+                                    "%2 = neg(%1) : float32(16, 16) #group=0\n"
+                                    "%3 = tanh(%2) : float32(16, 16) #group=0 @arena+0\n"
+                                    "%4 = transpose(%3) {axes=[1, 0]} : float32(16, 16) @arena+1024\n"
+                                    "%5 = relu(%4) : float32(16, 16)\n"
+                                    "return %5\n");
+}
+#endif
