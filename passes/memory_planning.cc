@@ -23,15 +23,18 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
   int num_streams = 1;
   for (size_t v = 0; v < values.size(); ++v) last_reader[v] = values[v].last_reader;
   for (const MemoryStep& s : steps) num_streams = std::max(num_streams, s.stream + 1);
-  constexpr int kGone = -3;  // freed already, or handed to an in-place output
-  std::vector<std::multimap<size_t, size_t>> free_lists(  // per stream: size -> offset
+  constexpr int kGone = -3;                              // freed already, or handed to an in-place output
+  std::vector<std::multimap<size_t, size_t>> free_lists( // per stream: size -> offset
       static_cast<size_t>(options.per_stream ? num_streams : 1));
-  auto bytes = [&](int v) { return BlockBytes(values[static_cast<size_t>(v)].dtype, values[static_cast<size_t>(v)].numel); };
+  auto bytes = [&](int v) {
+    return BlockBytes(values[static_cast<size_t>(v)].dtype, values[static_cast<size_t>(v)].numel);
+  };
   auto placed = [&](int v) { return plan.offset[static_cast<size_t>(v)] >= 0; };
   size_t end = 0;
   for (int step = 0; step < static_cast<int>(steps.size()); ++step) {
     const MemoryStep& s = steps[static_cast<size_t>(step)];
-    std::multimap<size_t, size_t>& free_blocks = free_lists[options.per_stream ? static_cast<size_t>(s.stream) : 0];
+    std::multimap<size_t, size_t>& free_blocks =
+        free_lists[options.per_stream ? static_cast<size_t>(s.stream) : 0];
     for (int o : s.writes) {
       const MemoryValue& out = values[static_cast<size_t>(o)];
       if (!out.planned || placed(o)) continue;
@@ -42,14 +45,15 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
       if (options.in_place && s.elementwise && s.writes.size() == 1)
         for (int v : s.reads) {
           const MemoryValue& in = values[static_cast<size_t>(v)];
-          if (placed(v) && last_reader[static_cast<size_t>(v)] == step && in.dtype == out.dtype && in.numel == out.numel) {
+          if (placed(v) && last_reader[static_cast<size_t>(v)] == step && in.dtype == out.dtype &&
+              in.numel == out.numel) {
             dying = v;
             break;
           }
         }
       if (dying >= 0) {
         plan.offset[static_cast<size_t>(o)] = plan.offset[static_cast<size_t>(dying)];
-        last_reader[static_cast<size_t>(dying)] = kGone;  // its block now belongs to `o`
+        last_reader[static_cast<size_t>(dying)] = kGone; // its block now belongs to `o`
         ++plan.in_place;
         continue;
       }
@@ -66,9 +70,9 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
     for (int v : s.reads)
       if (placed(v) && last_reader[static_cast<size_t>(v)] == step) {
         free_blocks.emplace(bytes(v), static_cast<size_t>(plan.offset[static_cast<size_t>(v)]));
-        last_reader[static_cast<size_t>(v)] = kGone;  // freed once, even when the step reads it twice (a * a)
+        last_reader[static_cast<size_t>(v)] = kGone; // freed once, even when the step reads it twice (a * a)
       }
-    for (int o : s.writes)  // outputs nobody reads
+    for (int o : s.writes) // outputs nobody reads
       if (placed(o) && last_reader[static_cast<size_t>(o)] == MemoryValue::kNoReader) {
         free_blocks.emplace(bytes(o), static_cast<size_t>(plan.offset[static_cast<size_t>(o)]));
         last_reader[static_cast<size_t>(o)] = kGone;
@@ -89,8 +93,8 @@ bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* a
       auto [it, first] = group_elementwise.emplace(grp, true);
       it->second = it->second && Fusable(*nodes[i]);
     }
-  std::vector<int> runs_in(nodes.size(), -1);  // per node: the node whose step computes it
-  std::vector<size_t> order;                   // the nodes that run, in order
+  std::vector<int> runs_in(nodes.size(), -1); // per node: the node whose step computes it
+  std::vector<size_t> order;                  // the nodes that run, in order
   for (size_t i = 0; i < nodes.size(); ++i) {
     const int grp = nodes[i]->note().group;
     const size_t root = grp >= 0 ? last_of_group.at(grp) : i;
@@ -100,6 +104,13 @@ bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* a
   std::vector<int> step_of(nodes.size(), -1);
   for (size_t k = 0; k < order.size(); ++k) step_of[order[k]] = static_cast<int>(k);
 
+  // A member's value read outside its group is written by the group's step (a row group's
+  // kernel writes such values); the others never exist.
+  std::vector<bool> read_outside(static_cast<size_t>(graph.num_values()), false);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const ir::Value* v : nodes[i]->inputs())
+      if (v->node() && runs_in[static_cast<size_t>(v->node()->id())] != runs_in[i])
+        read_outside[static_cast<size_t>(v->id())] = true;
   std::vector<MemoryValue> values(static_cast<size_t>(graph.num_values()));
   std::vector<MemoryStep> steps(order.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -111,12 +122,12 @@ bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* a
           static_cast<size_t>(v->node()->id()) != i)
         continue;
       st.reads.push_back(v->id());
-      values[static_cast<size_t>(v->id())].last_reader = k;  // nodes in order: the last one wins
+      values[static_cast<size_t>(v->id())].last_reader = k; // nodes in order: the last one wins
     }
     for (const ir::Value* v : nodes[i]->outputs()) {
       MemoryValue& m = values[static_cast<size_t>(v->id())];
       m.dtype = v->dtype(), m.numel = v->shape().numel();
-      m.planned = step_of[i] >= 0;  // a group's inner values never exist
+      m.planned = step_of[i] >= 0 || read_outside[static_cast<size_t>(v->id())];
       if (m.planned) st.writes.push_back(v->id());
     }
   }
@@ -145,4 +156,4 @@ bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* a
   return changed;
 }
 
-}  // namespace kiln::passes
+} // namespace kiln::passes

@@ -481,4 +481,20 @@ std::vector<RowGroup> FindRowGroups(const ir::Graph& graph, const std::vector<bo
   return groups;
 }
 
+bool RunRowFusion(ir::Graph& graph, const RowFusionOptions& options) {
+  const auto& nodes = graph.nodes();
+  std::vector<bool> live(nodes.size(), true), claimed(nodes.size(), false);
+  int next = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    claimed[i] = nodes[i]->note().group >= 0;
+    next = std::max(next, nodes[i]->note().group + 1);
+  }
+  const std::vector<RowGroup> groups = FindRowGroups(graph, live, &claimed, options);
+  for (const RowGroup& grp : groups) {
+    for (int m : grp.members) nodes[static_cast<size_t>(m)]->note().group = next;
+    ++next;
+  }
+  return !groups.empty();
+}
+
 } // namespace kiln::passes

@@ -2,13 +2,17 @@
 // softmax over the last axis is one contiguous group, batch-norm statistics over (0, 2, 3) one
 // strided group, two sibling reductions over the same rows one group, and reductions over an
 // inner axis or over stretches of 2 to 7 floats no group; a group refused by `accept` leaves its
-// nodes to later seeds; deciding twice gives the same groups.
+// nodes to later seeds; deciding twice gives the same groups. The pass over a graph
+// (RunRowFusion) records its groups as `#group=` notes: golden text, and a second run (or a run on
+// the text parsed back) changes nothing.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
 #include "kiln/ir/text.h"
+#include "kiln/passes/fusion.h"
+#include "kiln/passes/memory_planning.h"
 #include "kiln/passes/row_fusion.h"
 
 using kiln::passes::FindRowGroups;
@@ -144,4 +148,46 @@ TEST_CASE("row fusion groups: deciding twice gives the same groups") {
       CHECK(a[k].reduce == b[k].reduce);
     }
   }
+}
+
+TEST_CASE("row fusion pass: golden text, then elementwise fusion and memory planning; a second run changes "
+          "nothing") {
+  auto g = kiln::ir::ParseGraph("%x = input \"x\" : float32(32, 10)\n"
+                                "%t = tanh(%x) : float32(32, 10)\n"
+                                "%m = max(%t) {axes=[1], keepdims=true} : float32(32, 1)\n"
+                                "%d = sub(%t, %m) : float32(32, 10)\n"
+                                "%e = exp(%d) : float32(32, 10)\n"
+                                "%s = sum(%e) {axes=[1], keepdims=true} : float32(32, 1)\n"
+                                "%y = div(%e, %s) : float32(32, 10)\n"
+                                "%z = transpose(%y) {axes=[1, 0]} : float32(10, 32)\n"
+                                "%w = neg(%z) : float32(10, 32)\n"
+                                "%v = relu(%w) : float32(10, 32)\n"
+                                "return %v\n");
+  CHECK(kiln::passes::RunRowFusion(*g, {}));
+  CHECK(kiln::passes::RunElementwiseFusion(*g));
+  CHECK(kiln::passes::RunMemoryPlanning(*g, {}));
+  const std::string out = kiln::ir::PrintGraph(*g);
+  // The row group (tanh joins as a producer) writes %6, which the transpose reads; the
+  // transpose is no elementwise op and takes a new block; neg and relu are one elementwise group.
+  CHECK(out == "%0 = input \"x\" : float32(32, 10)\n"
+               "%1 = tanh(%0) : float32(32, 10) #group=0\n"
+               "%2 = max(%1) {axes=[1], keepdims=true} : float32(32, 1) #group=0\n"
+               "%3 = sub(%1, %2) : float32(32, 10) #group=0\n"
+               "%4 = exp(%3) : float32(32, 10) #group=0\n"
+               "%5 = sum(%4) {axes=[1], keepdims=true} : float32(32, 1) #group=0\n"
+               "%6 = div(%4, %5) : float32(32, 10) #group=0 @arena+0\n"
+               "%7 = transpose(%6) {axes=[1, 0]} : float32(10, 32) @arena+1280\n"
+               "%8 = neg(%7) : float32(10, 32) #group=1\n"
+               "%9 = relu(%8) : float32(10, 32) #group=1\n"
+               "return %9\n");
+  CHECK(!kiln::passes::RunRowFusion(*g, {}));
+  CHECK(!kiln::passes::RunElementwiseFusion(*g));
+  CHECK(!kiln::passes::RunMemoryPlanning(*g, {}));
+  CHECK(kiln::ir::PrintGraph(*g) == out);
+  // The annotated text parses back with its groups: the passes then find nothing more to do.
+  auto back = kiln::ir::ParseGraph(out);
+  CHECK(!kiln::passes::RunRowFusion(*back, {}));
+  CHECK(!kiln::passes::RunElementwiseFusion(*back));
+  CHECK(!kiln::passes::RunMemoryPlanning(*back, {}));
+  CHECK(kiln::ir::PrintGraph(*back) == out);
 }

@@ -39,4 +39,9 @@ struct ElementwiseGroup {
 std::vector<ElementwiseGroup> FindElementwiseGroups(const ir::Graph& graph, const std::vector<bool>& live,
                                                     const std::vector<bool>& claimed);
 
-}  // namespace kiln::passes
+/// The pass over a graph: the elementwise groups among the nodes with no `#group=` note yet
+/// (row and epilogue groups claim theirs first), each recorded on its members as a `#group=` note
+/// numbered after the graph's highest group. True when a group was formed (a second run forms none).
+bool RunElementwiseFusion(ir::Graph& graph);
+
+} // namespace kiln::passes

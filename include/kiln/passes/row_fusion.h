@@ -96,4 +96,9 @@ struct RowFusionOptions {
 std::vector<RowGroup> FindRowGroups(const ir::Graph& graph, const std::vector<bool>& live,
                                     std::vector<bool>* claimed, const RowFusionOptions& options);
 
+/// The pass over a graph: the groups FindRowGroups forms among the nodes with no `#group=` note
+/// yet, each recorded on its members as a `#group=` note numbered after the graph's highest
+/// group. True when a group was formed (a second run forms none).
+bool RunRowFusion(ir::Graph& graph, const RowFusionOptions& options);
+
 } // namespace kiln::passes
