@@ -7,6 +7,7 @@
 #include <map>
 
 #include "kiln/passes/fusion.h"
+#include "kiln/passes/graph_steps.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::passes {
@@ -84,23 +85,17 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
 
 bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* arena_bytes) {
   const auto& nodes = graph.nodes();
-  // The last member of each group runs it; its other members do not run.
-  std::map<int, size_t> last_of_group;
+  // A group is one step at its last member; a group of elementwise ops only is elementwise.
+  const std::vector<int> runs_in = GroupRoots(graph);
+  std::vector<size_t> order; // the nodes that run, in order
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (runs_in[i] == static_cast<int>(i)) order.push_back(i);
   std::map<int, bool> group_elementwise;
   for (size_t i = 0; i < nodes.size(); ++i)
     if (const int grp = nodes[i]->note().group; grp >= 0) {
-      last_of_group[grp] = i;
-      auto [it, first] = group_elementwise.emplace(grp, true);
+      auto it = group_elementwise.emplace(grp, true).first;
       it->second = it->second && Fusable(*nodes[i]);
     }
-  std::vector<int> runs_in(nodes.size(), -1); // per node: the node whose step computes it
-  std::vector<size_t> order;                  // the nodes that run, in order
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const int grp = nodes[i]->note().group;
-    const size_t root = grp >= 0 ? last_of_group.at(grp) : i;
-    runs_in[i] = static_cast<int>(root);
-    if (root == i) order.push_back(i);
-  }
   std::vector<int> step_of(nodes.size(), -1);
   for (size_t k = 0; k < order.size(); ++k) step_of[order[k]] = static_cast<int>(k);
 
@@ -154,6 +149,19 @@ bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* a
   for (const auto& n : nodes)
     for (ir::Value* v : n->outputs()) record(v);
   return changed;
+}
+
+std::vector<int> GroupRoots(const ir::Graph& graph) {
+  const auto& nodes = graph.nodes();
+  std::map<int, int> last_of_group;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (const int grp = nodes[i]->note().group; grp >= 0) last_of_group[grp] = static_cast<int>(i);
+  std::vector<int> roots(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int grp = nodes[i]->note().group;
+    roots[i] = grp >= 0 ? last_of_group.at(grp) : static_cast<int>(i);
+  }
+  return roots;
 }
 
 } // namespace kiln::passes

@@ -11,6 +11,7 @@
 #include "../../frontend/plan.h"
 #include "kiln/ir/text.h"
 #include "kiln/passes/memory_planning.h"
+#include "kiln/passes/stream_assignment.h"
 #include "kiln/runtime/error.h"
 #include "test_util.h"
 
@@ -132,9 +133,11 @@ std::string PlanNotes(const std::string& text) {
   CHECK(PrintGraph(*plan->graph).find_first_of("#@") == std::string::npos);
   CHECK(PrintGraph(*ParseGraph(out)) == out);
   CHECK(!kiln::passes::RunMemoryPlanning(*annotated, {}));
+  if (plan->schedule.num_streams > 1)
+    CHECK(!kiln::passes::RunStreamAssignment(*annotated, plan->schedule.num_streams));
   return out;
 }
-}  // namespace
+} // namespace
 
 TEST_CASE("plan notes: a plan's placements and streams as notes on its own copy of the graph") {
   kiln::testing::ScopedEnv env("KILN_DISABLE_PASS", "fusion, epilogue");
@@ -178,3 +181,29 @@ TEST_CASE("plan notes: a plan's fused groups as notes; their inner values take n
                                     "return %5\n");
 }
 #endif
+
+TEST_CASE("stream assignment pass: golden text; independent matmuls on two streams, the join waits") {
+  auto g = ParseGraph("%x = input \"x\" : float32(8, 8)\n"
+                      "%y = input \"y\" : float32(8, 8)\n"
+                      "%a = matmul(%x, %x) : float32(8, 8)\n"
+                      "%b = matmul(%y, %y) : float32(8, 8)\n"
+                      "%c = add(%a, %b) : float32(8, 8)\n"
+                      "%d = exp(%c) : float32(8, 8)\n"
+                      "return %d\n");
+  CHECK(kiln::passes::RunStreamAssignment(*g, 2));
+  const std::string out = PrintGraph(*g);
+  CHECK(out == "%0 = input \"x\" : float32(8, 8)\n"
+               "%1 = input \"y\" : float32(8, 8)\n"
+               "%2 = matmul(%0, %0) {transpose_a=false, transpose_b=false} : float32(8, 8) #stream=0\n"
+               "%3 = matmul(%1, %1) {transpose_a=false, transpose_b=false} : float32(8, 8) #stream=1\n"
+               "%4 = add(%2, %3) : float32(8, 8) #stream=0 #wait=%3\n"
+               "%5 = exp(%4) : float32(8, 8) #stream=0\n"
+               "return %5\n");
+  CHECK(!kiln::passes::RunStreamAssignment(*g, 2));
+  auto back = ParseGraph(out);
+  CHECK(!kiln::passes::RunStreamAssignment(*back, 2));
+  CHECK(PrintGraph(*back) == out);
+  // One stream: nothing to record, and the notes are cleared.
+  CHECK(kiln::passes::RunStreamAssignment(*back, 1));
+  CHECK(PrintGraph(*back).find('#') == std::string::npos);
+}
