@@ -31,6 +31,9 @@ constexpr Switch kSwitches[] = {
     {"KILN_GRAPH_CACHE_SIZE", "64", "compiled graphs a hybridized block keeps, one per input signature; the least recently used is dropped beyond it"},
     {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
     {"KILN_BUCKET_MB", "25", "megabytes of gradients the Trainer sums across devices in one collective"},
+    {"KILN_GPU_SIM", "0", "N > 0: N simulated GPUs on the CPU instead of CUDA (tests without a GPU)"},
+    {"KILN_GPU_SIM_MEM", "4G", "memory of each simulated GPU: e.g. 4G, 512M, or a number of MiB"},
+    {"KILN_GPU_LOG", "0", "1: print the GPU platform, driver version and devices on first contact"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };
 
