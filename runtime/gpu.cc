@@ -105,6 +105,7 @@ class NoPlatform final : public Platform {
   void StreamSynchronize(Stream) override {}
   bool StreamQuery(Stream) override { return true; }
   void StreamWaitEvent(Stream, Event) override { None("cudaStreamWaitEvent"); }
+  void LaunchHostFunc(Stream, void (*)(void*), void*) override { None("cudaLaunchHostFunc"); }
   Event EventCreate(bool) override { None("cudaEventCreate"); }
   void EventDestroy(Event) override {}
   void EventRecord(Event, Stream) override { None("cudaEventRecord"); }

@@ -107,6 +107,9 @@ class CudaPlatform final : public gpurt::Platform {
   void StreamWaitEvent(gpurt::Stream s, gpurt::Event e) override {
     Check(cudaStreamWaitEvent(S(s), E(e), 0), "cudaStreamWaitEvent");
   }
+  void LaunchHostFunc(gpurt::Stream s, void (*fn)(void*), void* data) override {
+    Check(cudaLaunchHostFunc(S(s), fn, data), "cudaLaunchHostFunc");
+  }
   gpurt::Event EventCreate(bool timing) override {
     cudaEvent_t e = nullptr;
     Check(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate");

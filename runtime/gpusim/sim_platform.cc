@@ -131,6 +131,12 @@ class SimPlatform final : public gpurt::Platform {
     }
     WaitOn(s, ev);  // any device's event may be waited on (cross-device waits are legal)
   }
+  void LaunchHostFunc(gpurt::Stream h, void (*fn)(void*), void* data) override {
+    StreamImpl* s = Stream(h, "cudaLaunchHostFunc");
+    s->device()->CheckSticky("cudaLaunchHostFunc");
+    if (Capturing(s)) s->captured.push_back([fn, data](gpurt::Stream r) { S(r)->Enqueue([fn, data] { fn(data); }); });
+    else s->Enqueue([fn, data] { fn(data); });
+  }
   gpurt::Event EventCreate(bool timing) override {
     Dev(tls_device, "cudaEventCreate");
     auto* e = new std::shared_ptr<EventState>(std::make_shared<EventState>());

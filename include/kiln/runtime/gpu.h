@@ -138,6 +138,9 @@ class Platform {
   virtual bool StreamQuery(Stream s) = 0;
   /// Work queued on `s` after this waits for the most recent record of `e` (any device's).
   virtual void StreamWaitEvent(Stream s, Event e) = 0;
+  /// cudaLaunchHostFunc: `fn(data)` runs on a host thread once the work before it on `s` is done;
+  /// the work after it waits for it. `fn` must not call the platform.
+  virtual void LaunchHostFunc(Stream s, void (*fn)(void*), void* data) = 0;
   virtual Event EventCreate(bool timing) = 0;
   virtual void EventDestroy(Event e) = 0;
   /// `s` must belong to the event's device.
