@@ -271,6 +271,9 @@ class SimPlatform final : public gpurt::Platform {
     auto m = std::make_unique<SimModule>();
     m->device = tls_device;
     m->module = compile(image.nvptx_ir);
+    if (!m->module)
+      gpurt::Fail(gpurt::kInvalidImage, "cuModuleLoadData on simulated " + Gpu(tls_device),
+                  "the kernel emulator could not build the module");
     return reinterpret_cast<gpurt::Module>(m.release());
   }
   void ModuleUnload(gpurt::Module m) override { delete reinterpret_cast<SimModule*>(m); }
@@ -538,7 +541,7 @@ void SimPlatform::LaunchKernel(gpurt::Function h, gpurt::Dim3 grid, gpurt::Dim3 
   std::string name = f->name;
   auto run = [k, grid, block, smem, packed, name](void** argv) {
     std::unique_ptr<KernelFault> fault =
-        k->Run(Dim3{grid.x, grid.y, grid.z}, Dim3{block.x, block.y, block.z}, smem, argv);
+        k->Run(grid, block, smem, argv);
     if (fault) gpurt::Fail(fault->cuda_error, "kernel '" + name + "'", fault->message);
   };
   if (Capturing(s)) {

@@ -21,6 +21,7 @@
 
 #include "kiln/runtime/collectives.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpusim/emulator.h"
 
 namespace kiln::gpurt {
 
@@ -64,9 +65,8 @@ class GpuError : public DeviceError {
 /// Throws GpuError(code) with "<call>: CUDA_ERROR_NAME (code): <detail>".
 [[noreturn]] void Fail(int code, const std::string& call, const std::string& detail);
 
-struct Dim3 {
-  uint32_t x = 1, y = 1, z = 1;
-};
+/// Grid and block sizes (one type with the kernel emulator's).
+using Dim3 = gpusim::Dim3;
 
 /// What cudaGetDeviceProperties reports, the parts kiln uses.
 struct DeviceProperties {
@@ -206,15 +206,15 @@ class Platform {
 /// else none. Chosen on first call; lives for the process.
 Platform& Get();
 
-/// Makes `device` current on this thread for the guard's lifetime.
+/// Makes `device` current on this thread (on platform `p`) for the guard's lifetime.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) : prev_(Get().GetDevice()) {
-    if (prev_ != device) Get().SetDevice(device);
+  explicit DeviceGuard(int device, Platform& p = Get()) : p_(p), prev_(p.GetDevice()) {
+    if (prev_ != device) p_.SetDevice(device);
   }
   ~DeviceGuard() {
     try {
-      if (Get().GetDevice() != prev_) Get().SetDevice(prev_);
+      if (p_.GetDevice() != prev_) p_.SetDevice(prev_);
     } catch (...) {
     }
   }
@@ -222,6 +222,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
+  Platform& p_;
   int prev_;
 };
 
