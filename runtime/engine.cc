@@ -122,8 +122,11 @@ class ThreadedEngine final : public EngineBase {
     for (int i = 0; i < 2000 && (Pending() != 0 || inline_in_flight_.load() != 0); ++i) KILN_PAUSE();
     // An inline run on another thread (a C++ caller racing with exit's drain) is waited for too.
     auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
-    SleepUntil(idle);
-    Reap();
+    // Reaping may queue more work (a GPU storage is freed by a task on its stream): until none.
+    do {
+      SleepUntil(idle);
+      Reap();
+    } while (!idle());
     RethrowFirstError();
     WaitForAllGpuWork();
   }
