@@ -366,3 +366,20 @@ TEST_CASE("gpu sim: copies between devices, pageable and pinned, with and withou
   p.Free(b);
   p.StreamDestroy(s);
 }
+
+TEST_CASE("gpu sim: library handles are one per device and library, bound to the stream they run on") {
+  gpurt::Platform& p = Sim();
+  gpurt::DeviceGuard g(0, Sim());
+  gpurt::Stream a = p.StreamCreate(), b = p.StreamCreate();
+  void* h = p.LibraryHandle(gpurt::Library::kBlasLt, a);
+  CHECK(h != nullptr);
+  CHECK(p.LibraryHandle(gpurt::Library::kBlasLt, b) == h);  // rebound to b, as cublasSetStream does
+  CHECK(p.LibraryHandle(gpurt::Library::kDnn, a) != h);
+  p.SetDevice(1);
+  gpurt::Stream c = p.StreamCreate();
+  CHECK(p.LibraryHandle(gpurt::Library::kBlasLt, c) != h);
+  p.StreamDestroy(c);
+  p.SetDevice(0);
+  p.StreamDestroy(a);
+  p.StreamDestroy(b);
+}
