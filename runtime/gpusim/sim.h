@@ -93,11 +93,16 @@ class StreamImpl {
   SimDevice* device() const { return device_; }
   int index() const { return index_; }
 
-  // Capture (global mode): while capturing, operations become nodes of `graph`.
-  bool capturing = false;
-  bool capture_invalidated = false;
+  // Capture (global mode): while capturing, operations become nodes of the graph being built.
+  std::atomic<bool> capturing{false};
+  std::atomic<bool> capture_invalidated{false};
   std::thread::id capture_thread;
+  std::mutex capture_mu;  // `captured`: any thread may issue work to a capturing stream
   std::vector<std::function<void(gpurt::Stream)>> captured;
+  void Capture(std::function<void(gpurt::Stream)> node) {
+    std::lock_guard<std::mutex> g(capture_mu);
+    captured.push_back(std::move(node));
+  }
 
  private:
   void Loop();

@@ -126,7 +126,7 @@ class SimPlatform final : public gpurt::Platform {
     StreamImpl* s = Stream(h, "cudaStreamWaitEvent");
     std::shared_ptr<EventState> ev = Event(e, "cudaStreamWaitEvent");
     if (Capturing(s)) {
-      s->captured.push_back([this, ev](gpurt::Stream r) { WaitOn(S(r), ev); });
+      s->Capture([this, ev](gpurt::Stream r) { WaitOn(S(r), ev); });
       return;
     }
     WaitOn(s, ev);  // any device's event may be waited on (cross-device waits are legal)
@@ -134,7 +134,7 @@ class SimPlatform final : public gpurt::Platform {
   void LaunchHostFunc(gpurt::Stream h, void (*fn)(void*), void* data) override {
     StreamImpl* s = Stream(h, "cudaLaunchHostFunc");
     s->device()->CheckSticky("cudaLaunchHostFunc");
-    if (Capturing(s)) s->captured.push_back([fn, data](gpurt::Stream r) { S(r)->Enqueue([fn, data] { fn(data); }); });
+    if (Capturing(s)) s->Capture([fn, data](gpurt::Stream r) { S(r)->Enqueue([fn, data] { fn(data); }); });
     else s->Enqueue([fn, data] { fn(data); });
   }
   gpurt::Event EventCreate(bool timing) override {
@@ -154,7 +154,7 @@ class SimPlatform final : public gpurt::Platform {
                     Gpu(s->device()->index) + "; record an event of the stream's device (create it with that "
                     "device current)");
     if (Capturing(s)) {
-      s->captured.push_back([this, ev](gpurt::Stream r) { RecordOn(S(r), ev); });
+      s->Capture([this, ev](gpurt::Stream r) { RecordOn(S(r), ev); });
       return;
     }
     RecordOn(s, ev);
@@ -223,7 +223,7 @@ class SimPlatform final : public gpurt::Platform {
     void* d = to_device ? memory_.Alias(dst) : dst;
     const void* from = from_device ? memory_.Alias(src) : src;
     if (Capturing(s)) {
-      s->captured.push_back([d, from, n](gpurt::Stream r) { S(r)->Enqueue([=] { std::memmove(d, from, n); }); });
+      s->Capture([d, from, n](gpurt::Stream r) { S(r)->Enqueue([=] { std::memmove(d, from, n); }); });
       return;
     }
     if (kind == gpurt::CopyKind::kHostToDevice && !memory_.IsPinned(src)) {
@@ -253,7 +253,7 @@ class SimPlatform final : public gpurt::Platform {
     memory_.CheckDeviceRange(dst, n, "cudaMemsetAsync", "the destination");
     void* d = memory_.Alias(dst);
     auto op = [d, value, n] { std::memset(d, value, n); };
-    if (Capturing(s)) s->captured.push_back([op](gpurt::Stream r) { S(r)->Enqueue(op); });
+    if (Capturing(s)) s->Capture([op](gpurt::Stream r) { S(r)->Enqueue(op); });
     else s->Enqueue(op);
   }
 
@@ -312,7 +312,10 @@ class SimPlatform final : public gpurt::Platform {
     s->capturing = true;
     s->capture_invalidated = false;
     s->capture_thread = std::this_thread::get_id();
-    s->captured.clear();
+    {
+      std::lock_guard<std::mutex> g(s->capture_mu);
+      s->captured.clear();
+    }
     s->device()->capturing.fetch_add(1);
     active_captures_.fetch_add(1);
   }
@@ -325,8 +328,11 @@ class SimPlatform final : public gpurt::Platform {
     s->capturing = false;
     s->device()->capturing.fetch_sub(1);
     active_captures_.fetch_sub(1);
-    auto nodes = std::move(s->captured);
-    s->captured.clear();
+    std::vector<std::function<void(gpurt::Stream)>> nodes;
+    {
+      std::lock_guard<std::mutex> g(s->capture_mu);
+      nodes.swap(s->captured);
+    }
     if (s->capture_invalidated)
       gpurt::Fail(gpurt::kCaptureInvalidated, "cudaStreamEndCapture",
                 "a prohibited call (synchronization or allocation) during the capture invalidated it");
@@ -548,7 +554,7 @@ void SimPlatform::LaunchKernel(gpurt::Function h, gpurt::Dim3 grid, gpurt::Dim3 
     if (!known)
       gpurt::Fail(gpurt::kNotSupported, call,
                 "kernel '" + name + "' does not say its parameter sizes, so its launch cannot be captured");
-    s->captured.push_back([run, packed](gpurt::Stream r) { S(r)->Enqueue([run, packed] { run(packed->ptrs.data()); }); });
+    s->Capture([run, packed](gpurt::Stream r) { S(r)->Enqueue([run, packed] { run(packed->ptrs.data()); }); });
     return;
   }
   if (known) {
