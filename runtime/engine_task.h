@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/wait_point.h"
 
 namespace kiln::engine {
@@ -204,6 +206,10 @@ class EngineBase : public Engine {
           for (Var* v : t->writes) writes.push_back(v);
           WaitForGpuWork(reads, writes, t->opts);
         }
+        // The naive engine runs GPU tasks on the pushing thread: their device must be current
+        // there, so that their work goes to that device's default stream (the one synchronized).
+        std::optional<gpurt::DeviceGuard> on_device;
+        if (gpu_task && IsNaive()) on_device.emplace(t->opts.device.index);
         t->fn();
         if (gpu_task) {
           if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);

@@ -105,3 +105,28 @@ def test_errors_on_simulated_gpus_are_typed():
         else:
             raise AssertionError("gpu(2) should not exist under KILN_GPU_SIM=2")
     """)
+
+
+def test_bad_simulator_switches_are_errors_that_say_what_to_set():
+    env = dict(os.environ, KILN_GPU_SIM="2", KILN_GPU_SIM_MEM="lots")
+    r = subprocess.run([sys.executable, "-c", "import kiln; kiln.num_gpus()"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0
+    assert "KILN_GPU_SIM_MEM=lots is not a memory size: expected e.g. 4G, 512M" in r.stderr, r.stderr
+    env = dict(os.environ, KILN_GPU_SIM="-1")
+    r = subprocess.run([sys.executable, "-c", "import kiln; kiln.num_gpus()"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "KILN_GPU_SIM=-1 is not a number of simulated GPUs" in r.stderr, r.stderr
+
+
+def test_naive_engine_on_simulated_gpus():
+    env = dict(os.environ, KILN_GPU_SIM="2", KILN_ENGINE="naive")
+    code = textwrap.dedent("""
+        import numpy as np, kiln
+        from kiln import nd
+        x = np.arange(1 << 20, dtype=np.float32)
+        a = nd.array(x).as_in_context(kiln.gpu(1))     # work of gpu(1) issued from the main thread
+        np.testing.assert_array_equal(a.as_in_context(kiln.gpu(0)).asnumpy(), x)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
