@@ -72,8 +72,10 @@ Platform* Choose() {
   if (!p) p = CreateCudaPlatform();
   if (!p) p = CreateNoPlatform();
   if (env::GetInt("KILN_GPU_LOG") > 0) {
-    std::fprintf(stderr, "kiln: GPU platform %s, driver CUDA %d.%d, %d device(s)\n", p->Name(),
-                 p->DriverVersion() / 1000, p->DriverVersion() % 1000 / 10, p->DeviceCount());
+    const int v = p->DriverVersion();
+    if (v) std::fprintf(stderr, "kiln: GPU platform %s, driver CUDA %d.%d, %d device(s)\n", p->Name(), v / 1000,
+                        v % 1000 / 10, p->DeviceCount());
+    else std::fprintf(stderr, "kiln: GPU platform %s, no CUDA driver, %d device(s)\n", p->Name(), p->DeviceCount());
     for (int i = 0; i < p->DeviceCount(); ++i) {
       DeviceProperties d = p->Properties(i);
       std::fprintf(stderr, "kiln:   gpu(%d): %s, sm_%d%d, %d SMs, %.1f GiB\n", i, d.name.c_str(), d.cc_major,
