@@ -164,8 +164,17 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
   }
   std::map<std::string, int> regs = PtxasRegisters(*m);
   std::map<std::string, int> estimates;
-  for (const llvm::Function& f : *m)
-    if (!f.isDeclaration()) estimates[f.getName().str()] = EstimateRegisters(f);
+  // Each kernel parameter's size as the GPU's ABI lays it out (the NVPTX data layout), so that a
+  // launch can copy its arguments before it returns, as cuLaunchKernel does.
+  std::map<std::string, std::vector<size_t>> param_sizes;
+  const llvm::DataLayout& layout = m->getDataLayout();
+  for (const llvm::Function& f : *m) {
+    if (f.isDeclaration()) continue;
+    estimates[f.getName().str()] = EstimateRegisters(f);
+    std::vector<size_t>& sizes = param_sizes[f.getName().str()];
+    for (const llvm::Argument& a : f.args())
+      sizes.push_back(static_cast<size_t>(layout.getTypeAllocSize(a.getType()).getFixedValue()));
+  }
 
   std::string unique = "kiln_gpusim_module_" + std::to_string(modules++);
   gpusim_detail::RewriteResult rw = gpusim_detail::RewriteForHost(*m, checked, unique);
@@ -193,6 +202,7 @@ std::unique_ptr<gpusim::EmulatedModule> CompileEmulatedModule(std::string_view n
     attrs.num_regs = it != regs.end() ? it->second : estimates[rk.name];
     attrs.static_smem_bytes = rw.static_smem_bytes;
     attrs.max_threads_per_block = rk.max_threads;
+    attrs.param_sizes = param_sizes[rk.name];
     module->kernels_[rk.name] =
         std::make_unique<Kernel>(rk.name, reinterpret_cast<EntryFn>(entries[k]), attrs, rw.has_barrier, seed);
   }

@@ -202,6 +202,7 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
   // The artifact holds the PTX (what a GPU loads) and, after a NUL, the NVPTX IR it came from
   // (what the simulated GPU's kernel emulator runs), so both come back from disk together.
   r.build = [&](const std::string& name, std::string* ir) {
+    ir->clear();  // the cache hands in the IR of its last build: Compile appends
     std::string ptx = Compile(e, arch, name, ir);
     return ptx + std::string(1, '\0') + *ir;
   };

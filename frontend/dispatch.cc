@@ -1,5 +1,8 @@
 // Invoke: the eager path of every op (see dispatch.h).
 #include "kiln/frontend/dispatch.h"
+#if KILN_WITH_CODEGEN
+#include "kiln/codegen/gpu_emulator.h"
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -20,6 +23,11 @@ namespace kiln {
 // The runtime's table has the CPU kernels; the call_graph kernels are the frontend's.
 namespace {
 const bool kGraphKernelsAdded = KernelTable::AddBinder(&BindGraphKernels);
+#if KILN_WITH_CODEGEN
+// Simulated GPUs (KILN_GPU_SIM) run kernels' NVPTX IR through codegen's emulator. This file is
+// linked into every program that dispatches an op, so the hook is always in place.
+const bool kGpuEmulatorInstalled = (codegen::InstallGpuEmulator(), true);
+#endif
 }  // namespace
 
 // ---- constant folding's evaluator -----------------------------------------------------------------

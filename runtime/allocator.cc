@@ -1,4 +1,5 @@
-// Caching allocators: one pool per device, plus one for pinned host memory.
+// Caching allocators: one pool per CPU device, plus one for pinned host memory; GPUs have their
+// stream-ordered caching allocator in gpu_allocator.cc.
 #include "kiln/runtime/allocator.h"
 
 #include <cstdlib>
@@ -62,6 +63,7 @@ class CachingAllocator final : public Allocator {
         blocks->pop_back();
         stats_.bytes_cached -= static_cast<int64_t>(size);
         Use(size);
+        stats_.bytes_requested += static_cast<int64_t>(nbytes);
         return p;
       }
       ++stats_.num_system_allocs;
@@ -70,16 +72,22 @@ class CachingAllocator final : public Allocator {
     try {
       p = raw_alloc_(size);
     } catch (const std::bad_alloc&) {
+      {
+        std::lock_guard<PoolLock> g(mu_);
+        ++stats_.num_ooms;
+      }
       EmptyCache();  // give the cache back and try once more
       try {
         p = raw_alloc_(size);
       } catch (const std::bad_alloc&) {
+        { std::lock_guard<PoolLock> g(mu_); ++stats_.num_ooms; }
         KILN_THROW(MemoryError) << "out of memory allocating " << size << " bytes; in use "
                                 << Stats().bytes_in_use << " bytes; free tensors or use smaller batches";
       }
     }
     std::lock_guard<PoolLock> g(mu_);
     Use(size);
+    stats_.bytes_requested += static_cast<int64_t>(nbytes);
     return p;
   }
 
@@ -90,6 +98,7 @@ class CachingAllocator final : public Allocator {
     std::vector<void*>* blocks = Find(size);
     (blocks ? *blocks : pool_[size]).push_back(p);
     stats_.bytes_in_use -= static_cast<int64_t>(size);
+    stats_.bytes_requested -= static_cast<int64_t>(nbytes);
     stats_.bytes_cached += static_cast<int64_t>(size);
   }
 
@@ -109,6 +118,7 @@ class CachingAllocator final : public Allocator {
       pool.swap(pool_);
       for (size_t i = 0; i < kSmallClasses; ++i) small[i].swap(small_[i]);
       stats_.bytes_cached = 0;
+      ++stats_.num_cache_flushes;
     }
     for (auto& [size, blocks] : pool)
       for (void* p : blocks) raw_free_(p);
@@ -172,8 +182,7 @@ Allocator& GetAllocator(const Device& d) {
     a = new CachingAllocator(HostAlloc, [](void* p) { std::free(p); });
   } else {
     CheckDeviceExists(d);
-    a = new CachingAllocator([d](size_t n) { return cuda::DeviceMalloc(d, n); },
-                             [d](void* p) { cuda::DeviceFree(d, p); });
+    a = NewGpuCachingAllocator(d);
   }
   slot.store(a, std::memory_order_release);
   return *a;

@@ -248,9 +248,10 @@ std::string Device::str() const { return std::string(is_cpu() ? "cpu(" : "gpu(")
 void CheckDeviceExists(const Device& d) {
   if (d.index < 0)
     KILN_THROW(DeviceError) << "device index must be non-negative, found " << d.str();
-  if (d.is_gpu() && !cuda::CompiledWithCuda())
+  if (d.is_gpu() && NumGPUs() == 0 && !cuda::CompiledWithCuda())
     KILN_THROW(DeviceError) << d.str() << " is not available: kiln was built without CUDA "
-                            << "(KILN_CUDA=OFF); use kiln.cpu(), or rebuild with the CUDA toolkit installed";
+                            << "(KILN_CUDA=OFF); use kiln.cpu(), rebuild with the CUDA toolkit installed, or "
+                            << "run with KILN_GPU_SIM=2 for two simulated GPUs";
   if (d.is_gpu() && d.index >= NumGPUs())
     KILN_THROW(DeviceError) << d.str() << " does not exist: this process sees " << NumGPUs()
                             << " GPU(s); use kiln.cpu() or a GPU index below " << NumGPUs();

@@ -22,6 +22,7 @@
 #include "kiln/runtime/cpu/combine.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 
 namespace kiln::coll {
 
@@ -252,6 +253,23 @@ void HostAllGather(DType dt, std::span<const void* const> in, std::span<const in
       }
     });
   });
+}
+
+// ---- GPUs: through the platform (NCCL on CUDA, in-process collectives on the simulator) --------
+
+void NcclAllReduce(std::span<const Device> devices, const BufferSet& b, ReduceOp op) {
+  gpurt::Get().AllReduce(devices, b, op);
+}
+void NcclBroadcast(std::span<const Device> devices, const BufferSet& b, int root) {
+  gpurt::Get().Broadcast(devices, b, root);
+}
+void NcclReduceScatter(std::span<const Device> devices, DType dt, std::span<const void* const> in, int64_t n,
+                       std::span<void* const> out, ReduceOp op) {
+  gpurt::Get().ReduceScatter(devices, dt, in, n, out, op);
+}
+void NcclAllGather(std::span<const Device> devices, DType dt, std::span<const void* const> in,
+                   std::span<const int64_t> counts, std::span<void* const> out) {
+  gpurt::Get().AllGather(devices, dt, in, counts, out);
 }
 
 } // namespace kiln::coll

@@ -75,15 +75,17 @@ class ThreadedEngine final : public EngineBase {
   }
 
   void WaitForVar(Var* v) override {
+    bool writer_ahead = false;
     {  // fast path: nothing writes v now or later in the queue
       std::lock_guard<SpinLock> g(v->mu);
-      bool writer_ahead = v->running_write;
+      writer_ahead = v->running_write;
       for (size_t i = v->head; i < v->queue.size() && !writer_ahead; ++i)
         writer_ahead = v->queue[i].write;
-      if (!writer_ahead) {
-        if (v->error) std::rethrow_exception(v->error);
-        return;
-      }
+      if (!writer_ahead && v->error) std::rethrow_exception(v->error);
+    }
+    if (!writer_ahead) {
+      WaitForGpuWrite(v);  // its writer is done here, its GPU work perhaps not
+      return;
     }
     if (tls_on_worker)
       KILN_THROW(StateError) << "wait_to_read called inside an engine task: that would deadlock; "
@@ -111,6 +113,7 @@ class ThreadedEngine final : public EngineBase {
     r->done.wait(0);
     Reap();
     if (r->error) std::rethrow_exception(r->error);
+    WaitForGpuWrite(v);
   }
 
   void WaitForAll() override {
@@ -119,9 +122,13 @@ class ThreadedEngine final : public EngineBase {
     for (int i = 0; i < 2000 && (Pending() != 0 || inline_in_flight_.load() != 0); ++i) KILN_PAUSE();
     // An inline run on another thread (a C++ caller racing with exit's drain) is waited for too.
     auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
-    SleepUntil(idle);
-    Reap();
+    // Reaping may queue more work (a GPU storage is freed by a task on its stream): until none.
+    do {
+      SleepUntil(idle);
+      Reap();
+    } while (!idle());
     RethrowFirstError();
+    WaitForAllGpuWork();
   }
 
   bool IsNaive() const override { return false; }
@@ -276,6 +283,7 @@ class ThreadedEngine final : public EngineBase {
         ~InTask() { tls_on_worker = was; }
       } in_task;
       try {
+        WaitForGpuWork({reads, nr}, {writes, nw}, opts);
         fn();
       } catch (...) {
         err = NameError(std::current_exception(), opts);

@@ -9,14 +9,17 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "engine_gpu.h"
 #include "engine_pool.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/wait_point.h"
 
 namespace kiln::engine {
@@ -90,6 +93,10 @@ class Var {
 
   char pad2_[64];
   std::atomic<int64_t> fast_done{0};
+  // GPU work pending on the variable (engine_gpu.h); null until a GPU task touches it.
+  std::atomic<detail::GpuVarState*> gpu{nullptr};
+
+  ~Var() { detail::DeleteGpuState(gpu.load()); }
 
   bool QueueEmpty() const { return head == queue.size(); }
   Pending Pop() {
@@ -187,12 +194,26 @@ class EngineBase : public Engine {
     }
     if (!err) {
       try {
+        // GPU work is ordered by events (engine_gpu.h); waiting for it, and the errors it
+        // reports, happen inside the try so they are stored on the outputs like any other.
+        const bool gpu_task = t->opts.device.is_gpu() && static_cast<uint8_t>(t->opts.stream) != 255;
+        bool gpu_state = gpu_task;
+        for (Var* v : t->reads) gpu_state |= v->gpu.load(std::memory_order_relaxed) != nullptr;
+        for (Var* v : t->writes) gpu_state |= v->gpu.load(std::memory_order_relaxed) != nullptr;
+        std::vector<Var*> reads, writes;
+        if (gpu_state) {
+          for (Var* v : t->reads) reads.push_back(v);
+          for (Var* v : t->writes) writes.push_back(v);
+          WaitForGpuWork(reads, writes, t->opts);
+        }
+        // The naive engine runs GPU tasks on the pushing thread: their device must be current
+        // there, so that their work goes to that device's default stream (the one synchronized).
+        std::optional<gpurt::DeviceGuard> on_device;
+        if (gpu_task && IsNaive()) on_device.emplace(t->opts.device.index);
         t->fn();
-        // GPU work is asynchronous: its errors surface at the stream sync, which must be inside
-        // the try so they are stored on the outputs like any other.
-        if (t->opts.device.is_gpu() && static_cast<uint8_t>(t->opts.stream) != 255) {
+        if (gpu_task) {
           if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
-          else cuda::SynchronizeWorkerStream();
+          else MarkGpuWork(reads, writes, t->opts);
         }
       } catch (...) {
         err = NameError(std::current_exception(), t->opts);

@@ -33,6 +33,9 @@ constexpr Switch kSwitches[] = {
     {"KILN_BUCKET_MB", "25", "megabytes of gradients the Trainer sums across devices in one collective"},
     {"KILN_GPU_SIM_ASAN", "0", "1: simulated GPUs check every device access of a kernel (out of bounds: error 700, misaligned: 716)"},
     {"KILN_GPU_SIM_SEED", "0", "seed of the random order in which simulated GPUs run the blocks of a kernel launch"},
+    {"KILN_GPU_SIM", "0", "N > 0: N simulated GPUs on the CPU instead of CUDA (tests without a GPU)"},
+    {"KILN_GPU_SIM_MEM", "4G", "memory of each simulated GPU: e.g. 4G, 512M, or a number of MiB"},
+    {"KILN_GPU_LOG", "0", "1: print the GPU platform, driver version and devices on first contact"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };
 

@@ -15,6 +15,19 @@ Storage::Storage(void* ptr, size_t nbytes, Device device, std::function<void(voi
 }
 
 Storage::~Storage() {
+  if (device_.is_gpu() && !deleter_ && ptr_) {
+    // Queued GPU work may still use the memory (GPU tasks complete by events, engine_gpu.h): the
+    // free is a task on the device's compute stream that waits for that work there, so the
+    // allocator takes the block back in stream order, without a host wait.
+    engine::Var* vs[] = {var_};
+    engine::TaskOptions o;
+    o.device = device_;
+    o.stream = engine::StreamKind::kCompute;
+    o.name = "free";
+    engine::Engine::Get().Push([p = ptr_, n = nbytes_, d = device_] { GetAllocator(d).Free(p, n); }, {}, vs, o);
+    engine::Engine::Get().ReleaseVar(var_);
+    return;
+  }
   engine::Engine::Get().ReleaseVar(var_);
   if (deleter_) deleter_(ptr_);
   else GetAllocator(device_).Free(ptr_, nbytes_);

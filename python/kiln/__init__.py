@@ -8,11 +8,12 @@
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
                  StateError, OutOfMemoryError, InternalError, NDArray, cpu, gpu, num_gpus, waitall,
-                 codegen_stats)
+                 codegen_stats, gpu_memory_stats, empty_cache)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
 
 __all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpus", "waitall",
+           "gpu_memory_stats", "empty_cache",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "codegen_stats"]
 

@@ -7,6 +7,7 @@
 #include "bind.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
+#include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
@@ -181,6 +182,25 @@ KILN_PY_BIND(0) {
   m.def("gpu", [](int i) { return gpu(i); }, pyb::arg("device_id") = 0);
   m.def("num_gpus", [] { return NumGPUs(); });
   m.def("built_with_cuda", [] { return cuda::CompiledWithCuda(); });
+  m.def("gpu_memory_stats", [](int i) {
+    CheckDeviceExists(gpu(i));
+    AllocatorStats s = GetAllocator(gpu(i)).Stats();
+    pyb::dict d;
+    d["bytes_in_use"] = s.bytes_in_use, d["peak_bytes_in_use"] = s.peak_bytes_in_use;
+    d["bytes_cached"] = s.bytes_cached, d["bytes_reserved"] = s.bytes_reserved();
+    d["bytes_requested"] = s.bytes_requested, d["fragmentation"] = s.fragmentation();
+    d["num_allocs"] = s.num_allocs, d["num_system_allocs"] = s.num_system_allocs;
+    d["num_ooms"] = s.num_ooms, d["num_cache_flushes"] = s.num_cache_flushes;
+    d["num_stream_waits"] = s.num_stream_waits;
+    return d;
+  }, pyb::arg("device_id") = 0,
+        "The caching allocator's statistics of gpu(device_id): bytes in use (peak), cached, reserved, "
+        "fragmentation (share of reserved bytes holding no data), allocation and out-of-memory counts.");
+  m.def("empty_cache", [] {
+    pyb::gil_scoped_release nogil;
+    for (int i = 0; i < NumGPUs(); ++i) GetAllocator(gpu(i)).EmptyCache();
+    if (NumGPUs() > 0) GetPinnedAllocator().EmptyCache();
+  }, "Gives the GPUs' cached free blocks back to the device (tensors in use are untouched).");
   m.def("waitall", [] {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().WaitForAll();

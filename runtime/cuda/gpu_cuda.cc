@@ -1,199 +1,247 @@
-// The GPU interface over the CUDA runtime. Without a driver or a GPU, DeviceCount() is 0
-// (cudaGetDeviceCount reports error 35 or 100) and nothing else is called.
-//
-// Pinned staging: kiln's host tensors are pageable memory, which the GPU's copy engines cannot
-// read directly; the driver's own path for them ran at 7-15 GB/s on an H100 against 54 GB/s from
-// pinned memory. A worker copying 1 MiB or more of pageable memory goes through two pinned
-// buffers of its own instead: host memcpy (split over kiln's CPU threads) into one while the DMA
-// of the other runs, ordered by events on the worker's stream.
+// The CUDA platform (gpu.h) over the CUDA runtime, with modules and launches through the driver
+// API (driver.cc). Without a driver or a GPU, DeviceCount() is 0 (cudaGetDeviceCount reports 35
+// or 100) and nothing else is called. Handles are CUDA's own, cast to gpu.h's opaque types.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 
-#include "kiln/runtime/cpu/loops.h"
-
-#include "kiln/runtime/error.h"
-#include "kiln/runtime/cuda.h"
+#include "driver.h"
+#include "kiln/runtime/gpu.h"
+#include "nccl_coll.h"
 
 namespace kiln::cuda {
 
 namespace {
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    KILN_THROW(DeviceError) << what << " failed: " << cudaGetErrorString(e) << " ("
-                            << static_cast<int>(e) << ")";
+
+void Check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    gpurt::Fail(static_cast<int>(e), call, cudaGetErrorString(e));
+  }
 }
 
-thread_local cudaStream_t tls_stream = nullptr;
-thread_local int tls_device = -1;
-}  // namespace
+cudaStream_t S(gpurt::Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t E(gpurt::Event e) { return reinterpret_cast<cudaEvent_t>(e); }
 
-bool CompiledWithCuda() { return true; }
+class CudaPlatform final : public gpurt::Platform {
+ public:
+  const char* Name() const override { return "cuda"; }
 
-int DeviceCount() {
-  static int count = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-      (void)cudaGetLastError();  // no driver (35) or no device (100): no GPUs
+  int DriverVersion() override {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+      (void)cudaGetLastError();
       return 0;
     }
-    return n;
-  }();
-  return count;
-}
-
-void BindWorkerThread(const Device& d, int stream_kind) {
-  (void)stream_kind;
-  Check(cudaSetDevice(d.index), "cudaSetDevice");
-  Check(cudaStreamCreateWithFlags(&tls_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  tls_device = d.index;
-}
-
-void* CurrentStream() { return tls_stream; }
-
-void SynchronizeWorkerStream() {
-  if (tls_stream) Check(cudaStreamSynchronize(tls_stream), "cudaStreamSynchronize");
-}
-
-void SynchronizeDevice(const Device& d) {
-  Check(cudaSetDevice(d.index), "cudaSetDevice");
-  Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-}
-
-void* DeviceMalloc(const Device& d, size_t nbytes) {
-  int prev = 0;
-  cudaGetDevice(&prev);
-  Check(cudaSetDevice(d.index), "cudaSetDevice");
-  void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, nbytes);
-  cudaSetDevice(prev);
-  if (e == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    throw std::bad_alloc();
+    return v;
   }
-  Check(e, "cudaMalloc");
-  return p;
-}
 
-void DeviceFree(const Device& d, void* p) {
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(d.index);
-  cudaFree(p);
-  cudaSetDevice(prev);
-}
-
-void* HostMallocPinned(size_t nbytes) {
-  void* p = nullptr;
-  Check(cudaHostAlloc(&p, nbytes, cudaHostAllocPortable), "cudaHostAlloc");
-  return p;
-}
-
-void HostFreePinned(void* p) { cudaFreeHost(p); }
-
-namespace {
-
-constexpr size_t kStageChunk = size_t{8} << 20;  // bytes per staging buffer
-constexpr size_t kStageMin = size_t{1} << 20;    // smaller copies go to cudaMemcpyAsync as they are
-
-// Two pinned buffers per worker thread (so per stream and device), each with the event recorded
-// after the last DMA that used it. Kept for the thread's life: workers live as long as the engine.
-struct Staging {
-  void* buf[2] = {nullptr, nullptr};
-  cudaEvent_t done[2] = {nullptr, nullptr};
-};
-thread_local Staging tls_staging;
-
-Staging& WorkerStaging() {
-  Staging& s = tls_staging;
-  if (!s.buf[0]) {
-    for (int i = 0; i < 2; ++i) {
-      Check(cudaHostAlloc(&s.buf[i], kStageChunk, cudaHostAllocPortable), "cudaHostAlloc (staging buffer)");
-      Check(cudaEventCreateWithFlags(&s.done[i], cudaEventDisableTiming), "cudaEventCreate (staging)");
-    }
+  int DeviceCount() override {
+    static int count = [] {
+      int n = 0;
+      if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // no driver (35) or no device (100): no GPUs
+        return 0;
+      }
+      return n;
+    }();
+    return count;
   }
-  return s;
-}
 
-bool IsPageable(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
+  gpurt::DeviceProperties Properties(int device) override {
+    cudaDeviceProp p{};
+    Check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+    gpurt::DeviceProperties d;
+    d.name = p.name;
+    d.cc_major = p.major, d.cc_minor = p.minor;
+    d.multiprocessors = p.multiProcessorCount;
+    d.total_memory = p.totalGlobalMem;
+    d.l2_bytes = static_cast<size_t>(p.l2CacheSize);
+    d.warp_size = p.warpSize;
+    d.max_threads_per_block = p.maxThreadsPerBlock;
+    d.max_block = {static_cast<uint32_t>(p.maxThreadsDim[0]), static_cast<uint32_t>(p.maxThreadsDim[1]),
+                   static_cast<uint32_t>(p.maxThreadsDim[2])};
+    d.max_grid = {static_cast<uint32_t>(p.maxGridSize[0]), static_cast<uint32_t>(p.maxGridSize[1]),
+                  static_cast<uint32_t>(p.maxGridSize[2])};
+    d.shared_per_block = p.sharedMemPerBlock;
+    d.shared_per_block_optin = p.sharedMemPerBlockOptin;
+    d.registers_per_block = p.regsPerBlock;
+    d.unified_addressing = p.unifiedAddressing != 0;
+    return d;
+  }
+
+  void SetDevice(int device) override { Check(cudaSetDevice(device), "cudaSetDevice"); }
+  int GetDevice() override {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess) (void)cudaGetLastError(), d = 0;  // no driver: device 0, as CUDA says
+    return d;
+  }
+  void DeviceSynchronize() override { Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+  bool CanAccessPeer(int device, int peer) override {
+    int ok = 0;
+    Check(cudaDeviceCanAccessPeer(&ok, device, peer), "cudaDeviceCanAccessPeer");
+    return ok != 0;
+  }
+  void EnablePeerAccess(int peer) override {
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) e = cudaSuccess, (void)cudaGetLastError();
+    Check(e, "cudaDeviceEnablePeerAccess");
+  }
+
+  gpurt::Stream StreamCreate() override {
+    cudaStream_t s = nullptr;
+    Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return reinterpret_cast<gpurt::Stream>(s);
+  }
+  void StreamDestroy(gpurt::Stream s) override { cudaStreamDestroy(S(s)); }
+  void StreamSynchronize(gpurt::Stream s) override { Check(cudaStreamSynchronize(S(s)), "cudaStreamSynchronize"); }
+  bool StreamQuery(gpurt::Stream s) override {
+    cudaError_t e = cudaStreamQuery(S(s));
+    if (e == cudaErrorNotReady) return (void)cudaGetLastError(), false;
+    Check(e, "cudaStreamQuery");
     return true;
   }
-  return a.type == cudaMemoryTypeUnregistered;
-}
-
-void HostCopy(void* dst, const void* src, size_t n) {
-  constexpr size_t kPiece = size_t{1} << 20;
-  host::ParallelFor(static_cast<int64_t>((n + kPiece - 1) / kPiece), 2, [&](int64_t b, int64_t e) {
-    size_t lo = static_cast<size_t>(b) * kPiece, hi = std::min(n, static_cast<size_t>(e) * kPiece);
-    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo);
-  });
-}
-
-void StagedHostToDevice(char* dst, const char* src, size_t n) {
-  Staging& s = WorkerStaging();
-  for (size_t off = 0, i = 0; off < n; off += kStageChunk, ++i) {
-    const size_t k = i & 1, len = std::min(kStageChunk, n - off);
-    Check(cudaEventSynchronize(s.done[k]), "cudaEventSynchronize (staging)");  // its last DMA is over
-    HostCopy(s.buf[k], src + off, len);
-    Check(cudaMemcpyAsync(dst + off, s.buf[k], len, cudaMemcpyHostToDevice, tls_stream), "cudaMemcpyAsync");
-    Check(cudaEventRecord(s.done[k], tls_stream), "cudaEventRecord (staging)");
+  void StreamWaitEvent(gpurt::Stream s, gpurt::Event e) override {
+    Check(cudaStreamWaitEvent(S(s), E(e), 0), "cudaStreamWaitEvent");
   }
-}
-
-void StagedDeviceToHost(char* dst, const char* src, size_t n) {
-  Staging& s = WorkerStaging();
-  const size_t chunks = (n + kStageChunk - 1) / kStageChunk;
-  auto issue = [&](size_t i) {  // buffer i & 1 was emptied by the host copy of chunk i - 2
-    const size_t off = i * kStageChunk, len = std::min(kStageChunk, n - off);
-    Check(cudaMemcpyAsync(s.buf[i & 1], src + off, len, cudaMemcpyDeviceToHost, tls_stream), "cudaMemcpyAsync");
-    Check(cudaEventRecord(s.done[i & 1], tls_stream), "cudaEventRecord (staging)");
-  };
-  issue(0);
-  for (size_t i = 0; i < chunks; ++i) {
-    if (i + 1 < chunks) issue(i + 1);  // the next DMA runs while this chunk is copied out
-    const size_t off = i * kStageChunk, len = std::min(kStageChunk, n - off);
-    Check(cudaEventSynchronize(s.done[i & 1]), "cudaEventSynchronize (staging)");
-    HostCopy(dst + off, s.buf[i & 1], len);
+  void LaunchHostFunc(gpurt::Stream s, void (*fn)(void*), void* data) override {
+    Check(cudaLaunchHostFunc(S(s), fn, data), "cudaLaunchHostFunc");
   }
-}
+  gpurt::Event EventCreate(bool timing) override {
+    cudaEvent_t e = nullptr;
+    Check(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate");
+    return reinterpret_cast<gpurt::Event>(e);
+  }
+  void EventDestroy(gpurt::Event e) override { cudaEventDestroy(E(e)); }
+  void EventRecord(gpurt::Event e, gpurt::Stream s) override { Check(cudaEventRecord(E(e), S(s)), "cudaEventRecord"); }
+  bool EventQuery(gpurt::Event e) override {
+    cudaError_t r = cudaEventQuery(E(e));
+    if (r == cudaErrorNotReady) return (void)cudaGetLastError(), false;
+    Check(r, "cudaEventQuery");
+    return true;
+  }
+  void EventSynchronize(gpurt::Event e) override { Check(cudaEventSynchronize(E(e)), "cudaEventSynchronize"); }
+  float EventElapsedMs(gpurt::Event a, gpurt::Event b) override {
+    float ms = 0;
+    Check(cudaEventElapsedTime(&ms, E(a), E(b)), "cudaEventElapsedTime");
+    return ms;
+  }
+
+  void* Malloc(size_t nbytes) override {
+    void* p = nullptr;
+    Check(cudaMalloc(&p, nbytes), "cudaMalloc");
+    return p;
+  }
+  void Free(void* p) override { Check(cudaFree(p), "cudaFree"); }
+  void* HostAllocPinned(size_t nbytes) override {
+    void* p = nullptr;
+    Check(cudaHostAlloc(&p, nbytes, cudaHostAllocPortable), "cudaHostAlloc");
+    return p;
+  }
+  void HostFreePinned(void* p) override { Check(cudaFreeHost(p), "cudaFreeHost"); }
+  bool IsPinnedHost(const void* p) override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) return (void)cudaGetLastError(), false;
+    return a.type == cudaMemoryTypeHost;
+  }
+  void MemcpyAsync(void* dst, const void* src, size_t n, gpurt::CopyKind kind, gpurt::Stream s) override {
+    cudaMemcpyKind k = kind == gpurt::CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                       : kind == gpurt::CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+    Check(cudaMemcpyAsync(dst, src, n, k, S(s)), "cudaMemcpyAsync");
+  }
+  void MemcpyPeerAsync(void* dst, int dd, const void* src, int sd, size_t n, gpurt::Stream s) override {
+    Check(cudaMemcpyPeerAsync(dst, dd, src, sd, n, S(s)), "cudaMemcpyPeerAsync");
+  }
+  void MemsetAsync(void* dst, int value, size_t n, gpurt::Stream s) override {
+    Check(cudaMemsetAsync(dst, value, n, S(s)), "cudaMemsetAsync");
+  }
+
+  gpurt::Module ModuleLoad(const gpurt::ModuleImage& image) override {
+    if (image.ptx.empty())
+      gpurt::Fail(gpurt::kInvalidImage, "cuModuleLoadDataEx", "the module image has no PTX (only NVPTX IR); generate "
+                                                           "PTX from it before loading it on a real GPU");
+    Check(cudaFree(nullptr), "cudaFree(nullptr) (context creation)");  // the primary context
+    return static_cast<gpurt::Module>(drv::LoadModule(image.ptx));
+  }
+  void ModuleUnload(gpurt::Module m) override { drv::UnloadModule(m); }
+  gpurt::Function ModuleGetFunction(gpurt::Module m, const std::string& name) override {
+    return static_cast<gpurt::Function>(drv::GetFunction(m, name));
+  }
+  void FuncSetMaxDynamicSharedMemory(gpurt::Function f, size_t bytes) override {
+    drv::SetMaxDynamicSharedMemory(f, static_cast<int>(bytes));
+  }
+  void LaunchKernel(gpurt::Function f, gpurt::Dim3 grid, gpurt::Dim3 block, size_t smem, gpurt::Stream s,
+                    void** args) override {
+    drv::Launch(f, grid, block, static_cast<unsigned>(smem), s, args);
+  }
+
+  void StreamBeginCapture(gpurt::Stream s) override {
+    Check(cudaStreamBeginCapture(S(s), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  }
+  gpurt::Graph StreamEndCapture(gpurt::Stream s) override {
+    cudaGraph_t g = nullptr;
+    Check(cudaStreamEndCapture(S(s), &g), "cudaStreamEndCapture");
+    return reinterpret_cast<gpurt::Graph>(g);
+  }
+  bool StreamIsCapturing(gpurt::Stream s) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    Check(cudaStreamIsCapturing(S(s), &st), "cudaStreamIsCapturing");
+    return st == cudaStreamCaptureStatusActive;
+  }
+  gpurt::GraphExec GraphInstantiate(gpurt::Graph g) override {
+    cudaGraphExec_t x = nullptr;
+    Check(cudaGraphInstantiate(&x, reinterpret_cast<cudaGraph_t>(g), 0), "cudaGraphInstantiate");
+    return reinterpret_cast<gpurt::GraphExec>(x);
+  }
+  void GraphLaunch(gpurt::GraphExec g, gpurt::Stream s) override {
+    Check(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(g), S(s)), "cudaGraphLaunch");
+  }
+  void GraphDestroy(gpurt::Graph g) override { cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g)); }
+  void GraphExecDestroy(gpurt::GraphExec g) override { cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(g)); }
+
+  void* LibraryHandle(gpurt::Library lib, gpurt::Stream) override {
+    if (lib != gpurt::Library::kBlasLt)
+      gpurt::Fail(gpurt::kNotSupported, "cudnnCreate", "this kiln is not linked with cuDNN yet");
+    // cuBLASLt takes the stream with each call; the handle itself is per device.
+    std::lock_guard<std::mutex> g(mu_);
+    int d = GetDevice();
+    auto& h = blaslt_[d];
+    if (!h) {
+      cublasStatus_t st = cublasLtCreate(&h);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        gpurt::Fail(gpurt::kNotSupported, "cublasLtCreate", "cuBLAS status " + std::to_string(static_cast<int>(st)));
+    }
+    return h;
+  }
+
+  void AllReduce(std::span<const Device> devs, const coll::BufferSet& b, coll::ReduceOp op) override {
+    coll::NcclAllReduceImpl(devs, b, op);
+  }
+  void Broadcast(std::span<const Device> devs, const coll::BufferSet& b, int root) override {
+    coll::NcclBroadcastImpl(devs, b, root);
+  }
+  void ReduceScatter(std::span<const Device> devs, DType dt, std::span<const void* const> in, int64_t n,
+                     std::span<void* const> out, coll::ReduceOp op) override {
+    coll::NcclReduceScatterImpl(devs, dt, in, n, out, op);
+  }
+  void AllGather(std::span<const Device> devs, DType dt, std::span<const void* const> in,
+                 std::span<const int64_t> counts, std::span<void* const> out) override {
+    coll::NcclAllGatherImpl(devs, dt, in, counts, out);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, cublasLtHandle_t> blaslt_;
+};
 
 }  // namespace
-
-void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind) {
-  // Staging needs the worker's own stream (events and buffers are the worker's).
-  if (tls_stream && nbytes >= kStageMin) {
-    if (kind == CopyKind::kHostToDevice && IsPageable(src)) {
-      StagedHostToDevice(static_cast<char*>(dst), static_cast<const char*>(src), nbytes);
-      return;
-    }
-    if (kind == CopyKind::kDeviceToHost && IsPageable(dst)) {
-      StagedDeviceToHost(static_cast<char*>(dst), static_cast<const char*>(src), nbytes);
-      return;
-    }
-  }
-  cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
-                     : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
-                                                       : cudaMemcpyDeviceToDevice;
-  Check(cudaMemcpyAsync(dst, src, nbytes, k, tls_stream), "cudaMemcpyAsync");
-}
-
-void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Device& src_dev,
-                   size_t nbytes) {
-  Check(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, nbytes, tls_stream),
-        "cudaMemcpyPeerAsync");
-}
-
-void Memset(void* dst, int value, size_t nbytes) {
-  Check(cudaMemsetAsync(dst, value, nbytes, tls_stream), "cudaMemsetAsync");
-}
 
 }  // namespace kiln::cuda
 
-namespace kiln {
-int NumGPUs() { return cuda::DeviceCount(); }
-}  // namespace kiln
+namespace kiln::gpurt {
+Platform* CreateCudaPlatform() { return new cuda::CudaPlatform(); }
+}  // namespace kiln::gpurt

@@ -13,6 +13,7 @@
 #include "kiln/runtime/collectives.h"
 
 #include "kiln/runtime/error.h"
+#include "nccl_coll.h"
 
 #if KILN_WITH_NCCL
 #include <cuda_runtime.h>
@@ -111,7 +112,7 @@ std::vector<int64_t> Offsets(std::span<const int64_t> counts) {
 
 bool HasNccl() { return true; }
 
-void NcclAllReduce(std::span<const Device> devices, const BufferSet& b, ReduceOp op) {
+void NcclAllReduceImpl(std::span<const Device> devices, const BufferSet& b, ReduceOp op) {
   const ncclDataType_t t = NcclType(b.dtype);
   const size_t K = b.numel.size();
   GetClique(devices).Run([&](size_t i, ncclComm_t comm, cudaStream_t s) {
@@ -123,7 +124,7 @@ void NcclAllReduce(std::span<const Device> devices, const BufferSet& b, ReduceOp
   });
 }
 
-void NcclBroadcast(std::span<const Device> devices, const BufferSet& b, int root) {
+void NcclBroadcastImpl(std::span<const Device> devices, const BufferSet& b, int root) {
   const ncclDataType_t t = NcclType(b.dtype);
   const size_t K = b.numel.size();
   GetClique(devices).Run([&](size_t i, ncclComm_t comm, cudaStream_t s) {
@@ -136,7 +137,7 @@ void NcclBroadcast(std::span<const Device> devices, const BufferSet& b, int root
   });
 }
 
-void NcclReduceScatter(std::span<const Device> devices, DType dt, std::span<const void* const> in, int64_t n,
+void NcclReduceScatterImpl(std::span<const Device> devices, DType dt, std::span<const void* const> in, int64_t n,
                        std::span<void* const> out, ReduceOp op) {
   const ncclDataType_t t = NcclType(dt);
   const size_t D = devices.size(), es = DTypeSize(dt);
@@ -158,7 +159,7 @@ void NcclReduceScatter(std::span<const Device> devices, DType dt, std::span<cons
   });
 }
 
-void NcclAllGather(std::span<const Device> devices, DType dt, std::span<const void* const> in,
+void NcclAllGatherImpl(std::span<const Device> devices, DType dt, std::span<const void* const> in,
                    std::span<const int64_t> counts, std::span<void* const> out) {
   const ncclDataType_t t = NcclType(dt);
   const size_t D = devices.size(), es = DTypeSize(dt);
@@ -189,13 +190,13 @@ namespace {
 } // namespace
 
 bool HasNccl() { return false; }
-void NcclAllReduce(std::span<const Device>, const BufferSet&, ReduceOp) { NoNccl(); }
-void NcclBroadcast(std::span<const Device>, const BufferSet&, int) { NoNccl(); }
-void NcclReduceScatter(std::span<const Device>, DType, std::span<const void* const>, int64_t,
+void NcclAllReduceImpl(std::span<const Device>, const BufferSet&, ReduceOp) { NoNccl(); }
+void NcclBroadcastImpl(std::span<const Device>, const BufferSet&, int) { NoNccl(); }
+void NcclReduceScatterImpl(std::span<const Device>, DType, std::span<const void* const>, int64_t,
                        std::span<void* const>, ReduceOp) {
   NoNccl();
 }
-void NcclAllGather(std::span<const Device>, DType, std::span<const void* const>, std::span<const int64_t>,
+void NcclAllGatherImpl(std::span<const Device>, DType, std::span<const void* const>, std::span<const int64_t>,
                    std::span<void* const>) {
   NoNccl();
 }

@@ -105,7 +105,7 @@ TEST_CASE("ptx: an equal expression is generated once, an unknown architecture i
 
 #ifdef KILN_WITH_CUDA
 TEST_CASE("ptx: generated kernels run on the GPU as engine tasks and match the CPU kernels") {
-  KILN_REQUIRE_GPU();
+  KILN_REQUIRE_GPU();  // a real GPU runs the PTX, a simulated one the NVPTX IR it came from
   const kiln::Device dev = kiln::gpu(0);
   std::string arch = "sm_" + std::to_string(kiln::cuda::ComputeCapability(dev));
   if (kiln::cuda::ComputeCapability(dev) > 90) arch = "sm_90";  // PTX is forward compatible: the driver compiles it
@@ -113,8 +113,8 @@ TEST_CASE("ptx: generated kernels run on the GPU as engine tasks and match the C
   for (const Expr& e : {Chain(), Transcendental()}) {
     CAPTURE(e.ToString());
     auto k = GeneratePtx(e, arch);
-    void* fn = kiln::cuda::LoadKernel(dev, k.ptx, k.name);
-    CHECK(kiln::cuda::LoadKernel(dev, k.ptx, k.name) == fn);  // loaded once
+    void* fn = kiln::cuda::LoadKernel(dev, k.ir, k.ptx, k.name);
+    CHECK(kiln::cuda::LoadKernel(dev, k.ir, k.ptx, k.name) == fn);  // loaded once
     const int64_t n = 1000003;
     std::mt19937 rng(5);
     std::uniform_real_distribution<float> u(-2, 2);

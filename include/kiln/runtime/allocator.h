@@ -16,6 +16,18 @@ struct AllocatorStats {
   int64_t bytes_cached = 0;     ///< bytes held in the pools, free for reuse
   int64_t num_allocs = 0;       ///< calls to Allocate
   int64_t num_system_allocs = 0;  ///< of those, how many reached the system allocator
+  int64_t bytes_requested = 0;  ///< bytes asked for by the blocks in use (before rounding)
+  int64_t num_ooms = 0;         ///< allocations the system refused (each retried once after EmptyCache)
+  int64_t num_cache_flushes = 0;  ///< EmptyCache calls, by the user or after an out-of-memory
+  int64_t num_stream_waits = 0;   ///< GPU: blocks not reused on another stream because their event was pending
+
+  /// Bytes taken from the system: in use plus cached.
+  int64_t bytes_reserved() const { return bytes_in_use + bytes_cached; }
+  /// Share of the reserved bytes that is not holding data: cached blocks plus rounding waste.
+  double fragmentation() const {
+    int64_t r = bytes_reserved();
+    return r ? static_cast<double>(r - bytes_requested) / static_cast<double>(r) : 0.0;
+  }
 };
 
 class Allocator {
@@ -33,6 +45,11 @@ class Allocator {
 
 /// The allocator of a device (created on first use, lives for the process).
 Allocator& GetAllocator(const Device& d);
+/// The GPU caching allocator of device `d` (GetAllocator creates one per GPU): size classes,
+/// stream-ordered reuse (a block freed on one stream is handed to another only once an event
+/// recorded at the free has completed; no synchronizing free), out-of-memory retried once after
+/// the cache is emptied, then a MemoryError with the statistics. See runtime/gpu_allocator.cc.
+Allocator* NewGpuCachingAllocator(const Device& d);
 /// Page-locked host memory for fast asynchronous GPU copies (plain host memory without CUDA).
 Allocator& GetPinnedAllocator();
 

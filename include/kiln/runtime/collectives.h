@@ -74,7 +74,8 @@ void HostAllGather(DType dt, std::span<const void* const> in, std::span<const in
 
 /// True when this build has the NCCL path (CUDA and NCCL found at configure time).
 bool HasNccl();
-/// The same four collectives over `devices` (distinct GPUs, in device order) with a communicator
+/// The same four collectives over `devices` (distinct GPUs, in device order), through the GPU
+/// platform (gpu.h): NCCL on CUDA, with a communicator
 /// per device set created on first use and cached. Each enqueues on a per-device NCCL stream and
 /// waits for it before returning. Throw DeviceError in builds without NCCL.
 void NcclAllReduce(std::span<const Device> devices, const BufferSet& b, ReduceOp op);

@@ -1,11 +1,7 @@
-// The GPU side of the runtime as the rest of kiln sees it: device count, per-worker CUDA
-// streams, device memory and copies. Implemented over the CUDA runtime in runtime/cuda/ when
-// kiln is built with CUDA, and by runtime/gpu_none.cc (no GPUs, every call a DeviceError)
-// otherwise. Headers of the CUDA toolkit never leak through this file.
-//
-// Kernels (DriverVersion, LoadKernel, LaunchKernel) go through the CUDA driver API reached by
-// cudaGetDriverEntryPointByVersion (never dlsym of a bare legacy name); they exist in CUDA builds
-// only (guard callers with KILN_WITH_CUDA).
+// The GPU side of the runtime as the engine, the allocator, collectives and tensors use it: device
+// count, per-worker streams, device memory and copies, kernels. Implemented once
+// (runtime/gpu_facade.cc) over the GPU platform of gpu.h, so the same code serves CUDA and the
+// simulator (KILN_GPU_SIM). Headers of the CUDA toolkit never leak through this file.
 #pragma once
 
 #include <cstddef>
@@ -52,7 +48,10 @@ int ComputeCapability(const Device& d);
 /// Loads the PTX module `ptx` on device `d` (the driver JIT-compiles it; cached by the driver for
 /// the process) and returns its kernel `name` as an opaque CUfunction. A module the driver rejects
 /// (PTX newer than the driver, a wrong name) is a DeviceError quoting the driver's JIT log.
+/// PTX alone does not run on the simulator: give it the NVPTX IR with the overload below.
 void* LoadKernel(const Device& d, const std::string& ptx, const std::string& name);
+/// As above for a module image holding both the NVPTX IR (for the simulator) and the PTX.
+void* LoadKernel(const Device& d, const std::string& nvptx_ir, const std::string& ptx, const std::string& name);
 /// Launches `kernel` with a 1-D grid on `stream` (a cudaStream_t; nullptr: the calling worker's
 /// stream). `args` is the real void** of kernel parameters. Launch errors (block too large, too
 /// much shared memory) are DeviceErrors with the driver's name for them.

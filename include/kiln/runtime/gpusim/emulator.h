@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::gpusim {
 
@@ -31,6 +32,10 @@ struct KernelAttributes {
   size_t static_smem_bytes = 0;
   int max_threads_per_block = 1024;
   size_t max_dynamic_smem_bytes = 48 * 1024;  ///< raised by the per-kernel opt-in
+  /// Bytes of each kernel parameter, in order (cuFuncGetParamInfo): a launch copies the values
+  /// `args` points to before it returns, as CUDA does. Empty: unknown, and a launch then waits
+  /// for the kernel (the caller's `args` must stay valid while it runs), and cannot be captured.
+  std::vector<size_t> param_sizes;
 };
 
 /// A kernel failed while it ran: the CUDA error it stands for (e.g. 700 illegal address, 719

@@ -1,0 +1,184 @@
+// The GPU caching allocator (allocator.h), as PyTorch's users know it, over the GPU platform
+// (gpu.h), so the same code serves CUDA and the simulator.
+//
+// Size classes: requests round to RoundAllocationSize's classes (512-byte steps up to 1 MiB, an
+// eighth of the power of two above), and a freed block waits in its class's pool.
+// Stream order: a block remembers the stream it was freed on (the freeing thread's engine
+// stream). Work queued on that stream later runs after the work that used the block, so the same
+// stream takes it back at once; another stream takes it only once an event recorded on the old
+// stream at the free has completed (queried, never waited for). Freeing never synchronizes.
+// Out of memory: the cache is emptied (waiting for the blocks' events, then freeing them) and
+// the allocation tried once more; then a MemoryError (Python's OutOfMemoryError) with the
+// statistics.
+// What it does not do: split or merge blocks (a block serves one size class), or limit the cache
+// below the device's memory.
+#include <map>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <vector>
+
+#include "kiln/runtime/allocator.h"
+#include "kiln/runtime/cuda.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
+
+namespace kiln {
+
+namespace {
+
+class GpuCachingAllocator final : public Allocator {
+ public:
+  explicit GpuCachingAllocator(const Device& d) : device_(d) {}
+
+  void* Allocate(size_t nbytes) override {
+    const size_t size = RoundAllocationSize(nbytes);
+    auto stream = static_cast<gpurt::Stream>(cuda::CurrentStream());
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++stats_.num_allocs;
+      if (void* p = TakeCached(size, stream)) {
+        Use(size, nbytes);
+        return p;
+      }
+      ++stats_.num_system_allocs;
+    }
+    void* p = nullptr;
+    try {
+      p = cuda::DeviceMalloc(device_, size);
+    } catch (const std::bad_alloc&) {
+      Count(&AllocatorStats::num_ooms);
+      EmptyCache();  // give the cache back, then try once more
+      try {
+        p = cuda::DeviceMalloc(device_, size);
+      } catch (const std::bad_alloc&) {
+        Count(&AllocatorStats::num_ooms);
+        AllocatorStats s = Stats();
+        KILN_THROW(MemoryError) << "out of memory on " << device_.str() << " allocating " << nbytes << " bytes ("
+                                << size << " with rounding) after emptying the cache: " << Describe(s)
+                                << "; free tensors, use smaller batches, or call kiln.empty_cache()";
+      }
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    Use(size, nbytes);
+    return p;
+  }
+
+  void Free(void* p, size_t nbytes) override {
+    if (!p) return;
+    const size_t size = RoundAllocationSize(nbytes);
+    Block b{p, static_cast<gpurt::Stream>(cuda::CurrentStream()), nullptr};
+    if (b.stream) {  // other streams may take it once this stream's work on it is done
+      b.ready = NewEvent();
+      gpurt::Get().EventRecord(b.ready, b.stream);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    pools_[size].push_back(b);
+    stats_.bytes_in_use -= static_cast<int64_t>(size);
+    stats_.bytes_requested -= static_cast<int64_t>(nbytes);
+    stats_.bytes_cached += static_cast<int64_t>(size);
+  }
+
+  AllocatorStats Stats() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
+  void EmptyCache() override {
+    std::map<size_t, std::vector<Block>> pools;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      pools.swap(pools_);
+      stats_.bytes_cached = 0;
+      ++stats_.num_cache_flushes;
+    }
+    for (auto& [size, blocks] : pools)
+      for (Block& b : blocks) {
+        if (b.ready) {
+          gpurt::Get().EventSynchronize(b.ready);
+          Recycle(b.ready);
+        }
+        cuda::DeviceFree(device_, b.p);
+      }
+  }
+
+ private:
+  struct Block {
+    void* p;
+    gpurt::Stream stream;  // freed on (nullptr: outside any stream)
+    gpurt::Event ready;    // recorded on `stream` at the free
+  };
+
+  // Under mu_. A block freed on `stream` (or outside streams) first, else one whose event is done.
+  void* TakeCached(size_t size, gpurt::Stream stream) {
+    auto it = pools_.find(size);
+    if (it == pools_.end() || it->second.empty()) return nullptr;
+    std::vector<Block>& v = it->second;
+    for (size_t i = v.size(); i-- > 0;) {
+      if (v[i].stream == stream || !v[i].ready) return Take(v, i, size);
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (gpurt::Get().EventQuery(v[i].ready)) return Take(v, i, size);
+    }
+    ++stats_.num_stream_waits;
+    return nullptr;
+  }
+  void* Take(std::vector<Block>& v, size_t i, size_t size) {
+    Block b = v[i];
+    v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+    if (b.ready) events_.push_back(b.ready);
+    stats_.bytes_cached -= static_cast<int64_t>(size);
+    return b.p;
+  }
+
+  void Use(size_t size, size_t nbytes) {
+    stats_.bytes_in_use += static_cast<int64_t>(size);
+    stats_.bytes_requested += static_cast<int64_t>(nbytes);
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+  void Count(int64_t AllocatorStats::*field) {
+    std::lock_guard<std::mutex> g(mu_);
+    ++(stats_.*field);
+  }
+
+  gpurt::Event NewEvent() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!events_.empty()) {
+        gpurt::Event e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    gpurt::DeviceGuard guard(device_.index);  // an event of the block's device
+    return gpurt::Get().EventCreate(/*timing=*/false);
+  }
+  void Recycle(gpurt::Event e) {
+    std::lock_guard<std::mutex> g(mu_);
+    events_.push_back(e);
+  }
+
+  static std::string Describe(const AllocatorStats& s) {
+    std::ostringstream o;
+    o << "in use " << s.bytes_in_use << " bytes (peak " << s.peak_bytes_in_use << "), cached " << s.bytes_cached
+      << ", reserved " << s.bytes_reserved() << ", fragmentation " << s.fragmentation() << ", " << s.num_allocs
+      << " allocations (" << s.num_system_allocs << " from the device), " << s.num_ooms << " out-of-memory";
+    return o.str();
+  }
+
+  const Device device_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<Block>> pools_;
+  std::vector<gpurt::Event> events_;  // free events for new blocks
+  AllocatorStats stats_;
+};
+
+}  // namespace
+
+Allocator* NewGpuCachingAllocator(const Device& d) { return new GpuCachingAllocator(d); }
+
+}  // namespace kiln

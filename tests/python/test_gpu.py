@@ -1,0 +1,132 @@
+"""The GPU from Python on two simulated GPUs (KILN_GPU_SIM=2): each test runs its snippet in a
+fresh interpreter with the simulator switched on (the GPU platform is chosen once per process),
+so these run, never skip, on machines without a GPU."""
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def run_sim(code, mem=None):
+    env = dict(os.environ, KILN_GPU_SIM="2")
+    if mem:
+        env["KILN_GPU_SIM_MEM"] = mem
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_num_gpus_and_copies_between_simulated_gpus():
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd
+        assert kiln.num_gpus() == 2 and kiln.gpus() == [kiln.gpu(0), kiln.gpu(1)]
+        x = np.arange(3 * 1000 * 1000, dtype=np.float32).reshape(3, -1)
+        a = nd.array(x).as_in_context(kiln.gpu(0))
+        b = a.as_in_context(kiln.gpu(1))          # device to device, between two GPUs
+        assert b.device == kiln.gpu(1)
+        np.testing.assert_array_equal(b.asnumpy(), x)
+        kiln.waitall()
+        print("ok")
+    """)
+    assert "ok" in out
+
+
+def test_gpu_memory_stats_and_empty_cache():
+    run_sim("""
+        import kiln
+        from kiln import nd
+        s0 = kiln.gpu_memory_stats(1)
+        a = nd.zeros((1024, 1024)).as_in_context(kiln.gpu(1))
+        a.wait_to_read()
+        s = kiln.gpu_memory_stats(1)
+        assert s["bytes_in_use"] >= 4 << 20, s
+        assert s["peak_bytes_in_use"] >= s["bytes_in_use"]
+        assert 0.0 <= s["fragmentation"] < 1.0
+        del a
+        kiln.waitall()
+        s = kiln.gpu_memory_stats(1)
+        assert s["bytes_cached"] >= 4 << 20, s      # freed into the cache, not to the device
+        kiln.empty_cache()
+        s = kiln.gpu_memory_stats(1)
+        assert s["bytes_cached"] == 0 and s["num_cache_flushes"] >= 1, s
+        try:
+            kiln.gpu_memory_stats(2)
+        except kiln.DeviceError as e:
+            assert "gpu(2)" in str(e)
+        else:
+            raise AssertionError("gpu_memory_stats(2) should fail with two GPUs")
+    """)
+
+
+def test_out_of_memory_raises_with_statistics():
+    run_sim("""
+        import kiln
+        from kiln import nd
+        keep = [nd.zeros((8 << 20,)).as_in_context(kiln.gpu(0)) for _ in range(2)]   # 2 x 32 MiB of 64
+        kiln.waitall()
+        try:
+            big = kiln.nd.zeros((8 << 20,)).as_in_context(kiln.gpu(0))
+            big.wait_to_read()
+        except kiln.OutOfMemoryError as e:
+            msg = str(e)
+            assert "out of memory on gpu(0)" in msg and "in use" in msg and "fragmentation" in msg, msg
+        else:
+            raise AssertionError("expected OutOfMemoryError")
+        assert kiln.gpu_memory_stats(0)["num_ooms"] == 2      # the first try and the retry after emptying
+        del keep
+        kiln.waitall()
+        ok = nd.zeros((8 << 20,)).as_in_context(kiln.gpu(0))   # room again after the frees
+        ok.wait_to_read()
+    """, mem="64M")
+
+
+def test_collectives_between_simulated_gpus():
+    run_sim("""
+        import numpy as np, kiln
+        from kiln import _C, nd
+        xs = [nd.array(np.arange(1000, dtype=np.float32) * (i + 1)).as_in_context(kiln.gpu(i)) for i in range(2)]
+        _C.allreduce([[x] for x in xs], op="sum")       # in-process collectives between simulated GPUs
+        for x in xs:
+            assert x.device.device_type == "gpu"
+            np.testing.assert_array_equal(x.asnumpy(), np.arange(1000, dtype=np.float32) * 3)
+    """)
+
+
+def test_errors_on_simulated_gpus_are_typed():
+    run_sim("""
+        import kiln
+        from kiln import nd
+        try:
+            nd.zeros((2,)).as_in_context(kiln.gpu(2))
+        except kiln.DeviceError as e:
+            assert "gpu(2) does not exist" in str(e), str(e)
+        else:
+            raise AssertionError("gpu(2) should not exist under KILN_GPU_SIM=2")
+    """)
+
+
+def test_bad_simulator_switches_are_errors_that_say_what_to_set():
+    env = dict(os.environ, KILN_GPU_SIM="2", KILN_GPU_SIM_MEM="lots")
+    r = subprocess.run([sys.executable, "-c", "import kiln; kiln.num_gpus()"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0
+    assert "KILN_GPU_SIM_MEM=lots is not a memory size: expected e.g. 4G, 512M" in r.stderr, r.stderr
+    env = dict(os.environ, KILN_GPU_SIM="-1")
+    r = subprocess.run([sys.executable, "-c", "import kiln; kiln.num_gpus()"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "KILN_GPU_SIM=-1 is not a number of simulated GPUs" in r.stderr, r.stderr
+
+
+def test_naive_engine_on_simulated_gpus():
+    env = dict(os.environ, KILN_GPU_SIM="2", KILN_ENGINE="naive")
+    code = textwrap.dedent("""
+        import numpy as np, kiln
+        from kiln import nd
+        x = np.arange(1 << 20, dtype=np.float32)
+        a = nd.array(x).as_in_context(kiln.gpu(1))     # work of gpu(1) issued from the main thread
+        np.testing.assert_array_equal(a.as_in_context(kiln.gpu(0)).asnumpy(), x)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
