@@ -165,7 +165,7 @@ TEST_CASE("plan notes: a plan's placements and streams as notes on its own copy 
 }
 
 #if KILN_WITH_CODEGEN
-TEST_CASE("plan notes: a plan's fused groups as notes; their inner values take no memory") {
+TEST_CASE("plan notes: a plan's fused groups as notes, and their inner values take no memory") {
   CHECK(PlanNotes("%x = input \"x\" : float32(16, 16)\n"
                   "%a = exp(%x) : float32(16, 16)\n"
                   "%b = neg(%a) : float32(16, 16)\n"
@@ -182,7 +182,7 @@ TEST_CASE("plan notes: a plan's fused groups as notes; their inner values take n
 }
 #endif
 
-TEST_CASE("stream assignment pass: golden text; independent matmuls on two streams, the join waits") {
+TEST_CASE("stream assignment pass: golden text, independent matmuls on two streams, the join waits") {
   auto g = ParseGraph("%x = input \"x\" : float32(8, 8)\n"
                       "%y = input \"y\" : float32(8, 8)\n"
                       "%a = matmul(%x, %x) : float32(8, 8)\n"

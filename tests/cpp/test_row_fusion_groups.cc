@@ -150,7 +150,7 @@ TEST_CASE("row fusion groups: deciding twice gives the same groups") {
   }
 }
 
-TEST_CASE("row fusion pass: golden text, then elementwise fusion and memory planning; a second run changes "
+TEST_CASE("row fusion pass: golden text, then elementwise fusion and memory planning, and a second run changes "
           "nothing") {
   auto g = kiln::ir::ParseGraph("%x = input \"x\" : float32(32, 10)\n"
                                 "%t = tanh(%x) : float32(32, 10)\n"
