@@ -1,5 +1,5 @@
 // Row fusion (DESIGN.md section 9; the decisions only, over the graph: building and compiling a
-// group's kernel is the plan builder's, frontend/fuse_rows.cc): a float32 reduction (sum, mean, max, min;
+// group's kernel is the plan builder's, codegen/plan/fuse_rows.cc): a float32 reduction (sum, mean, max, min;
 // ops of fusion kind kReduce) over the trailing axes of a tensor, or over leading and trailing
 // axes around one kept block (batch-norm statistics over (0, 2, 3) of NCHW: one row per channel;
 // a sum over (0,) of a matrix: one row per column),

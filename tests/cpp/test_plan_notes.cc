@@ -2,13 +2,13 @@
 // `#stream=`, `#wait=` and `@arena+N` print after a node's types and parse back; and the memory
 // planning pass over a graph (passes/memory_planning.h, RunMemoryPlanning) as golden
 // before/after text, where a second run changes nothing; and a compiled plan's decisions as notes
-// on its own copy of the graph (frontend/plan.h, AnnotatedGraph), which the memory planning pass
+// on its own copy of the graph (codegen/plan.h, AnnotatedGraph), which the memory planning pass
 // over that copy leaves unchanged (the pass and the plan agree).
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include "../../frontend/plan.h"
+#include "kiln/codegen/plan.h"
 #include "kiln/ir/text.h"
 #include "kiln/passes/memory_planning.h"
 #include "kiln/passes/stream_assignment.h"

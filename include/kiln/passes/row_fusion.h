@@ -2,7 +2,7 @@
 // elementwise producers and consumers, form one row group. A decision over the graph alone: the
 // group says its members, the level of each member's value (per element or per row), how its rows
 // are laid out and how each operand is read; building the row program and compiling it is
-// the plan builder's (frontend/fuse_rows.cc), which may refuse a group (it cannot be
+// the plan builder's (codegen/plan/fuse_rows.cc), which may refuse a group (it cannot be
 // compiled, or it would run slower) through RowFusionOptions::accept.
 //
 // What groups form, and what does not, is described at the top of passes/row_fusion.cc.

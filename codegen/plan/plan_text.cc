@@ -8,7 +8,7 @@
 
 #include "kiln/ir/text.h"
 #include "kiln/runtime/error.h"
-#include "plan.h"
+#include "kiln/codegen/plan.h"
 
 namespace kiln {
 

@@ -16,7 +16,7 @@
 
 #include "kiln/passes/row_fusion.h"
 #include "kiln/runtime/cpu/loops.h"
-#include "plan.h"
+#include "fuse.h"
 
 #if KILN_WITH_CODEGEN
 
@@ -252,7 +252,7 @@ void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, st
     if (prog.layout == RowProgram::kStrided) fused->row_kernel = fused->row_kernel->Bind(b.inner);
     fused->rows = b.rows, fused->len = b.len;
     p->report.codegen_ms += fused->row_kernel->compile_ms();
-    CompileReport::Group& r = p->report.groups.emplace_back();
+    PlanReport::Group& r = p->report.groups.emplace_back();
     for (int m : members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
     r.num_inputs = static_cast<int>(fused->inputs.size());
     r.expr =
