@@ -230,6 +230,25 @@ struct TensorPtrs {
   std::span<const Tensor* const> span;
 };
 
+/// DTypeError when `kb` does not take the dtypes of `inputs` and of the outputs `out` (what it
+/// would write); says which operand, what the kernel takes, and what to do.
+void CheckKernelDTypes(const ir::OpDef& def, const KernelBinding& kb, Device device, std::span<const Tensor> inputs,
+                       std::span<const DType> out) {
+  if (!kb.dtypes) return;
+  auto refuse = [&](const char* what, size_t i, DType t) {
+    std::string takes;
+    for (int d = 0; d < 32; ++d)
+      if (kb.dtypes & (uint32_t{1} << d)) takes += (takes.empty() ? "" : ", ") + std::string(DTypeName(static_cast<DType>(d)));
+    KILN_THROW(DTypeError) << def.name << ": the " << (device.is_cpu() ? "CPU" : "GPU") << " kernel takes " << takes
+                           << " only; " << what << " " << i << " is " << DTypeName(t) << ". Cast it (astype) or run "
+                           << "the op on " << (device.is_cpu() ? "a GPU" : "kiln.cpu()");
+  };
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!(kb.dtypes & DTypeBit(inputs[i].dtype()))) refuse("input", i, inputs[i].dtype());
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!(kb.dtypes & DTypeBit(out[i]))) refuse("output", i, out[i]);
+}
+
 const KernelBinding& FindKernel(const ir::OpDef& def, Device device) {
   const KernelBinding* kb = KernelTable::Get().Find(def.id, device.type);
   if (!kb)
@@ -316,6 +335,8 @@ Tensor TrySameShape(const ir::OpDef& def, std::span<const Tensor* const> in) {
   if (trace::Active()) return Tensor();
   const KernelBinding* kb = KernelTable::Get().Find(def.id, dev.type);
   if (!kb || !kb->fn || kb->view) return Tensor();
+  if (kb->dtypes && (!(kb->dtypes & DTypeBit(x->dtype)) || !(kb->dtypes & DTypeBit(static_cast<DType>(out)))))
+    return Tensor();  // the general path refuses it
   if (kb->contiguous_inputs)
     for (const Tensor* t : in)
       if (!t->is_contiguous()) return Tensor();
@@ -362,6 +383,11 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   }
   std::vector<ir::TensorType> out_types = def.Infer(types, attrs);
   const KernelBinding& kb = FindKernel(def, dev);
+  if (kb.dtypes) {
+    std::vector<DType> out_dtypes;
+    for (const ir::TensorType& t : out_types) out_dtypes.push_back(t.dtype);
+    CheckKernelDTypes(def, kb, dev, inputs, out_dtypes);
+  }
   LearnSameShape(def, inputs, attrs, out_types);
 
   std::vector<Tensor> outputs;
@@ -466,6 +492,11 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
   }
   const KernelBinding& kb = FindKernel(def, dev);
   KILN_CHECK(kb.fn) << def.name;
+  if (kb.dtypes) {
+    std::vector<DType> out_dtypes;
+    for (const Tensor& t : outputs) out_dtypes.push_back(t.dtype());
+    CheckKernelDTypes(def, kb, dev, inputs, out_dtypes);
+  }
   std::vector<Tensor> scratch;
   std::span<const Tensor> args = KernelInputs(kb, inputs, scratch);
   // Kernels write contiguous outputs; a strided destination gets a contiguous temporary.

@@ -274,6 +274,10 @@ std::string CompareOutput(const Run& run, int k, const Tensor& out, const HostTe
 
 /// Runs the case once; returns "" on success, else what went wrong. Checkers report through
 /// their own doctest CHECKs (with the run in INFO).
+/// RunForward's result for a GPU kernel that declares it does not take the run's dtypes and
+/// refused them with a DTypeError, as it should (reported, not failed).
+const char* const kRefusedDType = "refused: dtypes the GPU kernel does not take";
+
 std::string RunForward(const Run& run) {
   const OpCase& c = run.c;
   try {
@@ -285,6 +289,24 @@ std::string RunForward(const Run& run) {
     for (const HostTensor& h : host) {
       in.push_back(MakeTensor(h, run.device, run.strided));
       types.push_back({h.shape, h.dtype});
+    }
+    if (run.device.is_gpu()) {  // a kernel that declares its dtypes (KernelBinding::dtypes) refuses others
+      const KernelBinding* kb = KernelTable::Get().Find(def.id, DeviceType::kGPU);
+      bool takes = !kb->dtypes;
+      if (!takes) {
+        takes = true;
+        for (const ir::TensorType& t : types) takes = takes && (kb->dtypes & DTypeBit(t.dtype));
+        for (const ir::TensorType& t : def.Infer(types, attrs)) takes = takes && (kb->dtypes & DTypeBit(t.dtype));
+      }
+      if (!takes) {
+        // The refusal itself is checked: a typed error before anything runs.
+        try {
+          Invoke(def.id, in, c.attrs, run.device);
+        } catch (const DTypeError&) {
+          return kRefusedDType;
+        }
+        return "the GPU kernel declares it does not take these dtypes, yet the op ran";
+      }
     }
     std::vector<Tensor> out = Invoke(def.id, in, c.attrs, run.device);
     if (!c.reference) {
@@ -485,7 +507,7 @@ TEST_CASE("conformance: forward") {
   else
     MESSAGE("conformance: GPU pass skipped: no GPU (NumGPUs() == 0)");
 
-  std::set<std::string> no_gpu_kernel;
+  std::set<std::string> no_gpu_kernel, refused_dtype;
   int64_t runs = 0;
   for (const OpCase& c : loaded.cases) {
     std::vector<std::optional<DType>> dtypes;
@@ -504,6 +526,10 @@ TEST_CASE("conformance: forward") {
           if (strided && (!c.noncontiguous || !AnyStrided(c.inputs))) continue;
           Run run{c, dt, dev, strided};
           std::string err = RunForward(run);
+          if (err == kRefusedDType) {
+            refused_dtype.insert(c.op + "(" + (dt ? DTypeName(*dt) : "default") + ")");
+            continue;
+          }
           CHECK_MESSAGE(err.empty(), run.str() << ": " << err);
           ++runs;
         }
@@ -515,6 +541,11 @@ TEST_CASE("conformance: forward") {
     std::string names;
     for (const std::string& n : no_gpu_kernel) names += " " + n;
     MESSAGE("conformance: GPU pass skipped for ops without a GPU kernel:" << names);
+  }
+  if (!refused_dtype.empty()) {
+    std::string names;
+    for (const std::string& n : refused_dtype) names += " " + n;
+    MESSAGE("conformance: GPU kernels refused (DTypeError) the dtypes they do not take:" << names);
   }
 }
 

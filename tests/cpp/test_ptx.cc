@@ -90,6 +90,27 @@ TEST_CASE("ptx: kernels for sm_75, sm_80 and sm_90 are PTX entries that ptxas ac
   if (ptxas.empty()) std::cout << "[kiln-skip] no ptxas (CUDA toolkit) here: PTX generated but not assembled\n";
 }
 
+TEST_CASE("ptx: the reduction kernels (sum, max, min) are PTX entries that ptxas accepts") {
+  std::string ptxas = kiln::codegen::FindPtxas();
+  using kiln::codegen::GpuReduce;
+  for (GpuReduce kind : {GpuReduce::kSum, GpuReduce::kMax, GpuReduce::kMin}) {
+    for (std::string arch : {"sm_75", "sm_90"}) {
+      CAPTURE(arch);
+      kiln::codegen::PtxKernel k = kiln::codegen::GenerateReducePtx(kind, arch);
+      CHECK(k.ptx.find(".visible .entry " + k.name) != std::string::npos);
+      CHECK(k.ptx.find(".shared") != std::string::npos);  // the tree lives in shared memory
+      CHECK(k.ptx.find("bar.sync") != std::string::npos);
+      CHECK(k.ir.find("nvvm.annotations") != std::string::npos);  // the IR the simulator runs marks the kernel
+      CHECK(kiln::codegen::GenerateReducePtx(kind, arch).ptx == k.ptx);  // cached
+      if (ptxas.empty()) continue;
+      auto [rc, log] = Ptxas(ptxas, k.ptx, arch);
+      CAPTURE(log);
+      CHECK(rc == 0);
+    }
+  }
+  CHECK_THROWS_AS(kiln::codegen::GenerateReducePtx(GpuReduce::kSum, "sm_12"), kiln::ValueError);
+}
+
 TEST_CASE("ptx: an equal expression is generated once, an unknown architecture is a ValueError") {
   auto a = GeneratePtx(Chain(), "sm_80");
   auto b = GeneratePtx(Chain(), "sm_80");

@@ -200,13 +200,52 @@ def test_gpu_ops_without_a_kernel_yet_say_so():
                 (lambda: (nd.array(np.ones((2, 1, 3), np.float32)).as_in_context(g)
                           + nd.array(np.ones((2, 4, 3), np.float32)).as_in_context(g)).asnumpy(),
                  kiln.DeviceError, "broadcast"),
-                (lambda: nd.sum(f).asnumpy(), kiln.DeviceError, "no kernel for GPU")]:
+                (lambda: nd.argmax(f, axis=1).asnumpy(), kiln.DeviceError, "no kernel for GPU")]:
             try:
                 fn()
             except err as e:
                 assert words in str(e), str(e)
             else:
                 raise AssertionError("expected " + err.__name__)
+        print("ok")
+    """)
+    assert "ok" in out
+
+
+def test_reductions_on_simulated_gpus_match_numpy_and_carry_gradients():
+    # sum, mean, max and min over any axes: a block-per-row kernel kiln generates,
+    # rows longer and shorter than a block; the gradient of a broadcast sums on the GPU.
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd, autograd
+        rng = np.random.default_rng(1)
+        cases = [((4, 300), None), ((4, 300), (1,)), ((4, 300), (0,)), ((3, 5, 7), (1,)), ((3, 5, 7), (1, 2)),
+                 ((3, 5, 7), (0, 1)), ((1000,), (0,)), ((2, 3000), (1,)), ((5000, 2), (1,))]  # 5000 rows: more than the 4096 blocks
+        for shape, axes in cases:
+            x = rng.standard_normal(shape).astype(np.float32)
+            g = nd.array(x).as_in_context(kiln.gpu(1))
+            for name, ref in (("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min)):
+                kw = {} if axes is None else {"axis": axes}
+                got = getattr(nd, name)(g, **kw)
+                assert got.device == kiln.gpu(1)
+                want = ref(x, **kw)
+                np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-4, err_msg=f"{name} {shape} {axes}")
+        x = np.array([[1, np.nan, 3], [4, 5, 6]], np.float32)
+        g = nd.array(x).as_in_context(kiln.gpu(0))
+        assert np.isnan(nd.max(g, axis=1).asnumpy()[0]) and nd.max(g, axis=1).asnumpy()[1] == 6
+        x = rng.standard_normal((4, 6)).astype(np.float32)
+        gx = nd.array(x).as_in_context(kiln.gpu(0)); gx.attach_grad()
+        gb = nd.array(np.ones(6, np.float32)).as_in_context(kiln.gpu(0)); gb.attach_grad()
+        with autograd.record():
+            l = (gx * gb).exp().sum()
+        l.backward()
+        np.testing.assert_allclose(gx.grad.asnumpy(), np.exp(x), rtol=1e-5)
+        np.testing.assert_allclose(gb.grad.asnumpy(), (x * np.exp(x)).sum(0), rtol=1e-5, atol=1e-5)
+        # Any axes, of a strided view too (a transpose made on the CPU, copied as it is).
+        x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+        g = nd.array(x).as_in_context(kiln.gpu(0))
+        np.testing.assert_allclose(nd.sum(g, axis=(0, 2)).asnumpy(), x.sum((0, 2)), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(nd.max(g, axis=(1, 3)).asnumpy(), x.max((1, 3)))
         print("ok")
     """)
     assert "ok" in out

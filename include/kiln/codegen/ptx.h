@@ -34,6 +34,29 @@ struct PtxKernel {
 /// ValueError for an architecture LLVM's NVPTX backend does not know.
 PtxKernel GeneratePtx(const Expr& e, const std::string& arch);
 
+/// The reductions GenerateReducePtx makes (mean is a sum with scale 1 / len).
+enum class GpuReduce : int { kSum, kMax, kMin };
+/// Threads per block of a reduction kernel (its launch must use exactly this many).
+constexpr int kReduceThreads = 256;
+
+/// Dims the strided GPU kernels index (sizes and strides passed as that many i64 each; unused
+/// leading dims have size 1 and stride 0).
+constexpr int kGpuIndexDims = 6;
+
+/// The PTX kernel `kiln_reduce_<kind>`(float* out, const float* in, int64_t rows, int64_t len,
+/// float scale, int64_t kept_sizes[6], kept_strides[6], reduced_sizes[6], reduced_strides[6]) (each
+/// array as six i64 arguments): out[r] = scale * reduce over j < len of in[kept offset of r +
+/// reduced offset of j] for r < rows, offsets in elements, indices row-major over the dims. Any
+/// set of axes of a strided tensor of up to six dims. One block of kReduceThreads threads per
+/// row, any grid (a grid-stride loop over rows); shared-memory tree. Kept in the kernel cache
+/// like GeneratePtx's.
+PtxKernel GenerateReducePtx(GpuReduce kind, const std::string& arch);
+
+/// The PTX kernel `kiln_strided_copy_<bytes>`(void* out, const void* in, int64_t n, int64_t
+/// sizes[6], strides[6]): out[i] = in[offset of i] for i < n, elements of `element_bytes` (1, 2,
+/// 4 or 8) bytes, offsets in elements; a strided view made contiguous.
+PtxKernel GenerateStridedCopyPtx(int element_bytes, const std::string& arch);
+
 /// libdevice (libdevice.10.bc) of the CUDA toolkit under $CUDA_HOME, $CUDA_PATH or
 /// /usr/local/cuda; "" when none is found.
 std::string FindLibdevice();

@@ -51,10 +51,16 @@ struct Layout {
 /// kernel then runs).
 using ViewFn = bool (*)(const Layout& in, const Attrs& attrs, const Shape& out, Layout* result);
 
+/// The bit of `t` in KernelBinding::dtypes.
+constexpr uint32_t DTypeBit(DType t) { return uint32_t{1} << static_cast<unsigned>(t); }
+
 struct KernelBinding {
   KernelFn fn = nullptr;
   bool contiguous_inputs = false;  ///< inputs are made contiguous before the kernel runs
   ViewFn view = nullptr;
+  /// The dtypes the kernel reads and writes (DTypeBit of each); 0: every dtype the op takes.
+  /// Dispatch refuses other dtypes with a DTypeError before anything is queued.
+  uint32_t dtypes = 0;
 };
 
 class KernelTable {

@@ -1,0 +1,251 @@
+// GPU kernels that codegen generates, bound for eager ops (issue 15, first part).
+//
+// Elementwise ops: a unary op, or a binary op
+// whose operands broadcast as a suffix of the output (equal shapes, a scalar, a bias along the
+// trailing axes), runs as a kernel that codegen generates from the op's scalar function through
+// the same lowering as the CPU's fused kernels (ptx.h: NVPTX, libdevice for the transcendental
+// functions). A real GPU loads the PTX, a simulated one runs the NVPTX IR beside it (gpusim), so
+// the same binding is tested in CI. float32 only: the generated kernels compute in float32.
+//
+// Reductions (sum, mean, max, min) over any axes of a strided tensor: GenerateReducePtx's
+// block-per-row kernel; copies of strided views: GenerateStridedCopyPtx; broadcast_to (the gradient of a reduction) reads its input as a broadcasting operand.
+//
+// frontend/dispatch.cc adds BindGpuElementwiseKernels to runtime's kernel table (runtime/ knows
+// nothing of codegen).
+#include <algorithm>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/codegen/elementwise.h"
+#include "kiln/codegen/gpu_kernels.h"
+#include "kiln/codegen/ptx.h"
+#include "kiln/passes/fusion.h"
+#include "kiln/runtime/cuda.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/kernel.h"
+
+namespace kiln::codegen {
+namespace {
+
+/// The PTX target for device `d`: its compute capability, at most sm_90 (the newest LLVM 19's
+/// NVPTX backend emits; PTX is forward compatible, the driver compiles it for newer GPUs).
+std::string ArchOf(const Device& d) {
+  const int cc = std::min(cuda::ComputeCapability(d), 90);
+  return "sm_" + std::to_string(cc);
+}
+
+/// How operand `in` of an output of shape `out` is read: (inner, outer) of Expr::InputBroadcast,
+/// or (1, 0) for one element per output element.
+std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const Shape& out) {
+  if (in.shape == out) return {1, 0};
+  if (auto r = passes::BroadcastIndex(in.shape, out)) return *r;
+  KILN_THROW(DeviceError) << op.name << ": an operand of shape " << in.shape.str()
+                          << " broadcasts to " << out.str()
+                          << " in a way the GPU elementwise kernels do not read yet (they take equal "
+                             "shapes, scalars and operands that broadcast along leading axes); "
+                             "broadcast it first (broadcast_to) or run the op on kiln.cpu()";
+}
+
+/// The loaded kernel of an expression on a device: generated and loaded once per (expression,
+/// device); later calls are one lookup.
+void* KernelFor(const Expr& e, const Device& d, int* num_inputs) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, void*> loaded;
+  const std::string key = e.ToString() + "@" + std::to_string(d.index);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+  }
+  PtxKernel k = GeneratePtx(e, ArchOf(d));
+  *num_inputs = k.num_inputs;
+  void* fn = cuda::LoadKernel(d, k.ir, k.ptx, k.name);
+  std::lock_guard<std::mutex> lock(mu);
+  loaded.emplace(key, fn);
+  return fn;
+}
+
+/// A kernel that does not depend on an expression (reductions, copies), loaded once per device.
+template <class Make> void* LoadedOnce(const std::string& key, const Device& d, Make make) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, void*> loaded;
+  const std::string k = key + "@" + std::to_string(d.index);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = loaded.find(k); it != loaded.end()) return it->second;
+  }
+  PtxKernel kernel = make();
+  void* fn = cuda::LoadKernel(d, kernel.ir, kernel.ptx, kernel.name);
+  std::lock_guard<std::mutex> lock(mu);
+  loaded.emplace(k, fn);
+  return fn;
+}
+
+/// The sizes and strides of `dims` of `v` as a strided kernel's 2 * kGpuIndexDims arguments
+/// (unused leading dims size 1, stride 0). DeviceError beyond kGpuIndexDims dims.
+void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out) {
+  if (static_cast<int>(dims.size()) > kGpuIndexDims)
+    KILN_THROW(DeviceError) << op.name << ": GPU kernels index at most " << kGpuIndexDims << " dims of a strided "
+                            << "tensor; this one has shape " << v.shape.str() << ". Reshape it to fewer dims, or run "
+                            << "the op on kiln.cpu()";
+  const size_t pad = static_cast<size_t>(kGpuIndexDims) - dims.size();
+  for (size_t k = 0; k < static_cast<size_t>(kGpuIndexDims); ++k) {
+    out[k] = k < pad ? 1 : v.shape[dims[k - pad]];
+    out[kGpuIndexDims + k] = k < pad ? 0 : v.strides[dims[k - pad]];
+  }
+}
+
+void Launch(const KernelArgs& a, const Expr& e) {
+  const TensorView& out = a.out[0];
+  const int64_t n = out.shape.numel();
+  if (n == 0) return;
+  int ignored = 0;
+  void* fn = KernelFor(e, a.device, &ignored);
+  void* ptrs[4] = {out.data, nullptr, nullptr, nullptr};
+  void* args[5] = {&ptrs[0]};
+  for (size_t i = 0; i < a.in.size(); ++i) {
+    ptrs[i + 1] = a.in[i].data;
+    args[i + 1] = &ptrs[i + 1];
+  }
+  int64_t count = n;
+  args[a.in.size() + 1] = &count;
+  constexpr int64_t kBlock = 256;
+  // A grid-stride loop covers any n: enough blocks to fill the GPU (a few per SM), no more.
+  const int64_t blocks = std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 4096);
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kBlock, 0, args);
+}
+
+void CheckFloat32(const KernelArgs& a) {
+  for (const TensorView& v : a.in)
+    if (v.dtype != DType::kFloat32)
+      KILN_THROW(DTypeError) << a.op.name << ": the GPU elementwise kernels compute in float32; found an "
+                             << DTypeName(v.dtype) << " operand. Cast it with astype('float32') or run "
+                             << "the op on kiln.cpu()";
+  if (a.out[0].dtype != DType::kFloat32)
+    KILN_THROW(DTypeError) << a.op.name << ": the GPU elementwise kernels write float32; this op's output is "
+                           << DTypeName(a.out[0].dtype) << ". Run it on kiln.cpu()";
+}
+
+void UnaryGpu(const KernelArgs& a) {
+  CheckFloat32(a);
+  Expr e;
+  e.Unary(*a.op.unary_fn, e.Input(0));
+  Launch(a, e);
+}
+
+void BinaryGpu(const KernelArgs& a) {
+  CheckFloat32(a);
+  const Shape& out = a.out[0].shape;
+  Expr e;
+  int operand[2];
+  for (int i = 0; i < 2; ++i) {
+    auto [inner, outer] = ReadOf(a.op, a.in[static_cast<size_t>(i)], out);
+    operand[i] = outer == 0 ? e.Input(i) : e.InputBroadcast(i, inner, outer);
+  }
+  e.Binary(*a.op.binary_fn, operand[0], operand[1]);
+  Launch(a, e);
+}
+
+/// copy and stop_gradient on a GPU, any dtype: a device-to-device copy on the stream, or for a
+/// strided view the strided copy kernel.
+void CopyGpu(const KernelArgs& a) {
+  const TensorView& x = a.in[0];
+  KILN_CHECK(x.dtype == a.out[0].dtype) << a.op.name << " changes no dtype";
+  const int64_t n = a.out[0].shape.numel();
+  if (n == 0) return;
+  const size_t bytes = DTypeSize(x.dtype);
+  if (x.is_contiguous()) {
+    cuda::CopyAsync(a.out[0].data, x.data, static_cast<size_t>(n) * bytes, cuda::CopyKind::kDeviceToDevice);
+    return;
+  }
+  std::vector<int> dims(static_cast<size_t>(x.rank()));
+  for (int i = 0; i < x.rank(); ++i) dims[static_cast<size_t>(i)] = i;
+  int64_t index[2 * kGpuIndexDims];
+  IndexArgs(a.op, x, dims, index);
+  const std::string arch = ArchOf(a.device);
+  const int eb = static_cast<int>(bytes);
+  void* fn = LoadedOnce("copy" + std::to_string(eb), a.device, [&] { return GenerateStridedCopyPtx(eb, arch); });
+  void* out = a.out[0].data;
+  void* in = x.data;
+  int64_t count = n;
+  void* args[3 + 2 * kGpuIndexDims] = {&out, &in, &count};
+  for (int k = 0; k < 2 * kGpuIndexDims; ++k) args[3 + k] = &index[k];
+  const int64_t blocks = std::clamp<int64_t>((n + 255) / 256, 1, 4096);
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), 256, 0, args);
+}
+
+/// full (float32) on a GPU: a kernel with the value built in, no inputs.
+void FullGpu(const KernelArgs& a) {
+  if (a.out[0].dtype != DType::kFloat32)
+    KILN_THROW(DTypeError) << "full: on GPUs only float32 tensors can be created yet; found "
+                           << DTypeName(a.out[0].dtype) << ". Create it on kiln.cpu() and copy it over";
+  Expr e;
+  e.Const(a.attrs.Float("value"));
+  Launch(a, e);
+}
+
+/// sum, mean, max and min of float32 over any axes (all by default) of a strided tensor.
+template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
+  const TensorView& x = a.in[0];
+  std::vector<bool> reduced(static_cast<size_t>(x.rank()), false);
+  bool any = false;
+  for (int64_t ax : a.attrs.Ints("axes")) reduced[static_cast<size_t>(NormalizeAxis(ax, x.rank(), a.op.name.c_str()))] = any = true;
+  if (!any) reduced.assign(reduced.size(), true);
+  std::vector<int> kept_dims, reduced_dims;
+  int64_t rows = 1, len = 1;
+  for (int i = 0; i < x.rank(); ++i) {
+    (reduced[static_cast<size_t>(i)] ? reduced_dims : kept_dims).push_back(i);
+    (reduced[static_cast<size_t>(i)] ? len : rows) *= x.shape[i];
+  }
+  if (rows == 0) return;
+  int64_t index[4 * kGpuIndexDims];
+  IndexArgs(a.op, x, kept_dims, index);
+  IndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
+  const std::string arch = ArchOf(a.device);
+  void* fn = LoadedOnce("reduce" + std::to_string(static_cast<int>(kKind)), a.device,
+                        [&] { return GenerateReducePtx(kKind, arch); });
+  void* out = a.out[0].data;
+  void* in = x.data;
+  float scale = kMean ? static_cast<float>(1.0 / static_cast<double>(len)) : 1.0f;
+  if (kMean && len == 0) scale = std::numeric_limits<float>::quiet_NaN();  // NumPy: the mean of nothing
+  void* args[5 + 4 * kGpuIndexDims] = {&out, &in, &rows, &len, &scale};
+  for (int k = 0; k < 4 * kGpuIndexDims; ++k) args[5 + k] = &index[k];
+  const int64_t blocks = std::clamp<int64_t>(rows, 1, 4096);  // enough to fill a GPU; more rows loop
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kReduceThreads, 0, args);
+}
+
+/// broadcast_to of float32: the input read as a broadcasting operand.
+void BroadcastToGpu(const KernelArgs& a) {
+  CheckFloat32(a);
+  const Shape& out = a.out[0].shape;
+  Expr e;
+  auto [inner, outer] = ReadOf(a.op, a.in[0], out);
+  e.Mul(outer == 0 ? e.Input(0) : e.InputBroadcast(0, inner, outer), e.Const(1.0));
+  Launch(a, e);
+}
+
+}  // namespace
+
+void BindGpuElementwiseKernels(KernelTable& t) {
+  if (!cuda::CompiledWithCuda()) return;
+  constexpr uint32_t kF32 = DTypeBit(DType::kFloat32);  // generated kernels compute in float32
+  for (OpId id = op::kFirstUnary; id < op::kFirstOther; ++id)  // KILN_UNARY_OPS, KILN_BINARY_OPS
+    t.Bind(id, DeviceType::kGPU, {BinaryFnOf(id) ? BinaryGpu : UnaryGpu, /*contiguous_inputs=*/true, nullptr, kF32});
+  // Copies take strided inputs themselves (dispatch makes inputs contiguous through `copy`).
+  t.Bind(op::kCopy, DeviceType::kGPU, {CopyGpu});
+  t.Bind(op::kStopGradient, DeviceType::kGPU, {CopyGpu});
+  t.Bind(op::kFull, DeviceType::kGPU, {FullGpu, false, nullptr, kF32});
+  t.Bind(op::kSum, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, false>, false, nullptr, kF32});
+  t.Bind(op::kMean, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, true>, false, nullptr, kF32});
+  t.Bind(op::kMax, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMax, false>, false, nullptr, kF32});
+  t.Bind(op::kMin, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMin, false>, false, nullptr, kF32});
+  t.Bind(op::kBroadcastTo, DeviceType::kGPU, {BroadcastToGpu, true, nullptr, kF32});
+  // Shape-only views: the CPU's layout functions (device-neutral); a view that needs a copy
+  // copies a contiguous input as it is.
+  for (OpId id : {op::kReshape, op::kExpandDims, op::kSqueeze})
+    if (const KernelBinding* cpu = t.Find(id, DeviceType::kCPU)) t.Bind(id, DeviceType::kGPU, {CopyGpu, false, cpu->view});
+}
+
+}  // namespace kiln::codegen
