@@ -137,4 +137,10 @@ class SimDevice {
   void Synchronize();
 };
 
+/// The GEMM of gpu.h on simulated stream `s` (sim_blas.cc), after the platform checked the handle:
+/// cuBLAS's argument checks (CheckGemm), the stream of the thread's `current_device`, every operand
+/// in live memory of the stream's device (else GpuError kIllegalAddress); the product then runs on
+/// the stream's worker thread (or becomes a node of the graph being captured) over the CPU's sgemm.
+void EnqueueGemm(const Memory& memory, StreamImpl* s, int current_device, const gpurt::GemmArgs& g, const char* call);
+
 }  // namespace kiln::gpusim
