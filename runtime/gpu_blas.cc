@@ -4,6 +4,7 @@
 // that a wrong leading dimension fails with the same status on both.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "kiln/runtime/gpu.h"
 
@@ -42,10 +43,12 @@ void CheckGemm(const GemmArgs& g, const char* call) {
                  "); matrices are column-major: for row-major data pass the operands swapped, "
                  "C^T = op(B)^T op(A)^T");
   };
-  if (g.transa != BlasOp::kN && g.transa != BlasOp::kT) bad("transa is neither CUBLAS_OP_N nor CUBLAS_OP_T");
-  if (g.transb != BlasOp::kN && g.transb != BlasOp::kT) bad("transb is neither CUBLAS_OP_N nor CUBLAS_OP_T");
-  if (g.m < 0 || g.n < 0 || g.k < 0) bad("m, n and k must not be negative");
-  if (g.batch < 0) bad("batchCount must not be negative");
+  if (g.transa != BlasOp::kN && g.transa != BlasOp::kT)
+    bad("transa=" + std::to_string(static_cast<int>(g.transa)) + " is neither CUBLAS_OP_N (0) nor CUBLAS_OP_T (1)");
+  if (g.transb != BlasOp::kN && g.transb != BlasOp::kT)
+    bad("transb=" + std::to_string(static_cast<int>(g.transb)) + " is neither CUBLAS_OP_N (0) nor CUBLAS_OP_T (1)");
+  for (auto [name, v] : {std::pair{"m", g.m}, std::pair{"n", g.n}, std::pair{"k", g.k}, std::pair{"batchCount", g.batch}})
+    if (v < 0) bad(std::string(name) + "=" + std::to_string(v) + " is negative; expected 0 or more");
   const int64_t a_rows = g.transa == BlasOp::kN ? g.m : g.k;
   const int64_t b_rows = g.transb == BlasOp::kN ? g.k : g.n;
   if (g.lda < std::max<int64_t>(1, a_rows))
@@ -55,10 +58,14 @@ void CheckGemm(const GemmArgs& g, const char* call) {
     bad("ldb=" + std::to_string(g.ldb) + " is less than max(1, " + std::string(g.transb == BlasOp::kN ? "k" : "n") +
         ")=" + std::to_string(std::max<int64_t>(1, b_rows)) + ", the rows of B as stored");
   if (g.ldc < std::max<int64_t>(1, g.m))
-    bad("ldc=" + std::to_string(g.ldc) + " is less than max(1, m)=" + std::to_string(std::max<int64_t>(1, g.m)));
+    bad("ldc=" + std::to_string(g.ldc) + " is less than max(1, m)=" + std::to_string(std::max<int64_t>(1, g.m)) +
+        ", the rows of C");
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;  // nothing is touched
-  if (!g.c) bad("C is null");
-  if (g.k > 0 && g.alpha != 0.0f && (!g.a || !g.b)) bad("A or B is null");
+  if (!g.c) bad("C is null; expected a device pointer to m x n floats");
+  if (g.k > 0 && g.alpha != 0.0f) {  // A and B are read only then
+    if (!g.a) bad("A is null; expected a device pointer to op(A), m x k floats");
+    if (!g.b) bad("B is null; expected a device pointer to op(B), k x n floats");
+  }
 }
 
 void Platform::Gemm(void*, Stream, const GemmArgs&) {
