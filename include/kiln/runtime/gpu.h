@@ -238,9 +238,13 @@ class Platform {
   /// first use, bound to `s` (cudnnSetStream) before it is returned.
   virtual void* LibraryHandle(Library lib, Stream s) = 0;
   /// The (strided-batched) GEMM of `g` on stream `s`, through `blas` = LibraryHandle(kBlasLt, s)
-  /// (cublasLtMatmul on CUDA; on the simulator, the CPU's sgemm with cuBLAS's checks). The handle
-  /// must be bound to `s`; argument errors are BlasErrors with cuBLAS's status (see CheckGemm).
-  /// Stream-ordered: returns once queued. The default implementation fails (no GPU library).
+  /// (cublasLtMatmul on CUDA; on the simulator, the CPU's sgemm with cuBLAS's checks), from a thread
+  /// whose current device is the stream's. Stream-ordered: returns once queued; capturable.
+  /// Errors: BlasError kBlasNotInitialized (not a cuBLASLt handle), kBlasInvalidValue (CheckGemm's
+  /// rules; on the simulator also a handle bound to another stream), kBlasExecutionFailed (the
+  /// stream's device is not current); on the simulator, GpuError kIllegalAddress for an operand
+  /// outside live memory of the stream's device (a real GPU's kernel faults there later).
+  /// The default implementation fails with kNotSupported (no GPU library).
   virtual void Gemm(void* blas, Stream s, const GemmArgs& g);
 
   // ---- collectives among this process's GPUs (NCCL on CUDA, in-process on the simulator) ----
