@@ -47,7 +47,6 @@ const KernelTable& KernelTable::Get() {
     BindMovementKernels(*t);
     BindNNKernels(*t);
     BindCreationKernels(*t);
-    BindGpuBlasKernels(*t);
     Binders& b = GetBinders();
     std::lock_guard<std::mutex> lock(b.mu);
     b.built = true;
