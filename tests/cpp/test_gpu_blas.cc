@@ -409,3 +409,21 @@ TEST_CASE("gpu blas: a GEMM captured into a graph runs at each replay, not at ca
   p.GraphDestroy(graph);
   p.StreamDestroy(s);
 }
+
+TEST_CASE("gpu blas: the CUDA platform runs the same argument checks before it reaches cuBLASLt") {
+  // Runs without a GPU: the checks come before the handle is used. A build without CUDA has no
+  // CUDA platform to ask.
+  static gpurt::Platform* cuda = gpurt::CreateCudaPlatform();
+  if (!cuda) {
+    MESSAGE("this kiln was built without CUDA: no CUDA platform to check");
+    return;
+  }
+  GemmArgs g;
+  g.m = 6, g.n = 5, g.k = 4, g.lda = 4, g.ldb = 4, g.ldc = 6;  // row-major A passed with lda = k
+  auto [status, message] = BlasFailure([&] { cuda->Gemm(nullptr, nullptr, g); });
+  CHECK(status == gpurt::kBlasInvalidValue);
+  CHECK_MESSAGE(message.find("lda=4 is less than max(1, m)=6") != std::string::npos, message);
+  std::vector<float> host(64);
+  g.lda = 6, g.a = host.data(), g.b = host.data(), g.c = host.data();
+  CHECK(BlasFailure([&] { cuda->Gemm(nullptr, nullptr, g); }).first == gpurt::kBlasNotInitialized);
+}
