@@ -6,6 +6,7 @@
 // sticky error a faulting kernel leaves. Kernels run through the emulator codegen installs behind
 // gpusim/emulator.h; without one, loading a module is a DeviceError that says so.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -590,8 +591,10 @@ void SimPlatform::Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) {
                       "the handle is not a cuBLASLt handle of this platform; get it with LibraryHandle(kBlasLt, stream)");
     // A real cuBLAS handle left bound to another stream runs the work there, racing with this
     // stream's work, and no status reports it; the simulator refuses with INVALID_VALUE (7).
-    auto name = [](gpurt::Stream x, int dev) {
-      return (x ? "stream " + std::to_string(S(x)->index()) : std::string("the default stream")) + " of " + Gpu(dev);
+    auto name = [](gpurt::Stream x, int dev) {  // by address: the bound stream may be destroyed by now
+      char id[32];
+      std::snprintf(id, sizeof id, "stream %p", static_cast<void*>(x));
+      return (x ? std::string(id) : std::string("the default stream")) + " of " + Gpu(dev);
     };
     const int bound_device = it->first.second;
     if (bound_device != s->device()->index || it->second->second != h)
