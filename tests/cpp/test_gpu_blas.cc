@@ -165,7 +165,7 @@ TEST_CASE("gpu blas: strided batches, and a batch stride of 0 repeats one matrix
   Sim().StreamDestroy(s);
 }
 
-TEST_CASE("gpu blas: beta != 0 accumulates into C; beta == 0 never reads C (NaN there is ignored)") {
+TEST_CASE("gpu blas: beta != 0 accumulates into C, and beta == 0 never reads C (NaN there is ignored)") {
   gpurt::Stream s = Sim().StreamCreate();
   Problem acc(BlasOp::kN, BlasOp::kT, 9, 4, 6);
   acc.g.alpha = 2.0f, acc.g.beta = 0.5f;
