@@ -1,11 +1,12 @@
 // The simulated cuBLASLt GEMM (sim.h, gpu.h's Platform::Gemm): column-major, strided-batched
-// float32, run on the stream's worker thread over oneDNN's row-major dnnl_sgemm. The platform has
-// already checked the handle's binding and cuBLAS's argument rules (CheckGemm); this file checks
-// what only the memory map knows (every matrix lies in live memory of the stream's device) and
-// runs the product stream-ordered. It does not pick algorithms or use a workspace.
+// float32, run on the stream's worker thread over oneDNN's row-major dnnl_sgemm, after cuBLAS's
+// checks (the handle, then the arguments: CheckGemm) and the simulator's own (the handle bound to
+// this stream, the stream's device current, every matrix in live memory of the stream's device).
+// It does not pick algorithms or use a workspace.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -71,8 +72,24 @@ void HostGemm(const gpurt::GemmArgs& g, const float* a, const float* b, float* c
 
 }  // namespace
 
-void EnqueueGemm(const Memory& memory, StreamImpl* s, int current_device, const gpurt::GemmArgs& g,
-                 const char* call) {
+void EnqueueGemm(const Memory& memory, StreamImpl* s, gpurt::Stream h, int current_device, const LibraryBinding& bound,
+                 const gpurt::GemmArgs& g) {
+  const char* call = "cublasLtMatmul";
+  if (!bound.found || bound.lib != gpurt::Library::kBlasLt)
+    gpurt::FailBlas(gpurt::kBlasNotInitialized, call,
+                    "the handle is not a cuBLASLt handle of this platform; get it with LibraryHandle(kBlasLt, stream)");
+  // A real cuBLAS handle left bound to another stream runs the work there, racing with this
+  // stream's work, and no status reports it; the simulator refuses with INVALID_VALUE (7).
+  auto name = [](gpurt::Stream x, int dev) {  // by address: the bound stream may be destroyed by now
+    char id[32];
+    std::snprintf(id, sizeof id, "stream %p", static_cast<void*>(x));
+    return (x ? std::string(id) : std::string("the default stream")) + " of " + Gpu(dev);
+  };
+  if (bound.device != s->device()->index || bound.stream != h)
+    gpurt::FailBlas(gpurt::kBlasInvalidValue, call,
+                    "the handle is bound to " + name(bound.stream, bound.device) +
+                        " (by the last LibraryHandle call) but the GEMM is issued on " + name(h, s->device()->index) +
+                        "; call LibraryHandle(kBlasLt, stream) for the stream you issue on, right before the call");
   gpurt::CheckGemm(g, call);
   const int device = s->device()->index;
   if (device != current_device)  // cuBLAS's kernel launch fails in the wrong context
@@ -91,13 +108,13 @@ void EnqueueGemm(const Memory& memory, StreamImpl* s, int current_device, const 
 
   const intptr_t delta = memory.delta();
   auto alias = [delta](const float* p) { return reinterpret_cast<float*>(reinterpret_cast<intptr_t>(p) + delta); };
-  gpurt::GemmArgs h = g;  // the work's own copy, on the host-visible alias of device memory
-  h.a = reads_ab ? alias(g.a) : nullptr;
-  h.b = reads_ab ? alias(g.b) : nullptr;
-  h.c = alias(g.c);
-  auto work = [h] {
-    for (int64_t i = 0; i < h.batch; ++i)
-      HostGemm(h, h.a ? h.a + i * h.stride_a : nullptr, h.b ? h.b + i * h.stride_b : nullptr, h.c + i * h.stride_c);
+  gpurt::GemmArgs w = g;  // the work's own copy, on the host-visible alias of device memory
+  w.a = reads_ab ? alias(g.a) : nullptr;
+  w.b = reads_ab ? alias(g.b) : nullptr;
+  w.c = alias(g.c);
+  auto work = [w] {
+    for (int64_t i = 0; i < w.batch; ++i)
+      HostGemm(w, w.a ? w.a + i * w.stride_a : nullptr, w.b ? w.b + i * w.stride_b : nullptr, w.c + i * w.stride_c);
   };
   if (s->capturing) s->Capture([work](gpurt::Stream r) { reinterpret_cast<StreamImpl*>(r)->Enqueue(work); });
   else s->Enqueue(work);

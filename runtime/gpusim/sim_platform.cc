@@ -5,8 +5,6 @@
 // device than the thread's current one, synchronizing or allocating during a capture, and the
 // sticky error a faulting kernel leaves. Kernels run through the emulator codegen installs behind
 // gpusim/emulator.h; without one, loading a module is a DeviceError that says so.
-#include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -579,31 +577,15 @@ void* SimPlatform::LibraryHandle(gpurt::Library lib, gpurt::Stream h) {
   return slot.get();
 }
 
-// The handle's checks (cuBLAS's first, then the simulator's binding check); the rest is sim_blas.cc's.
+// What `blas` is bound to, for sim_blas.cc's checks (the handles are this class's).
 void SimPlatform::Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) {
-  const char* call = "cublasLtMatmul";
-  StreamImpl* s = Stream(h, call);
+  LibraryBinding bound;
   {
     std::lock_guard<std::mutex> lk(lib_mu_);
-    auto it = std::find_if(libs_.begin(), libs_.end(), [&](const auto& kv) { return kv.second.get() == blas; });
-    if (it == libs_.end() || it->second->first != gpurt::Library::kBlasLt)
-      gpurt::FailBlas(gpurt::kBlasNotInitialized, call,
-                      "the handle is not a cuBLASLt handle of this platform; get it with LibraryHandle(kBlasLt, stream)");
-    // A real cuBLAS handle left bound to another stream runs the work there, racing with this
-    // stream's work, and no status reports it; the simulator refuses with INVALID_VALUE (7).
-    auto name = [](gpurt::Stream x, int dev) {  // by address: the bound stream may be destroyed by now
-      char id[32];
-      std::snprintf(id, sizeof id, "stream %p", static_cast<void*>(x));
-      return (x ? std::string(id) : std::string("the default stream")) + " of " + Gpu(dev);
-    };
-    const int bound_device = it->first.second;
-    if (bound_device != s->device()->index || it->second->second != h)
-      gpurt::FailBlas(gpurt::kBlasInvalidValue, call,
-                      "the handle is bound to " + name(it->second->second, bound_device) +
-                          " (by the last LibraryHandle call) but the GEMM is issued on " + name(h, s->device()->index) +
-                          "; call LibraryHandle(kBlasLt, stream) for the stream you issue on, right before the call");
+    for (const auto& [key, slot] : libs_)
+      if (slot.get() == blas) bound = {true, slot->first, key.second, slot->second};
   }
-  EnqueueGemm(memory_, s, tls_device, g, call);
+  EnqueueGemm(memory_, Stream(h, "cublasLtMatmul"), h, tls_device, bound, g);
 }
 
 }  // namespace
