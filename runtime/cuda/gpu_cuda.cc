@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "blas_cuda.h"
 #include "driver.h"
 #include "kiln/runtime/gpu.h"
 #include "nccl_coll.h"
@@ -216,6 +217,12 @@ class CudaPlatform final : public gpurt::Platform {
         gpurt::Fail(gpurt::kNotSupported, "cublasLtCreate", "cuBLAS status " + std::to_string(static_cast<int>(st)));
     }
     return h;
+  }
+
+  // cuBLASLt takes the stream with each call, so a per-device handle cannot be on the wrong stream.
+  void Gemm(void* blas, gpurt::Stream s, const gpurt::GemmArgs& g) override {
+    gpurt::CheckGemm(g, "cublasLtMatmul");
+    LtGemm(blas, S(s), g);
   }
 
   void AllReduce(std::span<const Device> devs, const coll::BufferSet& b, coll::ReduceOp op) override {

@@ -20,6 +20,7 @@ const MemoryWindow& DeviceMemoryWindow() { return g_window; }
 void SetDeviceMemoryWindow(const MemoryWindow& w) { g_window = w; }
 
 void SetLiveRangeChecker(RangeChecker checker) { g_checker.store(checker); }
+RangeChecker GetLiveRangeChecker() { return g_checker.load(); }
 bool IsLiveDeviceRange(uintptr_t address, size_t bytes) {
   RangeChecker c = g_checker.load();
   return c ? c(address, bytes) : false;

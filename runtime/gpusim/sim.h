@@ -137,4 +137,20 @@ class SimDevice {
   void Synchronize();
 };
 
+/// A library handle as LibraryHandle left it: which library, bound to which stream of which device.
+struct LibraryBinding {
+  bool found = false;  ///< false: not a handle of this platform
+  gpurt::Library lib = gpurt::Library::kBlasLt;
+  int device = -1;
+  gpurt::Stream stream = nullptr;
+};
+
+/// The GEMM of gpu.h on simulated stream `s` (the resolved `h`; sim_blas.cc): the handle's checks
+/// (a cuBLASLt handle, bound to `h`), cuBLAS's argument checks (CheckGemm), the stream of the
+/// thread's `current_device`, every operand in live memory of the stream's device (else GpuError
+/// kIllegalAddress); the product then runs on the stream's worker thread (or becomes a node of the
+/// graph being captured) over the CPU's sgemm.
+void EnqueueGemm(const Memory& memory, StreamImpl* s, gpurt::Stream h, int current_device, const LibraryBinding& bound,
+                 const gpurt::GemmArgs& g);
+
 }  // namespace kiln::gpusim

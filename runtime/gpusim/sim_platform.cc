@@ -356,6 +356,7 @@ class SimPlatform final : public gpurt::Platform {
   void GraphExecDestroy(gpurt::GraphExec g) override { delete reinterpret_cast<SimGraph*>(g); }
 
   void* LibraryHandle(gpurt::Library lib, gpurt::Stream h) override;
+  void Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) override;
 
   // ---- collectives: in-process, over the alias of each device's memory ----
   void AllReduce(std::span<const kiln::Device>, const coll::BufferSet& b, coll::ReduceOp op) override {
@@ -574,6 +575,17 @@ void* SimPlatform::LibraryHandle(gpurt::Library lib, gpurt::Stream h) {
   if (!slot) slot = std::make_unique<std::pair<gpurt::Library, gpurt::Stream>>(lib, h);
   slot->second = h;
   return slot.get();
+}
+
+// What `blas` is bound to, for sim_blas.cc's checks (the handles are this class's).
+void SimPlatform::Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) {
+  LibraryBinding bound;
+  {
+    std::lock_guard<std::mutex> lk(lib_mu_);
+    for (const auto& [key, slot] : libs_)
+      if (slot.get() == blas) bound = {true, slot->first, key.second, slot->second};
+  }
+  EnqueueGemm(memory_, Stream(h, "cublasLtMatmul"), h, tls_device, bound, g);
 }
 
 }  // namespace

@@ -188,7 +188,8 @@ std::vector<double> BlockSums(const std::vector<float>& in, int block) {
 /// simulated GPU's layout, made here with memfd (the simulated devices are not needed).
 class FakeDevice {
 public:
-  explicit FakeDevice(size_t bytes) : bytes_(bytes) {
+  explicit FakeDevice(size_t bytes) : bytes_(bytes), prev_window_(kiln::gpusim::DeviceMemoryWindow()),
+        prev_checker_(kiln::gpusim::GetLiveRangeChecker()) {
     int fd = ::memfd_create("kiln-fake-gpu", 0);
     REQUIRE(fd >= 0);
     REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
@@ -203,8 +204,8 @@ public:
     kiln::gpusim::SetLiveRangeChecker(&Live);
   }
   ~FakeDevice() {
-    kiln::gpusim::SetDeviceMemoryWindow({});
-    kiln::gpusim::SetLiveRangeChecker(nullptr);
+    kiln::gpusim::SetDeviceMemoryWindow(prev_window_);  // a simulator made earlier in the process keeps its window
+    kiln::gpusim::SetLiveRangeChecker(prev_checker_);
     current_ = nullptr;
     ::munmap(alias_, bytes_);
     ::munmap(device_, bytes_);
@@ -230,6 +231,8 @@ private:
   }
   static inline FakeDevice* current_ = nullptr;
   size_t bytes_, used_ = 0;
+  kiln::gpusim::MemoryWindow prev_window_;
+  kiln::gpusim::RangeChecker prev_checker_;
   char *alias_, *device_;
   std::vector<std::pair<uintptr_t, size_t>> allocs_;
 };

@@ -110,6 +110,53 @@ enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 /// The libraries whose handles the platform keeps (one per device, bound to a stream).
 enum class Library { kBlasLt, kDnn };
 
+/// cuBLAS status codes (cublasStatus_t numbering) that library calls report.
+enum BlasStatus : int {
+  kBlasNotInitialized = 1,   ///< CUBLAS_STATUS_NOT_INITIALIZED (no handle, or not a cuBLAS one)
+  kBlasInvalidValue = 7,     ///< CUBLAS_STATUS_INVALID_VALUE (a documented argument check failed)
+  kBlasExecutionFailed = 13, ///< CUBLAS_STATUS_EXECUTION_FAILED
+  kBlasNotSupported = 15,    ///< CUBLAS_STATUS_NOT_SUPPORTED (no algorithm for the problem)
+};
+/// "CUBLAS_STATUS_INVALID_VALUE" for 7; "CUBLAS_STATUS_<number>" for others.
+const char* BlasStatusName(int status);
+/// A failed cuBLAS/cuBLASLt call: a GpuError whose code() is the cublasStatus_t (not a CUresult).
+/// what() reads "<call>: CUBLAS_STATUS_NAME (n): <why and what to do>".
+class BlasError : public GpuError {
+ public:
+  using GpuError::GpuError;
+};
+/// Throws BlasError(status) with "<call>: CUBLAS_STATUS_NAME (status): <detail>".
+[[noreturn]] void FailBlas(int status, const std::string& call, const std::string& detail);
+
+/// cublasOperation_t: CUBLAS_OP_N, CUBLAS_OP_T.
+enum class BlasOp : int { kN = 0, kT = 1 };
+
+/// One (strided-batched) float32 GEMM with cuBLAS's column-major semantics:
+///   C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i]   for i < batch,
+/// op(A) m x k, op(B) k x n, C m x n, all column-major with leading dimensions lda, ldb, ldc;
+/// A[i] = a + i * stride_a (elements; 0 repeats one matrix), likewise B and C. Pointers are device
+/// memory of the stream's device; alpha and beta are host values. beta == 0 never reads C.
+/// Row-major data: C^T = op(B)^T op(A)^T, i.e. pass the operands swapped (m <-> n, a <-> b).
+struct GemmArgs {
+  BlasOp transa = BlasOp::kN, transb = BlasOp::kN;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+/// cuBLAS's documented argument checks of cublasSgemm(StridedBatched), shared by every platform:
+/// BlasError kBlasInvalidValue when m, n, k or batch < 0, an op is neither N nor T,
+/// lda < max(1, transa == N ? m : k), ldb < max(1, transb == N ? k : n), ldc < max(1, m),
+/// or a pointer the product needs is null.
+void CheckGemm(const GemmArgs& g, const char* call);
+
 class Platform {
  public:
   virtual ~Platform() = default;
@@ -190,6 +237,15 @@ class Platform {
   /// The handle of `lib` for the current device (cublasLtHandle_t, cudnnHandle_t), created on
   /// first use, bound to `s` (cudnnSetStream) before it is returned.
   virtual void* LibraryHandle(Library lib, Stream s) = 0;
+  /// The (strided-batched) GEMM of `g` on stream `s`, through `blas` = LibraryHandle(kBlasLt, s)
+  /// (cublasLtMatmul on CUDA; on the simulator, the CPU's sgemm with cuBLAS's checks), from a thread
+  /// whose current device is the stream's. Stream-ordered: returns once queued; capturable.
+  /// Errors: BlasError kBlasNotInitialized (not a cuBLASLt handle), kBlasInvalidValue (CheckGemm's
+  /// rules; on the simulator also a handle bound to another stream), kBlasExecutionFailed (the
+  /// stream's device is not current); on the simulator, GpuError kIllegalAddress for an operand
+  /// outside live memory of the stream's device (a real GPU's kernel faults there later).
+  /// The default implementation fails with kNotSupported (no GPU library).
+  virtual void Gemm(void* blas, Stream s, const GemmArgs& g);
 
   // ---- collectives among this process's GPUs (NCCL on CUDA, in-process on the simulator) ----
   // Each runs on the calling thread over `devices` (distinct, in device order) and returns when

@@ -9,5 +9,6 @@ namespace kiln::gpusim {
 void SetDeviceMemoryWindow(const MemoryWindow& w);
 using RangeChecker = bool (*)(uintptr_t address, size_t bytes);
 void SetLiveRangeChecker(RangeChecker checker);
+RangeChecker GetLiveRangeChecker();  ///< for tests that install their own and restore it
 
 }  // namespace kiln::gpusim
