@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "dnn_cuda.h"
 #include "driver.h"
 #include "kiln/runtime/gpu.h"
 #include "nccl_coll.h"
@@ -203,9 +204,8 @@ class CudaPlatform final : public gpurt::Platform {
   void GraphDestroy(gpurt::Graph g) override { cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g)); }
   void GraphExecDestroy(gpurt::GraphExec g) override { cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(g)); }
 
-  void* LibraryHandle(gpurt::Library lib, gpurt::Stream) override {
-    if (lib != gpurt::Library::kBlasLt)
-      gpurt::Fail(gpurt::kNotSupported, "cudnnCreate", "this kiln is not linked with cuDNN yet");
+  void* LibraryHandle(gpurt::Library lib, gpurt::Stream s) override {
+    if (lib == gpurt::Library::kDnn) return cuda::DnnHandle(s);
     // cuBLASLt takes the stream with each call; the handle itself is per device.
     std::lock_guard<std::mutex> g(mu_);
     int d = GetDevice();
@@ -216,6 +216,20 @@ class CudaPlatform final : public gpurt::Platform {
         gpurt::Fail(gpurt::kNotSupported, "cublasLtCreate", "cuBLAS status " + std::to_string(static_cast<int>(st)));
     }
     return h;
+  }
+
+  // cuDNN: dnn_cuda.cc.
+  void DnnConvolutionForward(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
+    cuda::DnnConvolutionForward(*this, dnn, s, a);
+  }
+  void DnnPoolingForward(void* dnn, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) override {
+    cuda::DnnPoolingForward(dnn, s, a);
+  }
+  void DnnBatchNormForwardTraining(void* dnn, gpurt::Stream s, const gpurt::BatchNormArgs& a) override {
+    cuda::DnnBatchNormForward(dnn, s, a, true);
+  }
+  void DnnBatchNormForwardInference(void* dnn, gpurt::Stream s, const gpurt::BatchNormArgs& a) override {
+    cuda::DnnBatchNormForward(dnn, s, a, false);
   }
 
   void AllReduce(std::span<const Device> devs, const coll::BufferSet& b, coll::ReduceOp op) override {

@@ -11,6 +11,7 @@
 #include "kiln/runtime/gpusim/emulator.h"
 #include "kiln/runtime/gpusim/seam_internal.h"
 #include "sim.h"
+#include "sim_dnn.h"
 
 namespace kiln::gpusim {
 
@@ -356,6 +357,19 @@ class SimPlatform final : public gpurt::Platform {
   void GraphExecDestroy(gpurt::GraphExec g) override { delete reinterpret_cast<SimGraph*>(g); }
 
   void* LibraryHandle(gpurt::Library lib, gpurt::Stream h) override;
+  // cuDNN: sim_dnn.cc.
+  void DnnConvolutionForward(void* dnn, gpurt::Stream h, const gpurt::ConvForwardArgs& a) override {
+    gpusim::DnnConvolutionForward(memory_, dnn, h, Stream(h, "cudnnConvolutionForward"), a);
+  }
+  void DnnPoolingForward(void* dnn, gpurt::Stream h, const gpurt::PoolingForwardArgs& a) override {
+    gpusim::DnnPoolingForward(memory_, dnn, h, Stream(h, "cudnnPoolingForward"), a);
+  }
+  void DnnBatchNormForwardTraining(void* dnn, gpurt::Stream h, const gpurt::BatchNormArgs& a) override {
+    gpusim::DnnBatchNormForward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationForwardTraining"), a, true);
+  }
+  void DnnBatchNormForwardInference(void* dnn, gpurt::Stream h, const gpurt::BatchNormArgs& a) override {
+    gpusim::DnnBatchNormForward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationForwardInference"), a, false);
+  }
 
   // ---- collectives: in-process, over the alias of each device's memory ----
   void AllReduce(std::span<const kiln::Device>, const coll::BufferSet& b, coll::ReduceOp op) override {

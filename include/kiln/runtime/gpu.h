@@ -98,6 +98,11 @@ using Function = FunctionRec*;  ///< CUfunction
 using Graph = GraphRec*;        ///< cudaGraph_t
 using GraphExec = GraphExecRec*;  ///< cudaGraphExec_t
 
+// The arguments of the cuDNN calls (kiln/runtime/gpu_dnn.h).
+struct ConvForwardArgs;
+struct PoolingForwardArgs;
+struct BatchNormArgs;
+
 /// One kernel module in both forms kiln generates: CUDA loads the PTX, the simulator the NVPTX
 /// LLVM IR it was made from. Either may be empty where that platform is not used.
 struct ModuleImage {
@@ -190,6 +195,16 @@ class Platform {
   /// The handle of `lib` for the current device (cublasLtHandle_t, cudnnHandle_t), created on
   /// first use, bound to `s` (cudnnSetStream) before it is returned.
   virtual void* LibraryHandle(Library lib, Stream s) = 0;
+
+  // ---- cuDNN ----
+  // Each runs on `s` through `dnn` = LibraryHandle(Library::kDnn, s), which must be bound to `s`
+  // (else CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH); data pointers are device memory of the stream's
+  // device. cuDNN's argument checks (gpu_dnn.h) fail with a DnnError carrying cuDNN's status.
+  // Stream-ordered: each returns once queued. The defaults fail (no GPU library).
+  virtual void DnnConvolutionForward(void* dnn, Stream s, const ConvForwardArgs& a);
+  virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
+  virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
+  virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);
 
   // ---- collectives among this process's GPUs (NCCL on CUDA, in-process on the simulator) ----
   // Each runs on the calling thread over `devices` (distinct, in device order) and returns when

@@ -1,0 +1,328 @@
+// What every platform's cuDNN calls share (gpu_dnn.h): the names of cuDNN's status codes, the
+// DnnError they travel in, the default Platform methods (no GPU library: they fail), and cuDNN's
+// argument checks, written from cuDNN 9's documented conditions and, for the descriptor functions,
+// checked against cuDNN's own answers in CUDA builds (tests/cpp/test_gpu_dnn.cc). Where kiln is
+// stricter than cuDNN (a pooling output of another size than cuDNN's formula gives) it says so.
+#include "kiln/runtime/gpu_dnn.h"
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+namespace kiln::gpurt {
+
+const char* DnnStatusName(int status) {
+  switch (status) {
+  case kDnnSuccess: return "CUDNN_STATUS_SUCCESS";
+  case kDnnNotInitialized: return "CUDNN_STATUS_NOT_INITIALIZED";
+  case kDnnBadParam: return "CUDNN_STATUS_BAD_PARAM";
+  case kDnnBadParamNullPointer: return "CUDNN_STATUS_BAD_PARAM_NULL_POINTER";
+  case kDnnBadParamMisalignedPointer: return "CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER";
+  case kDnnBadParamStreamMismatch: return "CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH";
+  case kDnnNotSupported: return "CUDNN_STATUS_NOT_SUPPORTED";
+  case kDnnNotSupportedDataType: return "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE";
+  case kDnnNotSupportedLayout: return "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT";
+  case kDnnExecutionFailed: return "CUDNN_STATUS_EXECUTION_FAILED";
+  default: return "CUDNN_STATUS";
+  }
+}
+
+void FailDnn(int status, const std::string& call, const std::string& detail) {
+  throw DnnError(status, call + ": " + DnnStatusName(status) + " (" + std::to_string(status) + "): " + detail);
+}
+
+// ---- the defaults: a platform without cuDNN ----
+void Platform::DnnConvolutionForward(void*, Stream, const ConvForwardArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionForward", std::string("the ") + Name() + " platform has no cuDNN");
+}
+void Platform::DnnPoolingForward(void*, Stream, const PoolingForwardArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnPoolingForward", std::string("the ") + Name() + " platform has no cuDNN");
+}
+void Platform::DnnBatchNormForwardTraining(void*, Stream, const BatchNormArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnBatchNormalizationForwardTraining",
+          std::string("the ") + Name() + " platform has no cuDNN");
+}
+void Platform::DnnBatchNormForwardInference(void*, Stream, const BatchNormArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnBatchNormalizationForwardInference",
+          std::string("the ") + Name() + " platform has no cuDNN");
+}
+
+// ---- descriptors ----
+namespace {
+
+const char* TypeName(DnnDataType t) {
+  switch (t) {
+  case DnnDataType::kFloat: return "CUDNN_DATA_FLOAT";
+  case DnnDataType::kDouble: return "CUDNN_DATA_DOUBLE";
+  case DnnDataType::kHalf: return "CUDNN_DATA_HALF";
+  case DnnDataType::kInt8: return "CUDNN_DATA_INT8";
+  case DnnDataType::kInt32: return "CUDNN_DATA_INT32";
+  case DnnDataType::kBFloat16: return "CUDNN_DATA_BFLOAT16";
+  }
+  return "an unknown cudnnDataType_t";
+}
+std::string Dims(int n, int c, int h, int w) {
+  return "[" + std::to_string(n) + ", " + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) + "]";
+}
+std::string Str(const DnnFilterDesc& f) {
+  return Dims(f.k, f.c, f.h, f.w) + (f.format == DnnFormat::kNHWC ? " (KRSC)" : " (KCRS)");
+}
+std::string P(int a, int b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
+
+}  // namespace
+
+DnnTensorDesc DnnTensorDesc::Packed(DnnFormat format, int n, int c, int h, int w, DnnDataType t) {
+  DnnTensorDesc d;
+  d.dtype = t, d.n = n, d.c = c, d.h = h, d.w = w;
+  if (format == DnnFormat::kNHWC) {
+    d.c_stride = 1, d.w_stride = c, d.h_stride = int64_t{w} * c, d.n_stride = int64_t{h} * w * c;
+  } else {
+    d.w_stride = 1, d.h_stride = w, d.c_stride = int64_t{h} * w, d.n_stride = int64_t{c} * h * w;
+  }
+  return d;
+}
+
+int64_t DnnTensorDesc::Span() const {
+  return (n - 1) * n_stride + (c - 1) * c_stride + (h - 1) * h_stride + (w - 1) * w_stride + 1;
+}
+
+std::string DnnTensorDesc::ToString() const {
+  return Dims(n, c, h, w) + " strides [" + std::to_string(n_stride) + ", " + std::to_string(c_stride) + ", " +
+         std::to_string(h_stride) + ", " + std::to_string(w_stride) + "] " + TypeName(dtype);
+}
+
+void CheckTensorDesc(const DnnTensorDesc& t, const char* what, const char* call) {
+  if (t.n <= 0 || t.c <= 0 || t.h <= 0 || t.w <= 0)
+    FailDnn(kDnnBadParam, call,
+            std::string(what) + " has sizes " + Dims(t.n, t.c, t.h, t.w) +
+                "; every size of a 4-d tensor descriptor must be at least 1 (an empty tensor needs no call)");
+  if (t.n_stride <= 0 || t.c_stride <= 0 || t.h_stride <= 0 || t.w_stride <= 0)
+    FailDnn(kDnnBadParam, call,
+            std::string(what) + " is " + t.ToString() +
+                "; strides must be at least 1 (elements, not bytes): a packed NCHW tensor has strides [C*H*W, "
+                "H*W, W, 1], a packed NHWC one [H*W*C, 1, W*C, C]");
+  if (int64_t{t.n} * t.c * t.h * t.w > int64_t{2147483647})
+    FailDnn(kDnnNotSupported, call,
+            std::string(what) + " has " + std::to_string(int64_t{t.n} * t.c * t.h * t.w) +
+                " elements; cuDNN's 4-d tensors hold fewer than 2^31: split the batch");
+  if (t.dtype != DnnDataType::kFloat)
+    FailDnn(kDnnNotSupportedDataType, call,
+            std::string(what) + " is " + TypeName(t.dtype) + "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only: "
+                                                              "convert the tensor to float32 first");
+}
+
+void CheckFilterDesc(const DnnFilterDesc& f, const char* call) {
+  if (f.format != DnnFormat::kNCHW && f.format != DnnFormat::kNHWC)
+    FailDnn(kDnnBadParam, call,
+            "the filter's format is " + std::to_string(static_cast<int>(f.format)) +
+                "; a float filter is CUDNN_TENSOR_NCHW (KCRS) or CUDNN_TENSOR_NHWC (KRSC); NCHW_VECT_C is for "
+                "int8 data only");
+  if (f.k <= 0 || f.c <= 0 || f.h <= 0 || f.w <= 0)
+    FailDnn(kDnnBadParam, call,
+            "the filter has sizes " + Str(f) + "; every size of a 4-d filter descriptor must be at least 1");
+  if (f.dtype != DnnDataType::kFloat)
+    FailDnn(kDnnNotSupportedDataType, call,
+            std::string("the filter is ") + TypeName(f.dtype) + "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only");
+}
+
+void ConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const DnnConvDesc& c, int out[4],
+                          const char* call) {
+  if (c.pad_h < 0 || c.pad_w < 0 || c.stride_h < 1 || c.stride_w < 1 || c.dilation_h < 1 || c.dilation_w < 1)
+    FailDnn(kDnnBadParam, call,
+            "the convolution has pads " + P(c.pad_h, c.pad_w) + ", strides " + P(c.stride_h, c.stride_w) +
+                " and dilations " + P(c.dilation_h, c.dilation_w) +
+                "; pads must be >= 0, strides and dilations >= 1 (dilation 1 is a dense filter)");
+  if (c.mode != DnnConvMode::kConvolution && c.mode != DnnConvMode::kCrossCorrelation)
+    FailDnn(kDnnBadParam, call,
+            "the convolution mode is " + std::to_string(static_cast<int>(c.mode)) +
+                "; it is CUDNN_CONVOLUTION (0) or CUDNN_CROSS_CORRELATION (1, what deep-learning frameworks call "
+                "convolution)");
+  if (c.groups < 1)
+    FailDnn(kDnnBadParam, "cudnnSetConvolutionGroupCount",
+            "the group count is " + std::to_string(c.groups) + "; it must be at least 1");
+  if (x.c != w.c * c.groups)
+    FailDnn(kDnnBadParam, call,
+            "the input " + x.ToString() + " has " + std::to_string(x.c) + " channels but the filter " + Str(w) +
+                " with " + std::to_string(c.groups) + " group(s) takes " + std::to_string(w.c * c.groups) +
+                " (filter C x groups); the filter's C is the input channels per group. If the data is NHWC, "
+                "describe it with NHWC strides rather than as NCHW");
+  const int kh = (w.h - 1) * c.dilation_h + 1, kw = (w.w - 1) * c.dilation_w + 1;
+  if (kh > x.h + 2 * c.pad_h || kw > x.w + 2 * c.pad_w)
+    FailDnn(kDnnBadParam, call,
+            "the filter's dilated window " + P(kh, kw) + " is larger than the padded input " +
+                P(x.h + 2 * c.pad_h, x.w + 2 * c.pad_w) + " (input " + x.ToString() +
+                "); pad the input more, or check that H and W are not swapped with C (NCHW vs NHWC)");
+  out[0] = x.n;
+  out[1] = w.k;
+  out[2] = 1 + (x.h + 2 * c.pad_h - kh) / c.stride_h;
+  out[3] = 1 + (x.w + 2 * c.pad_w - kw) / c.stride_w;
+}
+
+void PoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, int out[4], const char* call) {
+  if (p.window_h < 1 || p.window_w < 1 || p.stride_h < 1 || p.stride_w < 1)
+    FailDnn(kDnnBadParam, call,
+            "the pooling window is " + P(p.window_h, p.window_w) + " with strides " + P(p.stride_h, p.stride_w) +
+                "; windows and strides must be at least 1");
+  const int m = static_cast<int>(p.mode);
+  if (m < 0 || m > 3)
+    FailDnn(kDnnBadParam, call,
+            "the pooling mode is " + std::to_string(m) +
+                "; it is CUDNN_POOLING_MAX (0), _AVERAGE_COUNT_INCLUDE_PADDING (1), _EXCLUDE_PADDING (2) or "
+                "MAX_DETERMINISTIC (3)");
+  if (p.window_h > x.h + 2 * p.pad_h || p.window_w > x.w + 2 * p.pad_w)
+    FailDnn(kDnnBadParam, call,
+            "the pooling window " + P(p.window_h, p.window_w) + " is larger than the padded input " +
+                P(x.h + 2 * p.pad_h, x.w + 2 * p.pad_w) + " (input " + x.ToString() + ")");
+  out[0] = x.n;
+  out[1] = x.c;
+  out[2] = 1 + (x.h + 2 * p.pad_h - p.window_h) / p.stride_h;
+  out[3] = 1 + (x.w + 2 * p.pad_w - p.window_w) / p.stride_w;
+}
+
+namespace {
+
+void NotNull(const void* p, const char* what, const char* call) {
+  if (!p)
+    FailDnn(kDnnBadParamNullPointer, call,
+            std::string(what) + " is null; pass device memory of the stream's device");
+}
+
+// cuDNN rejects negative strides as NOT_SUPPORTED (CheckTensorDesc rejects them earlier, as BAD_PARAM);
+// an output whose strides make two elements share an address is kiln's check: on a GPU the threads
+// writing them race and the result is silently wrong.
+void NotOverlapping(const DnnTensorDesc& t, const char* what, const char* call) {
+  std::array<std::pair<int64_t, int64_t>, 4> d{{{t.n_stride, t.n}, {t.c_stride, t.c}, {t.h_stride, t.h}, {t.w_stride, t.w}}};
+  std::sort(d.begin(), d.end());
+  int64_t reach = 1;  // elements the inner dimensions span
+  for (auto [stride, size] : d) {
+    if (size == 1) continue;
+    if (stride < reach)
+      FailDnn(kDnnBadParam, call,
+              std::string(what) + " is " + t.ToString() +
+                  ": its strides make different elements share an address, so the output would be written by "
+                  "racing threads; give it strides of a packed layout (NCHW [C*H*W, H*W, W, 1] or NHWC [H*W*C, 1, "
+                  "W*C, C])");
+    reach = stride * size;
+  }
+}
+
+void SameType(const DnnTensorDesc& x, const DnnTensorDesc& y, const char* call) {
+  if (x.dtype != y.dtype)
+    FailDnn(kDnnBadParam, call,
+            std::string("the input is ") + TypeName(x.dtype) + " but the output is " + TypeName(y.dtype) +
+                "; cuDNN needs them to match");
+}
+
+}  // namespace
+
+void CheckConvForward(const ConvForwardArgs& a, const char* call) {
+  NotNull(a.x_data, "x (the input)", call);
+  NotNull(a.w_data, "w (the filter)", call);
+  NotNull(a.y_data, "y (the output)", call);
+  if (a.x.dtype != a.w.dtype || a.x.dtype != a.y.dtype)
+    FailDnn(kDnnBadParam, call,
+            std::string("the input is ") + TypeName(a.x.dtype) + ", the filter " + TypeName(a.w.dtype) +
+                " and the output " + TypeName(a.y.dtype) + "; cuDNN needs them to match");
+  CheckTensorDesc(a.x, "the input x", call);
+  CheckFilterDesc(a.w, call);
+  CheckTensorDesc(a.y, "the output y", call);
+  NotOverlapping(a.y, "the output y", call);
+  int out[4];
+  ConvForwardOutputDim(a.x, a.w, a.conv, out, call);
+  if (a.w.k % a.conv.groups != 0)
+    FailDnn(kDnnBadParam, call,
+            "the filter " + Str(a.w) + " has " + std::to_string(a.w.k) + " output channels, not a multiple of the " +
+                std::to_string(a.conv.groups) + " groups; each group needs the same number of filters");
+  if (a.y.n != out[0] || a.y.c != out[1])
+    FailDnn(kDnnBadParam, call,
+            "the output y is " + a.y.ToString() + " but the convolution produces " +
+                Dims(out[0], out[1], out[2], out[3]) + " (batch from x, channels from the filter's K)");
+  if (a.y.h != out[2] || a.y.w != out[3])
+    FailDnn(kDnnNotSupported, call,
+            "the output y is " + a.y.ToString() + " but cudnnGetConvolution2dForwardOutputDim gives " +
+                Dims(out[0], out[1], out[2], out[3]) + " for input " + a.x.ToString() + ", pads " +
+                P(a.conv.pad_h, a.conv.pad_w) + ", strides " + P(a.conv.stride_h, a.conv.stride_w) +
+                " and dilations " + P(a.conv.dilation_h, a.conv.dilation_w) + "; allocate y with that shape");
+}
+
+void CheckPoolingForward(const PoolingForwardArgs& a, const char* call) {
+  NotNull(a.x_data, "x (the input)", call);
+  NotNull(a.y_data, "y (the output)", call);
+  SameType(a.x, a.y, call);
+  CheckTensorDesc(a.x, "the input x", call);
+  CheckTensorDesc(a.y, "the output y", call);
+  NotOverlapping(a.y, "the output y", call);
+  if (a.pool.pad_h < 0 || a.pool.pad_w < 0)
+    FailDnn(kDnnBadParam, call,
+            "the pooling pads are " + P(a.pool.pad_h, a.pool.pad_w) + "; pads must be >= 0");
+  int out[4];
+  PoolingForwardOutputDim(a.pool, a.x, out, call);
+  if (a.y.n != out[0] || a.y.c != out[1])
+    FailDnn(kDnnBadParam, call,
+            "the output y is " + a.y.ToString() + " but the input is " + a.x.ToString() +
+                "; pooling keeps N and C, so they must match");
+  // cuDNN itself pools whatever window positions y has room for; kiln asks for exactly its formula,
+  // on every platform, since any other size is a shape mistake above.
+  if (a.y.h != out[2] || a.y.w != out[3])
+    FailDnn(kDnnBadParam, call,
+            "the output y is " + a.y.ToString() + " but cudnnGetPooling2dForwardOutputDim gives " +
+                Dims(out[0], out[1], out[2], out[3]) + " for window " + P(a.pool.window_h, a.pool.window_w) +
+                ", pads " + P(a.pool.pad_h, a.pool.pad_w) + " and strides " + P(a.pool.stride_h, a.pool.stride_w) +
+                "; allocate y with that shape");
+}
+
+void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* call) {
+  NotNull(a.x_data, "x (the input)", call);
+  NotNull(a.y_data, "y (the output)", call);
+  NotNull(a.scale, "bnScale", call);
+  NotNull(a.bias, "bnBias", call);
+  if (!training) {
+    NotNull(a.running_mean, "estimatedMean (running_mean)", call);
+    NotNull(a.running_var, "estimatedVariance (running_var)", call);
+  } else {
+    if (!a.running_mean != !a.running_var)
+      FailDnn(kDnnBadParam, call,
+              std::string("resultRunningMean is ") + (a.running_mean ? "given" : "null") + " but resultRunningVariance " +
+                  (a.running_var ? "is given" : "is null") + "; pass both (to update the running statistics) or neither");
+    if (!a.save_mean != !a.save_inv_variance)
+      FailDnn(kDnnBadParam, call,
+              std::string("resultSaveMean is ") + (a.save_mean ? "given" : "null") + " but resultSaveInvVariance " +
+                  (a.save_inv_variance ? "is given" : "is null") + "; pass both (for the backward pass) or neither");
+    if (!(a.exponential_average_factor >= 0.0 && a.exponential_average_factor <= 1.0))
+      FailDnn(kDnnBadParam, call,
+              "exponentialAverageFactor is " + std::to_string(a.exponential_average_factor) +
+                  "; it weighs the new batch in the running statistics and lies in [0, 1] (PyTorch's momentum "
+                  "0.1 is factor 0.1; MXNet's momentum 0.9 is factor 0.1)");
+  }
+  SameType(a.x, a.y, call);
+  CheckTensorDesc(a.x, "the input x", call);
+  CheckTensorDesc(a.y, "the output y", call);
+  NotOverlapping(a.y, "the output y", call);
+  if (a.x.n != a.y.n || a.x.c != a.y.c || a.x.h != a.y.h || a.x.w != a.y.w)
+    FailDnn(kDnnBadParam, call,
+            "the input is " + a.x.ToString() + " but the output " + a.y.ToString() +
+                "; batch normalization keeps the shape, so they must match");
+  const int m = static_cast<int>(a.mode);
+  if (m < 0 || m > 2)
+    FailDnn(kDnnBadParam, call,
+            "the batch-norm mode is " + std::to_string(m) +
+                "; it is CUDNN_BATCHNORM_PER_ACTIVATION (0), _SPATIAL (1) or _SPATIAL_PERSISTENT (2)");
+  CheckTensorDesc(a.param, "bnScaleBiasMeanVarDesc", call);
+  const bool per_activation = a.mode == DnnBatchNormMode::kPerActivation;
+  const int ph = per_activation ? a.x.h : 1, pw = per_activation ? a.x.w : 1;
+  if (a.param.n != 1 || a.param.c != a.x.c || a.param.h != ph || a.param.w != pw)
+    FailDnn(kDnnBadParam, call,
+            "bnScaleBiasMeanVarDesc is " + Dims(a.param.n, a.param.c, a.param.h, a.param.w) + " but " +
+                (per_activation ? "per-activation" : "spatial") + " batch norm of " + a.x.ToString() + " needs " +
+                Dims(1, a.x.c, ph, pw) + " (cudnnDeriveBNTensorDescriptor makes it)");
+  const DnnTensorDesc& q = a.param;
+  if ((q.w > 1 && q.w_stride != 1) || (q.h > 1 && q.h_stride != q.w) || (q.c > 1 && q.c_stride != int64_t{q.h} * q.w))
+    FailDnn(kDnnBadParam, call,
+            "bnScaleBiasMeanVarDesc is " + a.param.ToString() + "; the parameters must be packed (strides [C*H*W, "
+                                                                  "H*W, W, 1])");
+  if (!(a.epsilon >= 0.0))  // CUDNN_BN_MIN_EPSILON is 0 in cuDNN 9
+    FailDnn(kDnnBadParam, call,
+            "epsilon is " + std::to_string(a.epsilon) + "; it must be >= CUDNN_BN_MIN_EPSILON (0)");
+}
+
+}  // namespace kiln::gpurt

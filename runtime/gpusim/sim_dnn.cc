@@ -1,0 +1,255 @@
+// cuDNN on the simulated GPUs (sim_dnn.h). At the call, what cuDNN itself checks: the handle is a
+// cuDNN one bound to the call's stream, then the shared argument checks of gpu_dnn.h (descriptors,
+// shapes, dtypes), each a DnnError with cuDNN's status. Pointers are not checked by cuDNN: on a
+// GPU its kernel faults on a host pointer or one outside its buffer, so here the operation faults
+// on the stream with CUDA_ERROR_ILLEGAL_ADDRESS (700), the device's sticky error, as there.
+// The work runs stream-ordered on the stream's worker, over the device memory's host alias: data
+// is gathered from its strides into packed NCHW, computed by the CPU kernels (kiln's oneDNN
+// convolution and pooling, plain loops for batch norm), and blended into y with alpha and beta.
+#include "sim_dnn.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kiln/runtime/cpu/onednn.h"
+
+namespace kiln::gpusim {
+
+namespace {
+
+using gpurt::DnnTensorDesc;
+using gpurt::FailDnn;
+
+void CheckHandle(void* handle, gpurt::Stream h, StreamImpl* s, const char* call) {
+  if (!handle)
+    FailDnn(gpurt::kDnnBadParam, call, "the handle is null; use LibraryHandle(Library::kDnn, stream)");
+  auto* rec = static_cast<LibraryHandleRec*>(handle);
+  if (rec->first != gpurt::Library::kDnn)
+    FailDnn(gpurt::kDnnBadParam, call,
+            "the handle is a cuBLASLt handle, not a cuDNN one; use LibraryHandle(Library::kDnn, stream)");
+  if (rec->second != h) {
+    auto name = [](gpurt::Stream x) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%p", static_cast<void*>(x));
+      return std::string(x ? b : "the default stream");
+    };
+    FailDnn(gpurt::kDnnBadParamStreamMismatch, call,
+            "the cuDNN handle of gpu(" + std::to_string(s->device()->index) + ") is bound to stream " +
+                name(rec->second) + " but the call is issued to stream " + name(h) +
+                ": cuDNN would run it on the handle's stream, unordered with the work around it. Call "
+                "LibraryHandle(Library::kDnn, stream) (cudnnSetStream) for this stream right before the call");
+  }
+  s->device()->CheckSticky(call);
+}
+
+void Aligned(const void* p, const char* what, const char* call) {
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(float))
+    FailDnn(gpurt::kDnnBadParamMisalignedPointer, call,
+            std::string(what) + " is not aligned to its element (4 bytes for float)");
+}
+
+// The reason the GPU would fault on one operand: "" when [p, p + bytes) is live memory of `device`.
+std::string Fault(const Memory& m, int device, const void* p, int64_t elements, const char* what) {
+  const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
+  const int on = m.DeviceOf(p);
+  if (on < 0)
+    return std::string(what) + " is host memory; cuDNN's kernels read and write device memory of the stream's "
+                               "device (copy the data to gpu(" + std::to_string(device) + ") first)";
+  if (on != device)
+    return std::string(what) + " is memory of gpu(" + std::to_string(on) + ") but the call runs on gpu(" +
+           std::to_string(device) + "); copy it to this device";
+  if (!m.IsLive(reinterpret_cast<uintptr_t>(p), bytes))
+    return std::string(what) + " is not " + std::to_string(bytes) +
+           " bytes of one live allocation, the span its descriptor covers; the buffer is too small or freed";
+  return "";
+}
+
+// Queues `op` on `s`, or on its capture; if `fault` is set, the operation faults there instead.
+void Issue(StreamImpl* s, const std::string& call, const std::string& fault, std::function<void()> op) {
+  if (!fault.empty()) {
+    std::string message = call + ": " + fault;
+    op = [message] { gpurt::Fail(gpurt::kIllegalAddress, "a cuDNN kernel", message); };
+  }
+  if (s->capturing) {
+    s->Capture([op](gpurt::Stream r) { reinterpret_cast<StreamImpl*>(r)->Enqueue(op); });
+    return;
+  }
+  s->Enqueue(std::move(op));
+}
+
+int64_t Offset(const DnnTensorDesc& t, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return n * t.n_stride + c * t.c_stride + h * t.h_stride + w * t.w_stride;
+}
+
+// The tensor at `p` (host alias) in packed NCHW order.
+std::vector<float> Gather(const float* p, const DnnTensorDesc& t) {
+  std::vector<float> out(static_cast<size_t>(t.n) * t.c * t.h * t.w);
+  size_t i = 0;
+  for (int n = 0; n < t.n; ++n)
+    for (int c = 0; c < t.c; ++c)
+      for (int h = 0; h < t.h; ++h)
+        for (int w = 0; w < t.w; ++w) out[i++] = p[Offset(t, n, c, h, w)];
+  return out;
+}
+
+// y = alpha * r + beta * y over y's strides; beta == 0 never reads y (cuDNN's rule: NaN there is fine).
+void Blend(float* p, const DnnTensorDesc& t, const std::vector<float>& r, float alpha, float beta) {
+  size_t i = 0;
+  for (int n = 0; n < t.n; ++n)
+    for (int c = 0; c < t.c; ++c)
+      for (int h = 0; h < t.h; ++h)
+        for (int w = 0; w < t.w; ++w, ++i) {
+          float& y = p[Offset(t, n, c, h, w)];
+          y = beta == 0.0f ? alpha * r[i] : alpha * r[i] + beta * y;
+        }
+}
+
+TensorView Packed(std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
+  Shape s{n, c, h, w};
+  return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
+}
+
+}  // namespace
+
+void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::ConvForwardArgs& a) {
+  const char* call = "cudnnConvolutionForward";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckConvForward(a, call);
+  Aligned(a.x_data, "x", call), Aligned(a.w_data, "w", call), Aligned(a.y_data, "y", call);
+  const int dev = s->device()->index;
+  std::string fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the input)");
+  if (fault.empty()) fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
+  if (fault.empty()) fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the output)");
+  auto* x = static_cast<const float*>(m.Alias(a.x_data));
+  auto* w = static_cast<const float*>(m.Alias(a.w_data));
+  auto* y = static_cast<float*>(m.Alias(a.y_data));
+  Issue(s, call, fault, [a, x, w, y] {
+    std::vector<float> xs = Gather(x, a.x);
+    // The filter as KCRS, flipped for CUDNN_CONVOLUTION (true convolution).
+    const gpurt::DnnFilterDesc& f = a.w;
+    std::vector<float> ws(static_cast<size_t>(f.k) * f.c * f.h * f.w);
+    const bool flip = a.conv.mode == gpurt::DnnConvMode::kConvolution;
+    size_t i = 0;
+    for (int k = 0; k < f.k; ++k)
+      for (int c = 0; c < f.c; ++c)
+        for (int r = 0; r < f.h; ++r)
+          for (int q = 0; q < f.w; ++q) {
+            const int rr = flip ? f.h - 1 - r : r, qq = flip ? f.w - 1 - q : q;
+            const int64_t at = f.format == gpurt::DnnFormat::kNHWC
+                                   ? ((int64_t{k} * f.h + rr) * f.w + qq) * f.c + c
+                                   : ((int64_t{k} * f.c + c) * f.h + rr) * f.w + qq;
+            ws[i++] = w[at];
+          }
+    std::vector<float> ys(static_cast<size_t>(a.y.n) * a.y.c * a.y.h * a.y.w);
+    host::Conv2dParams p;
+    p.stride[0] = a.conv.stride_h, p.stride[1] = a.conv.stride_w;
+    p.padding[0] = a.conv.pad_h, p.padding[1] = a.conv.pad_w;
+    p.dilation[0] = a.conv.dilation_h, p.dilation[1] = a.conv.dilation_w;
+    p.groups = a.conv.groups;
+    host::Conv2d(Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), Packed(ws, f.k, f.c, f.h, f.w),
+                 Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w), p);
+    Blend(y, a.y, ys, a.alpha, a.beta);
+  });
+}
+
+void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::PoolingForwardArgs& a) {
+  const char* call = "cudnnPoolingForward";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckPoolingForward(a, call);
+  Aligned(a.x_data, "x", call), Aligned(a.y_data, "y", call);
+  const int dev = s->device()->index;
+  std::string fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the input)");
+  if (fault.empty()) fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the output)");
+  auto* x = static_cast<const float*>(m.Alias(a.x_data));
+  auto* y = static_cast<float*>(m.Alias(a.y_data));
+  Issue(s, call, fault, [a, x, y] {
+    std::vector<float> xs = Gather(x, a.x);
+    std::vector<float> ys(static_cast<size_t>(a.y.n) * a.y.c * a.y.h * a.y.w);
+    host::Pool2dParams p;
+    p.kernel[0] = a.pool.window_h, p.kernel[1] = a.pool.window_w;
+    p.stride[0] = a.pool.stride_h, p.stride[1] = a.pool.stride_w;
+    p.padding[0] = a.pool.pad_h, p.padding[1] = a.pool.pad_w;
+    p.count_include_pad = a.pool.mode == gpurt::DnnPoolingMode::kAverageCountIncludePadding;
+    TensorView xv = Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), yv = Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w);
+    const bool max = a.pool.mode == gpurt::DnnPoolingMode::kMax || a.pool.mode == gpurt::DnnPoolingMode::kMaxDeterministic;
+    if (max) host::MaxPool2d(xv, yv, p);
+    else host::AvgPool2d(xv, yv, p);
+    Blend(y, a.y, ys, a.alpha, a.beta);
+  });
+}
+
+void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::BatchNormArgs& a,
+                         bool training) {
+  const char* call = training ? "cudnnBatchNormalizationForwardTraining" : "cudnnBatchNormalizationForwardInference";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckBatchNormForward(a, training, call);
+  const int dev = s->device()->index;
+  const int64_t np = int64_t{a.param.c} * a.param.h * a.param.w;  // parameters (packed)
+  struct Operand {
+    const void* p;
+    int64_t elements;
+    const char* what;
+  };
+  std::vector<Operand> ops{{a.x_data, a.x.Span(), "x (the input)"}, {a.y_data, a.y.Span(), "y (the output)"},
+                           {a.scale, np, "bnScale"}, {a.bias, np, "bnBias"}};
+  if (a.running_mean) ops.push_back({a.running_mean, np, "the running mean"}), ops.push_back({a.running_var, np, "the running variance"});
+  if (training && a.save_mean)
+    ops.push_back({a.save_mean, np, "resultSaveMean"}), ops.push_back({a.save_inv_variance, np, "resultSaveInvVariance"});
+  std::string fault;
+  for (const Operand& o : ops) {
+    Aligned(o.p, o.what, call);
+    if (fault.empty()) fault = Fault(m, dev, o.p, o.elements, o.what);
+  }
+  auto alias = [&m](const void* p) { return p ? static_cast<float*>(m.Alias(p)) : nullptr; };
+  float *x = alias(a.x_data), *y = alias(a.y_data), *scale = alias(a.scale), *bias = alias(a.bias);
+  float *rmean = alias(a.running_mean), *rvar = alias(a.running_var);
+  float *smean = training ? alias(a.save_mean) : nullptr, *sinv = training ? alias(a.save_inv_variance) : nullptr;
+  Issue(s, call, fault, [=] {
+    std::vector<float> xs = Gather(x, a.x);
+    const int64_t N = a.x.n, C = a.x.c, HW = int64_t{a.x.h} * a.x.w;
+    const bool per_activation = a.mode == gpurt::DnnBatchNormMode::kPerActivation;
+    // Parameter j covers channel c (spatial) or element (c, hw) (per activation) over the batch.
+    auto param = [&](int64_t c, int64_t hw) { return per_activation ? c * HW + hw : c; };
+    const int64_t count = per_activation ? N : N * HW;  // values per parameter
+    std::vector<double> mean(static_cast<size_t>(np)), var(static_cast<size_t>(np));
+    if (training) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < HW; ++i) mean[param(c, i)] += xs[(n * C + c) * HW + i];
+      for (double& v : mean) v /= static_cast<double>(count);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < HW; ++i) {
+            double d = xs[(n * C + c) * HW + i] - mean[param(c, i)];
+            var[param(c, i)] += d * d;
+          }
+      for (double& v : var) v /= static_cast<double>(count);  // biased: what normalizes the batch
+    } else {
+      for (int64_t j = 0; j < np; ++j) mean[j] = rmean[j], var[j] = rvar[j];
+    }
+    std::vector<double> inv(static_cast<size_t>(np));
+    for (int64_t j = 0; j < np; ++j) inv[j] = 1.0 / std::sqrt(var[j] + a.epsilon);
+    std::vector<float> ys(xs.size());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < HW; ++i) {
+          const int64_t j = param(c, i), at = (n * C + c) * HW + i;
+          ys[at] = static_cast<float>(scale[j] * (xs[at] - mean[j]) * inv[j] + bias[j]);
+        }
+    Blend(y, a.y, ys, a.alpha, a.beta);
+    if (!training) return;
+    const double f = a.exponential_average_factor;
+    const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+    for (int64_t j = 0; j < np; ++j) {
+      if (rmean) {
+        rmean[j] = static_cast<float>((1.0 - f) * rmean[j] + f * mean[j]);
+        rvar[j] = static_cast<float>((1.0 - f) * rvar[j] + f * var[j] * unbias);
+      }
+      if (smean) smean[j] = static_cast<float>(mean[j]), sinv[j] = static_cast<float>(inv[j]);
+    }
+  });
+}
+
+}  // namespace kiln::gpusim
