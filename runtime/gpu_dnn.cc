@@ -138,8 +138,9 @@ void ConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const 
                 "; it is CUDNN_CONVOLUTION (0) or CUDNN_CROSS_CORRELATION (1, what deep-learning frameworks call "
                 "convolution)");
   if (c.groups < 1)
-    FailDnn(kDnnBadParam, "cudnnSetConvolutionGroupCount",
-            "the group count is " + std::to_string(c.groups) + "; it must be at least 1");
+    FailDnn(kDnnBadParam, call,
+            "the group count is " + std::to_string(c.groups) +
+                "; it must be at least 1 (cudnnSetConvolutionGroupCount rejects it)");
   if (x.c != w.c * c.groups)
     FailDnn(kDnnBadParam, call,
             "the input " + x.ToString() + " has " + std::to_string(x.c) + " channels but the filter " + Str(w) +
