@@ -35,6 +35,12 @@ void FailDnn(int status, const std::string& call, const std::string& detail) {
 void Platform::DnnConvolutionForward(void*, Stream, const ConvForwardArgs&) {
   FailDnn(kDnnNotInitialized, "cudnnConvolutionForward", std::string("the ") + Name() + " platform has no cuDNN");
 }
+void Platform::DnnConvolutionBackwardData(void*, Stream, const ConvBackwardDataArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardData", std::string("the ") + Name() + " platform has no cuDNN");
+}
+void Platform::DnnConvolutionBackwardFilter(void*, Stream, const ConvBackwardFilterArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardFilter", std::string("the ") + Name() + " platform has no cuDNN");
+}
 void Platform::DnnPoolingForward(void*, Stream, const PoolingForwardArgs&) {
   FailDnn(kDnnNotInitialized, "cudnnPoolingForward", std::string("the ") + Name() + " platform has no cuDNN");
 }
@@ -216,34 +222,64 @@ void SameType(const DnnTensorDesc& x, const DnnTensorDesc& y, const char* call) 
 
 }  // namespace
 
-void CheckConvForward(const ConvForwardArgs& a, const char* call) {
-  NotNull(a.x_data, "x (the input)", call);
-  NotNull(a.w_data, "w (the filter)", call);
-  NotNull(a.y_data, "y (the output)", call);
-  if (a.x.dtype != a.w.dtype || a.x.dtype != a.y.dtype)
+namespace {
+
+// The names of a convolution's three operands in one call's messages.
+struct ConvNames {
+  const char* x;  // "the input x" / "dx (the input's gradient)"
+  const char* w;
+  const char* y;
+  enum { kX, kW, kY } written;  // the one the call writes
+};
+
+// What every convolution call checks of (x, w, conv, y): y is what convolving x by w gives.
+void CheckConv(const DnnTensorDesc& x, const void* xp, const DnnFilterDesc& w, const void* wp, const DnnConvDesc& c,
+               const DnnTensorDesc& y, const void* yp, const ConvNames& names, const char* call) {
+  NotNull(xp, names.x, call);
+  NotNull(wp, names.w, call);
+  NotNull(yp, names.y, call);
+  if (x.dtype != w.dtype || x.dtype != y.dtype)
     FailDnn(kDnnBadParam, call,
-            std::string("the input is ") + TypeName(a.x.dtype) + ", the filter " + TypeName(a.w.dtype) +
-                " and the output " + TypeName(a.y.dtype) + "; cuDNN needs them to match");
-  CheckTensorDesc(a.x, "the input x", call);
-  CheckFilterDesc(a.w, call);
-  CheckTensorDesc(a.y, "the output y", call);
-  NotOverlapping(a.y, "the output y", call);
+            std::string(names.x) + " is " + TypeName(x.dtype) + ", " + names.w + " " + TypeName(w.dtype) + " and " +
+                names.y + " " + TypeName(y.dtype) + "; cuDNN needs them to match");
+  CheckTensorDesc(x, names.x, call);
+  CheckFilterDesc(w, call);
+  CheckTensorDesc(y, names.y, call);
+  if (names.written == ConvNames::kY) NotOverlapping(y, names.y, call);
+  if (names.written == ConvNames::kX) NotOverlapping(x, names.x, call);
   int out[4];
-  ConvForwardOutputDim(a.x, a.w, a.conv, out, call);
-  if (a.w.k % a.conv.groups != 0)
+  ConvForwardOutputDim(x, w, c, out, call);
+  if (w.k % c.groups != 0)
     FailDnn(kDnnBadParam, call,
-            "the filter " + Str(a.w) + " has " + std::to_string(a.w.k) + " output channels, not a multiple of the " +
-                std::to_string(a.conv.groups) + " groups; each group needs the same number of filters");
-  if (a.y.n != out[0] || a.y.c != out[1])
+            "the filter " + Str(w) + " has " + std::to_string(w.k) + " output channels, not a multiple of the " +
+                std::to_string(c.groups) + " groups; each group needs the same number of filters");
+  if (y.n != out[0] || y.c != out[1])
     FailDnn(kDnnBadParam, call,
-            "the output y is " + a.y.ToString() + " but the convolution produces " +
+            std::string(names.y) + " is " + y.ToString() + " but the convolution produces " +
                 Dims(out[0], out[1], out[2], out[3]) + " (batch from x, channels from the filter's K)");
-  if (a.y.h != out[2] || a.y.w != out[3])
+  if (y.h != out[2] || y.w != out[3])
     FailDnn(kDnnNotSupported, call,
-            "the output y is " + a.y.ToString() + " but cudnnGetConvolution2dForwardOutputDim gives " +
-                Dims(out[0], out[1], out[2], out[3]) + " for input " + a.x.ToString() + ", pads " +
-                P(a.conv.pad_h, a.conv.pad_w) + ", strides " + P(a.conv.stride_h, a.conv.stride_w) +
-                " and dilations " + P(a.conv.dilation_h, a.conv.dilation_w) + "; allocate y with that shape");
+            std::string(names.y) + " is " + y.ToString() + " but cudnnGetConvolution2dForwardOutputDim gives " +
+                Dims(out[0], out[1], out[2], out[3]) + " for " + names.x + " " + x.ToString() + ", pads " +
+                P(c.pad_h, c.pad_w) + ", strides " + P(c.stride_h, c.stride_w) + " and dilations " +
+                P(c.dilation_h, c.dilation_w) + "; allocate it with that shape");
+}
+
+}  // namespace
+
+void CheckConvForward(const ConvForwardArgs& a, const char* call) {
+  static const ConvNames names{"x (the input)", "w (the filter)", "y (the output)", ConvNames::kY};
+  CheckConv(a.x, a.x_data, a.w, a.w_data, a.conv, a.y, a.y_data, names, call);
+}
+
+void CheckConvBackwardData(const ConvBackwardDataArgs& a, const char* call) {
+  static const ConvNames names{"dx (the input's gradient)", "w (the filter)", "dy (the output's gradient)", ConvNames::kX};
+  CheckConv(a.dx, a.dx_data, a.w, a.w_data, a.conv, a.dy, a.dy_data, names, call);
+}
+
+void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a, const char* call) {
+  static const ConvNames names{"x (the input)", "dw (the filter's gradient)", "dy (the output's gradient)", ConvNames::kW};
+  CheckConv(a.x, a.x_data, a.dw, a.dw_data, a.conv, a.dy, a.dy_data, names, call);
 }
 
 void CheckPoolingForward(const PoolingForwardArgs& a, const char* call) {

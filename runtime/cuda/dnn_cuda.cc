@@ -1,6 +1,7 @@
 // cuDNN on real GPUs (dnn_cuda.h): one cudnnHandle_t per device bound to the caller's stream;
-// convolution forward with the algorithm cudnnGetConvolutionForwardAlgorithm_v7 ranks first among
-// those that run, cached per shape, and a per-device workspace from the platform's allocation;
+// convolution forward, backward data and backward filter with the algorithm cuDNN's heuristics
+// (cudnnGet*Algorithm_v7) rank first among those that run, cached per shape, and a per-device
+// workspace from the platform's allocation;
 // pooling and batch norm through their cuDNN functions. Every call first makes the checks of
 // gpu_dnn.h (the simulator makes the same ones), so a mistake fails identically on both; cuDNN's
 // own status is reported as it is where it rejects something more.
@@ -92,8 +93,9 @@ cudnnHandle_t BoundTo(void* handle, gpurt::Stream s, const char* call) {
   return h;
 }
 
+// A chosen algorithm (of any of the three convolution calls) and its workspace size.
 struct Algo {
-  cudnnConvolutionFwdAlgo_t algo;
+  int algo;
   size_t workspace;
 };
 
@@ -109,13 +111,45 @@ State& St() {
   return *s;
 }
 
-std::string Key(int device, const gpurt::ConvForwardArgs& a) {
-  std::string k = std::to_string(device) + "|" + a.x.ToString() + "|" + a.y.ToString();
-  for (int v : {a.w.k, a.w.c, a.w.h, a.w.w, static_cast<int>(a.w.format), a.conv.pad_h, a.conv.pad_w,
-                a.conv.stride_h, a.conv.stride_w, a.conv.dilation_h, a.conv.dilation_w,
-                static_cast<int>(a.conv.mode), a.conv.groups})
+// The algorithm cache's key: the call, the device and every descriptor field.
+std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, const gpurt::DnnFilterDesc& w,
+                const gpurt::DnnConvDesc& c, const gpurt::DnnTensorDesc& y) {
+  std::string k = std::string(call) + "|" + std::to_string(device) + "|" + x.ToString() + "|" + y.ToString();
+  for (int v : {w.k, w.c, w.h, w.w, static_cast<int>(w.format), c.pad_h, c.pad_w, c.stride_h, c.stride_w,
+                c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups})
     k += "," + std::to_string(v);
   return k;
+}
+
+// The first algorithm cuDNN's heuristics rank that runs for the problem (cached by `key`), with
+// `st.mu` held; `rank(perf, n, &count)` and `bytes(algo, &size)` ask cuDNN.
+template <class Perf, class Rank, class Bytes>
+const Algo& Choose(State& st, const std::string& key, int algo_count, Rank rank, Bytes bytes, const char* call,
+                   const std::string& problem) {
+  auto it = st.algos.find(key);
+  if (it != st.algos.end()) return it->second;
+  int count = 0;
+  std::vector<Perf> perf(static_cast<size_t>(algo_count));
+  rank(perf.data(), algo_count, &count);
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    size_t size = 0;
+    bytes(perf[i].algo, &size);
+    return st.algos.emplace(key, Algo{static_cast<int>(perf[i].algo), size}).first->second;
+  }
+  gpurt::FailDnn(gpurt::kDnnNotSupported, call, "cuDNN has no algorithm for " + problem);
+}
+
+// The device's workspace, grown to `bytes` (with `st.mu` held).
+std::pair<void*, size_t> Workspace(State& st, gpurt::Platform& p, int device, size_t bytes) {
+  auto& [ws, size] = st.workspaces[device];
+  if (size < bytes) {
+    if (ws) p.Free(ws);  // cudaFree waits for the work that used it
+    ws = nullptr, size = 0;
+    ws = p.Malloc(bytes);
+    size = bytes;
+  }
+  return {ws, size};
 }
 
 }  // namespace
@@ -147,34 +181,87 @@ void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s, co
   const int device = p.GetDevice();
   State& st = St();
   std::lock_guard<std::mutex> g(st.mu);
-  const std::string key = Key(device, a);
-  auto it = st.algos.find(key);
-  if (it == st.algos.end()) {
-    int count = 0;
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    Check(cudnnGetConvolutionForwardAlgorithm_v7(h, x.d, w.d, c.d, y.d, static_cast<int>(perf.size()), &count,
-                                                 perf.data()),
-          "cudnnGetConvolutionForwardAlgorithm_v7");
-    const cudnnConvolutionFwdAlgoPerf_t* best = nullptr;
-    for (int i = 0; i < count && !best; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS) best = &perf[i];
-    if (!best)
-      gpurt::FailDnn(gpurt::kDnnNotSupported, call,
-                     "cuDNN has no forward algorithm for input " + a.x.ToString() + " and output " + a.y.ToString());
-    size_t bytes = 0;
-    Check(cudnnGetConvolutionForwardWorkspaceSize(h, x.d, w.d, c.d, y.d, best->algo, &bytes),
-          "cudnnGetConvolutionForwardWorkspaceSize");
-    it = st.algos.emplace(key, Algo{best->algo, bytes}).first;
-  }
-  auto& [ws, ws_bytes] = st.workspaces[device];
-  if (ws_bytes < it->second.workspace) {
-    if (ws) p.Free(ws);  // cudaFree waits for the work that used it
-    ws = nullptr, ws_bytes = 0;
-    ws = p.Malloc(it->second.workspace);
-    ws_bytes = it->second.workspace;
-  }
-  Check(cudnnConvolutionForward(h, &a.alpha, x.d, a.x_data, w.d, a.w_data, c.d, it->second.algo, ws, ws_bytes,
-                                &a.beta, y.d, a.y_data),
+  const Algo& algo = Choose<cudnnConvolutionFwdAlgoPerf_t>(
+      st, Key(call, device, a.x, a.w, a.conv, a.y), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+      [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* count) {
+        Check(cudnnGetConvolutionForwardAlgorithm_v7(h, x.d, w.d, c.d, y.d, n, count, perf),
+              "cudnnGetConvolutionForwardAlgorithm_v7");
+      },
+      [&](cudnnConvolutionFwdAlgo_t al, size_t* size) {
+        Check(cudnnGetConvolutionForwardWorkspaceSize(h, x.d, w.d, c.d, y.d, al, size),
+              "cudnnGetConvolutionForwardWorkspaceSize");
+      },
+      call, "input " + a.x.ToString() + " and output " + a.y.ToString());
+  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
+  Check(cudnnConvolutionForward(h, &a.alpha, x.d, a.x_data, w.d, a.w_data, c.d,
+                                static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws, ws_bytes, &a.beta, y.d,
+                                a.y_data),
+        call);
+}
+
+void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                const gpurt::ConvBackwardDataArgs& a) {
+  const char* call = "cudnnConvolutionBackwardData";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  gpurt::CheckConvBackwardData(a, call);
+  Tensor dx, dy;
+  Filter w;
+  Conv c;
+  Check(dx.Set(a.dx), "cudnnSetTensor4dDescriptorEx");
+  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+  Check(w.Set(a.w), "cudnnSetFilter4dDescriptor");
+  Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
+  const int device = p.GetDevice();
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  const Algo& algo = Choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+      st, Key(call, device, a.dx, a.w, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+      [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* count) {
+        Check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w.d, dy.d, c.d, dx.d, n, count, perf),
+              "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t al, size_t* size) {
+        Check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w.d, dy.d, c.d, dx.d, al, size),
+              "cudnnGetConvolutionBackwardDataWorkspaceSize");
+      },
+      call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString());
+  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
+  Check(cudnnConvolutionBackwardData(h, &a.alpha, w.d, a.w_data, dy.d, a.dy_data, c.d,
+                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.algo), ws, ws_bytes, &a.beta,
+                                     dx.d, a.dx_data),
+        call);
+}
+
+void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                  const gpurt::ConvBackwardFilterArgs& a) {
+  const char* call = "cudnnConvolutionBackwardFilter";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  gpurt::CheckConvBackwardFilter(a, call);
+  Tensor x, dy;
+  Filter dw;
+  Conv c;
+  Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
+  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+  Check(dw.Set(a.dw), "cudnnSetFilter4dDescriptor");
+  Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
+  const int device = p.GetDevice();
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  const Algo& algo = Choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      st, Key(call, device, a.x, a.dw, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+      [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* count) {
+        Check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x.d, dy.d, c.d, dw.d, n, count, perf),
+              "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t al, size_t* size) {
+        Check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x.d, dy.d, c.d, dw.d, al, size),
+              "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+      },
+      call, "x " + a.x.ToString() + " and dy " + a.dy.ToString());
+  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
+  Check(cudnnConvolutionBackwardFilter(h, &a.alpha, x.d, a.x_data, dy.d, a.dy_data, c.d,
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.algo), ws, ws_bytes, &a.beta,
+                                       dw.d, a.dw_data),
         call);
 }
 
@@ -248,6 +335,12 @@ namespace {
 void* DnnHandle(gpurt::Stream) { NoCudnn("cudnnCreate"); }
 void DnnConvolutionForward(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvForwardArgs&) {
   NoCudnn("cudnnConvolutionForward");
+}
+void DnnConvolutionBackwardData(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardDataArgs&) {
+  NoCudnn("cudnnConvolutionBackwardData");
+}
+void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardFilterArgs&) {
+  NoCudnn("cudnnConvolutionBackwardFilter");
 }
 void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) { NoCudnn("cudnnPoolingForward"); }
 void DnnBatchNormForward(void*, gpurt::Stream, const gpurt::BatchNormArgs&, bool) {

@@ -12,6 +12,10 @@ void* DnnHandle(gpurt::Stream s);
 // Each checks that `handle` is bound to `s`, makes the shared checks of gpu_dnn.h, then calls
 // cuDNN; `p` allocates the convolution's workspace.
 void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s, const gpurt::ConvForwardArgs& a);
+void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                const gpurt::ConvBackwardDataArgs& a);
+void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                  const gpurt::ConvBackwardFilterArgs& a);
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a);
 void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormArgs& a, bool training);
 

@@ -222,6 +222,12 @@ class CudaPlatform final : public gpurt::Platform {
   void DnnConvolutionForward(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
     cuda::DnnConvolutionForward(*this, dnn, s, a);
   }
+  void DnnConvolutionBackwardData(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardDataArgs& a) override {
+    cuda::DnnConvolutionBackwardData(*this, dnn, s, a);
+  }
+  void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardFilterArgs& a) override {
+    cuda::DnnConvolutionBackwardFilter(*this, dnn, s, a);
+  }
   void DnnPoolingForward(void* dnn, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) override {
     cuda::DnnPoolingForward(dnn, s, a);
   }

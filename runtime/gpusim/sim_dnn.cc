@@ -106,6 +106,45 @@ void Blend(float* p, const DnnTensorDesc& t, const std::vector<float>& r, float 
         }
 }
 
+// Offset of filter element (k, c, r, q) in `f`'s packed format (KCRS or KRSC); `flip` reads the
+// filter rotated by 180 degrees (CUDNN_CONVOLUTION, a true convolution).
+int64_t FilterAt(const gpurt::DnnFilterDesc& f, int k, int c, int r, int q, bool flip) {
+  if (flip) r = f.h - 1 - r, q = f.w - 1 - q;
+  return f.format == gpurt::DnnFormat::kNHWC ? ((int64_t{k} * f.h + r) * f.w + q) * f.c + c
+                                             : ((int64_t{k} * f.c + c) * f.h + r) * f.w + q;
+}
+// The filter as KCRS for a cross-correlation.
+std::vector<float> GatherFilter(const float* p, const gpurt::DnnFilterDesc& f, bool flip) {
+  std::vector<float> out(static_cast<size_t>(f.k) * f.c * f.h * f.w);
+  size_t i = 0;
+  for (int k = 0; k < f.k; ++k)
+    for (int c = 0; c < f.c; ++c)
+      for (int r = 0; r < f.h; ++r)
+        for (int q = 0; q < f.w; ++q) out[i++] = p[FilterAt(f, k, c, r, q, flip)];
+  return out;
+}
+// dw = alpha * r + beta * dw, r a KCRS cross-correlation filter gradient.
+void BlendFilter(float* p, const gpurt::DnnFilterDesc& f, bool flip, const std::vector<float>& r, float alpha,
+                 float beta) {
+  size_t i = 0;
+  for (int k = 0; k < f.k; ++k)
+    for (int c = 0; c < f.c; ++c)
+      for (int h = 0; h < f.h; ++h)
+        for (int q = 0; q < f.w; ++q, ++i) {
+          float& y = p[FilterAt(f, k, c, h, q, flip)];
+          y = beta == 0.0f ? alpha * r[i] : alpha * r[i] + beta * y;
+        }
+}
+
+host::Conv2dParams Params(const gpurt::DnnConvDesc& c) {
+  host::Conv2dParams p;
+  p.stride[0] = c.stride_h, p.stride[1] = c.stride_w;
+  p.padding[0] = c.pad_h, p.padding[1] = c.pad_w;
+  p.dilation[0] = c.dilation_h, p.dilation[1] = c.dilation_w;
+  p.groups = c.groups;
+  return p;
+}
+
 TensorView Packed(std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
   Shape s{n, c, h, w};
   return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
@@ -127,30 +166,59 @@ void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl*
   auto* y = static_cast<float*>(m.Alias(a.y_data));
   Issue(s, call, fault, [a, x, w, y] {
     std::vector<float> xs = Gather(x, a.x);
-    // The filter as KCRS, flipped for CUDNN_CONVOLUTION (true convolution).
     const gpurt::DnnFilterDesc& f = a.w;
-    std::vector<float> ws(static_cast<size_t>(f.k) * f.c * f.h * f.w);
-    const bool flip = a.conv.mode == gpurt::DnnConvMode::kConvolution;
-    size_t i = 0;
-    for (int k = 0; k < f.k; ++k)
-      for (int c = 0; c < f.c; ++c)
-        for (int r = 0; r < f.h; ++r)
-          for (int q = 0; q < f.w; ++q) {
-            const int rr = flip ? f.h - 1 - r : r, qq = flip ? f.w - 1 - q : q;
-            const int64_t at = f.format == gpurt::DnnFormat::kNHWC
-                                   ? ((int64_t{k} * f.h + rr) * f.w + qq) * f.c + c
-                                   : ((int64_t{k} * f.c + c) * f.h + rr) * f.w + qq;
-            ws[i++] = w[at];
-          }
+    std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
     std::vector<float> ys(static_cast<size_t>(a.y.n) * a.y.c * a.y.h * a.y.w);
-    host::Conv2dParams p;
-    p.stride[0] = a.conv.stride_h, p.stride[1] = a.conv.stride_w;
-    p.padding[0] = a.conv.pad_h, p.padding[1] = a.conv.pad_w;
-    p.dilation[0] = a.conv.dilation_h, p.dilation[1] = a.conv.dilation_w;
-    p.groups = a.conv.groups;
     host::Conv2d(Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), Packed(ws, f.k, f.c, f.h, f.w),
-                 Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w), p);
+                 Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w), Params(a.conv));
     Blend(y, a.y, ys, a.alpha, a.beta);
+  });
+}
+
+void DnnConvolutionBackwardData(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                                const gpurt::ConvBackwardDataArgs& a) {
+  const char* call = "cudnnConvolutionBackwardData";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckConvBackwardData(a, call);
+  Aligned(a.w_data, "w", call), Aligned(a.dy_data, "dy", call), Aligned(a.dx_data, "dx", call);
+  const int dev = s->device()->index;
+  std::string fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
+  if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
+  if (fault.empty()) fault = Fault(m, dev, a.dx_data, a.dx.Span(), "dx (the input's gradient)");
+  auto* w = static_cast<const float*>(m.Alias(a.w_data));
+  auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
+  auto* dx = static_cast<float*>(m.Alias(a.dx_data));
+  Issue(s, call, fault, [a, w, dy, dx] {
+    const gpurt::DnnFilterDesc& f = a.w;
+    std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
+    std::vector<float> dys = Gather(dy, a.dy);
+    std::vector<float> dxs(static_cast<size_t>(a.dx.n) * a.dx.c * a.dx.h * a.dx.w);
+    host::Conv2dGradData(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w), Packed(ws, f.k, f.c, f.h, f.w),
+                         Packed(dxs, a.dx.n, a.dx.c, a.dx.h, a.dx.w), Params(a.conv));
+    Blend(dx, a.dx, dxs, a.alpha, a.beta);
+  });
+}
+
+void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                                  const gpurt::ConvBackwardFilterArgs& a) {
+  const char* call = "cudnnConvolutionBackwardFilter";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckConvBackwardFilter(a, call);
+  Aligned(a.x_data, "x", call), Aligned(a.dy_data, "dy", call), Aligned(a.dw_data, "dw", call);
+  const int dev = s->device()->index;
+  std::string fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the input)");
+  if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
+  if (fault.empty()) fault = Fault(m, dev, a.dw_data, int64_t{a.dw.k} * a.dw.c * a.dw.h * a.dw.w, "dw (the filter's gradient)");
+  auto* x = static_cast<const float*>(m.Alias(a.x_data));
+  auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
+  auto* dw = static_cast<float*>(m.Alias(a.dw_data));
+  Issue(s, call, fault, [a, x, dy, dw] {
+    const gpurt::DnnFilterDesc& f = a.dw;
+    std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
+    std::vector<float> dws(static_cast<size_t>(f.k) * f.c * f.h * f.w);
+    host::Conv2dGradWeight(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w), Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w),
+                           Packed(dws, f.k, f.c, f.h, f.w), Params(a.conv));
+    BlendFilter(dw, f, a.conv.mode == gpurt::DnnConvMode::kConvolution, dws, a.alpha, a.beta);
   });
 }
 

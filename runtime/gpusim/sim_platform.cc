@@ -361,6 +361,12 @@ class SimPlatform final : public gpurt::Platform {
   void DnnConvolutionForward(void* dnn, gpurt::Stream h, const gpurt::ConvForwardArgs& a) override {
     gpusim::DnnConvolutionForward(memory_, dnn, h, Stream(h, "cudnnConvolutionForward"), a);
   }
+  void DnnConvolutionBackwardData(void* dnn, gpurt::Stream h, const gpurt::ConvBackwardDataArgs& a) override {
+    gpusim::DnnConvolutionBackwardData(memory_, dnn, h, Stream(h, "cudnnConvolutionBackwardData"), a);
+  }
+  void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream h, const gpurt::ConvBackwardFilterArgs& a) override {
+    gpusim::DnnConvolutionBackwardFilter(memory_, dnn, h, Stream(h, "cudnnConvolutionBackwardFilter"), a);
+  }
   void DnnPoolingForward(void* dnn, gpurt::Stream h, const gpurt::PoolingForwardArgs& a) override {
     gpusim::DnnPoolingForward(memory_, dnn, h, Stream(h, "cudnnPoolingForward"), a);
   }

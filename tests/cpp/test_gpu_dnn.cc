@@ -168,6 +168,109 @@ TEST_CASE("gpu dnn: convolution forward matches a plain loop (strides, pads, dil
   p.StreamDestroy(s);
 }
 
+// The gradients of ConvRef: dx (strided like xd) and dw (KCRS or KRSC like f) of sum(y * dy).
+void ConvGradRef(const std::vector<float>& x, const DnnTensorDesc& xd, const std::vector<float>& w,
+                 const gpurt::DnnFilterDesc& f, const gpurt::DnnConvDesc& c, const std::vector<float>& dy, int oh,
+                 int ow, std::vector<double>& dx, std::vector<double>& dw) {
+  dx.assign(static_cast<size_t>(xd.Span()), 0.0);
+  dw.assign(w.size(), 0.0);
+  const int kpg = f.k / c.groups;
+  for (int n = 0; n < xd.n; ++n)
+    for (int k = 0; k < f.k; ++k)
+      for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j) {
+          const double g = dy[((static_cast<size_t>(n) * f.k + k) * oh + i) * ow + j];
+          for (int ci = 0; ci < f.c; ++ci)
+            for (int r = 0; r < f.h; ++r)
+              for (int q = 0; q < f.w; ++q) {
+                int h = i * c.stride_h - c.pad_h + r * c.dilation_h, ww = j * c.stride_w - c.pad_w + q * c.dilation_w;
+                if (h < 0 || h >= xd.h || ww < 0 || ww >= xd.w) continue;
+                int rr = c.mode == gpurt::DnnConvMode::kConvolution ? f.h - 1 - r : r;
+                int qq = c.mode == gpurt::DnnConvMode::kConvolution ? f.w - 1 - q : q;
+                size_t wi = f.format == DnnFormat::kNHWC ? ((static_cast<size_t>(k) * f.h + rr) * f.w + qq) * f.c + ci
+                                                         : ((static_cast<size_t>(k) * f.c + ci) * f.h + rr) * f.w + qq;
+                size_t xi = n * xd.n_stride + (k / kpg * f.c + ci) * xd.c_stride + h * xd.h_stride + ww * xd.w_stride;
+                dx[xi] += g * w[wi];
+                dw[wi] += g * x[xi];
+              }
+        }
+}
+
+TEST_CASE("gpu dnn: convolution backward data and filter are the gradients of the forward convolution") {
+  gpurt::Platform& p = Sim();
+  gpurt::DeviceGuard guard(0, p);
+  gpurt::Stream s = p.StreamCreate();
+  void* h = p.LibraryHandle(gpurt::Library::kDnn, s);
+  const ConvCase cases[] = {
+      {"3x3 stride 2x1 pad 1x2 dilation 2x1, 2 groups", 2, 4, 9, 7, 6, 3, 3, Conv(1, 2, 2, 1, 2, 1, 2)},
+      {"true convolution 3x2, alpha 2 beta 0.5", 2, 3, 6, 5, 4, 3, 2,
+       Conv(1, 0, 1, 2, 1, 1, 1, gpurt::DnnConvMode::kConvolution), DnnFormat::kNCHW, DnnFormat::kNCHW,
+       DnnFormat::kNCHW, 2.0f, 0.5f},
+      {"NHWC data and KRSC filter, depthwise", 2, 4, 7, 6, 4, 3, 3, Conv(1, 1, 2, 2, 1, 1, 4), DnnFormat::kNHWC,
+       DnnFormat::kNHWC, DnnFormat::kNHWC},
+  };
+  unsigned seed = 100;
+  for (const ConvCase& cc : cases) {
+    CAPTURE(std::string(cc.name));
+    DnnTensorDesc xd = DnnTensorDesc::Packed(cc.x_format, cc.n, cc.c, cc.h, cc.w);
+    gpurt::DnnFilterDesc fd{gpurt::DnnDataType::kFloat, cc.w_format, cc.k, cc.c / cc.conv.groups, cc.r, cc.s};
+    int out[4];
+    gpurt::ConvForwardOutputDim(xd, fd, cc.conv, out);
+    DnnTensorDesc yd = DnnTensorDesc::Packed(DnnFormat::kNCHW, out[0], out[1], out[2], out[3]);
+    std::vector<float> x = Random(static_cast<size_t>(xd.Span()), seed++);
+    std::vector<float> w = Random(static_cast<size_t>(fd.k) * fd.c * fd.h * fd.w, seed++);
+    std::vector<float> dy = Random(static_cast<size_t>(yd.Span()), seed++);
+    std::vector<float> dx0 = Random(x.size(), seed++), dw0 = Random(w.size(), seed++);
+    void *ddy = Upload(p, dy, s), *dx = Upload(p, x, s), *dw = Upload(p, w, s);
+    void *gx = Upload(p, dx0, s), *gw = Upload(p, dw0, s);
+    gpurt::ConvBackwardDataArgs bd;
+    bd.alpha = cc.alpha, bd.beta = cc.beta;
+    bd.w = fd, bd.w_data = dw, bd.dy = yd, bd.dy_data = ddy, bd.conv = cc.conv, bd.dx = xd, bd.dx_data = gx;
+    p.DnnConvolutionBackwardData(h, s, bd);
+    gpurt::ConvBackwardFilterArgs bf;
+    bf.alpha = cc.alpha, bf.beta = cc.beta;
+    bf.x = xd, bf.x_data = dx, bf.dy = yd, bf.dy_data = ddy, bf.conv = cc.conv, bf.dw = fd, bf.dw_data = gw;
+    p.DnnConvolutionBackwardFilter(h, s, bf);
+    std::vector<float> got_dx = Download(p, gx, x.size(), s), got_dw = Download(p, gw, w.size(), s);
+    std::vector<double> ref_dx, ref_dw;
+    ConvGradRef(x, xd, w, fd, cc.conv, dy, out[2], out[3], ref_dx, ref_dw);
+    double worst_dx = 0, worst_dw = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      worst_dx = std::max(worst_dx, std::fabs(got_dx[i] - (cc.alpha * ref_dx[i] + cc.beta * dx0[i])));
+    for (size_t i = 0; i < w.size(); ++i)
+      worst_dw = std::max(worst_dw, std::fabs(got_dw[i] - (cc.alpha * ref_dw[i] + cc.beta * dw0[i])));
+    CHECK(worst_dx < 1e-4);
+    CHECK(worst_dw < 1e-4);
+    for (void* d : {ddy, dx, dw, gx, gw}) p.Free(d);
+  }
+  // The backward calls check the forward geometry, naming their own operands.
+  void* buf = p.Malloc(4096 * sizeof(float));
+  gpurt::ConvBackwardDataArgs bd;
+  bd.w = {gpurt::DnnDataType::kFloat, DnnFormat::kNCHW, 6, 2, 3, 3}, bd.conv = Conv(1, 2, 2, 1, 2, 1, 2);
+  bd.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 9, 7), bd.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 6, 4, 8);
+  bd.w_data = bd.dy_data = bd.dx_data = buf;
+  Outcome o = DnnOutcome([&] { p.DnnConvolutionBackwardData(h, s, bd); });
+  CHECK(o.status == gpurt::kDnnNotSupported);
+  CHECK(o.message.find("dy (the output's gradient) is [2, 6, 4, 8]") != std::string::npos);
+  CHECK(o.message.find("gives [2, 6, 4, 9]") != std::string::npos);
+  bd.dy.w = 9, bd.dy.n_stride = 6 * 4 * 9, bd.dy.c_stride = 4 * 9;
+  bd.dx.c_stride = 1;  // dx is written: overlapping strides are rejected
+  o = DnnOutcome([&] { p.DnnConvolutionBackwardData(h, s, bd); });
+  CHECK(o.status == gpurt::kDnnBadParam);
+  CHECK(o.message.find("dx (the input's gradient) is") != std::string::npos);
+  gpurt::ConvBackwardFilterArgs bf;
+  bf.x = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 9, 7), bf.dy = bd.dy, bf.conv = bd.conv;
+  bf.dw = {gpurt::DnnDataType::kFloat, DnnFormat::kNCHW, 6, 4, 3, 3};  // C of the whole input, not per group
+  bf.x_data = bf.dy_data = bf.dw_data = buf;
+  o = DnnOutcome([&] { p.DnnConvolutionBackwardFilter(h, s, bf); });
+  CHECK(o.status == gpurt::kDnnBadParam);
+  CHECK(o.message.find("the filter's C is the input channels per group") != std::string::npos);
+  CHECK(o.message.find("cudnnConvolutionBackwardFilter: ") == 0);
+  p.StreamSynchronize(s);
+  p.Free(buf);
+  p.StreamDestroy(s);
+}
+
 TEST_CASE("gpu dnn: pooling forward, max and average with and without the padding") {
   gpurt::Platform& p = Sim();
   gpurt::DeviceGuard guard(0, p);

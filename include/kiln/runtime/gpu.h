@@ -100,6 +100,8 @@ using GraphExec = GraphExecRec*;  ///< cudaGraphExec_t
 
 // The arguments of the cuDNN calls (kiln/runtime/gpu_dnn.h).
 struct ConvForwardArgs;
+struct ConvBackwardDataArgs;
+struct ConvBackwardFilterArgs;
 struct PoolingForwardArgs;
 struct BatchNormArgs;
 
@@ -202,6 +204,8 @@ class Platform {
   // device. cuDNN's argument checks (gpu_dnn.h) fail with a DnnError carrying cuDNN's status.
   // Stream-ordered: each returns once queued. The defaults fail (no GPU library).
   virtual void DnnConvolutionForward(void* dnn, Stream s, const ConvForwardArgs& a);
+  virtual void DnnConvolutionBackwardData(void* dnn, Stream s, const ConvBackwardDataArgs& a);
+  virtual void DnnConvolutionBackwardFilter(void* dnn, Stream s, const ConvBackwardFilterArgs& a);
   virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
   virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
   virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);

@@ -1,6 +1,7 @@
 // The types of the platform's cuDNN calls (gpu.h, "cuDNN" methods): cuDNN's status codes, its
 // descriptors as plain values (tensor, filter, convolution, pooling), the arguments of convolution
-// forward, pooling forward and batch-norm forward (training and inference), and the argument checks
+// (forward, backward data, backward filter), pooling forward and batch-norm forward (training and
+// inference), and the argument checks
 // cuDNN makes, shared by every platform so that the simulator rejects what a real GPU rejects, with
 // the same status. Only float32 is run; tensors may have any positive strides (NCHW, NHWC, padded).
 // Numbering follows cudnn_graph.h / cudnn_ops.h / cudnn_cnn.h of cuDNN 9; CUDA's headers stay out.
@@ -89,6 +90,33 @@ struct ConvForwardArgs {
   void* y_data = nullptr;
 };
 
+/// cudnnConvolutionBackwardData: dx = alpha * (the gradient of the forward convolution's loss
+/// with respect to x, given dy) + beta * dx. The shapes are the forward call's: dy is what
+/// convolving dx's shape by w gives.
+struct ConvBackwardDataArgs {
+  float alpha = 1.0f, beta = 0.0f;
+  DnnFilterDesc w;
+  const void* w_data = nullptr;
+  DnnTensorDesc dy;
+  const void* dy_data = nullptr;
+  DnnConvDesc conv;
+  DnnTensorDesc dx;
+  void* dx_data = nullptr;
+};
+
+/// cudnnConvolutionBackwardFilter: dw = alpha * (the gradient with respect to the filter, given x
+/// and dy) + beta * dw.
+struct ConvBackwardFilterArgs {
+  float alpha = 1.0f, beta = 0.0f;
+  DnnTensorDesc x;
+  const void* x_data = nullptr;
+  DnnTensorDesc dy;
+  const void* dy_data = nullptr;
+  DnnConvDesc conv;
+  DnnFilterDesc dw;
+  void* dw_data = nullptr;
+};
+
 /// cudnnPoolingMode_t.
 enum class DnnPoolingMode : int {
   kMax = 0,
@@ -165,6 +193,9 @@ void PoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, in
 /// Everything cudnnConvolutionForward checks before it runs (null pointers, dtypes, channels,
 /// groups, y's shape against the output dim, negative or overlapping output strides).
 void CheckConvForward(const ConvForwardArgs& a, const char* call = "cudnnConvolutionForward");
+/// The same of the backward calls: dy must be what the forward convolution of dx (x) by w (dw) gives.
+void CheckConvBackwardData(const ConvBackwardDataArgs& a, const char* call = "cudnnConvolutionBackwardData");
+void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a, const char* call = "cudnnConvolutionBackwardFilter");
 void CheckPoolingForward(const PoolingForwardArgs& a, const char* call = "cudnnPoolingForward");
 /// `training`: cudnnBatchNormalizationForwardTraining, else ...ForwardInference.
 void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* call);
