@@ -305,3 +305,20 @@ TEST_CASE("gpu dnn: a host pointer or a too small buffer faults on the stream as
           gpurt::kIllegalAddress);
   }
 }
+
+#if KILN_WITH_CUDNN
+TEST_CASE("dnn cuda: the CUDA platform's cuDNN handle is cudnnCreate's, and fails as cuDNN does without a driver") {
+  std::unique_ptr<gpurt::Platform> cuda(gpurt::CreateCudaPlatform());
+  REQUIRE(cuda);
+  if (cuda->DeviceCount() == 0) {
+    // No driver here (CI): cudnnCreate reports NOT_INITIALIZED, as the toolchain notes measured.
+    Outcome o = DnnOutcome([&] { cuda->LibraryHandle(gpurt::Library::kDnn, nullptr); });
+    CHECK(o.status == gpurt::kDnnNotInitialized);
+    CHECK(o.message.find("cudnnCreate") == 0);
+  } else {  // a real GPU: the handle is bound to the stream asked for, and one per device
+    void* h = cuda->LibraryHandle(gpurt::Library::kDnn, nullptr);
+    CHECK(h != nullptr);
+    CHECK(cuda->LibraryHandle(gpurt::Library::kDnn, nullptr) == h);
+  }
+}
+#endif
