@@ -28,18 +28,22 @@ const char* DnnStatusName(int status) {
 }
 
 void FailDnn(int status, const std::string& call, const std::string& detail) {
-  throw DnnError(status, call + ": " + DnnStatusName(status) + " (" + std::to_string(status) + "): " + detail);
+  throw DnnError(status,
+                 call + ": " + DnnStatusName(status) + " (" + std::to_string(status) + "): " + detail);
 }
 
 // ---- the defaults: a platform without cuDNN ----
 void Platform::DnnConvolutionForward(void*, Stream, const ConvForwardArgs&) {
-  FailDnn(kDnnNotInitialized, "cudnnConvolutionForward", std::string("the ") + Name() + " platform has no cuDNN");
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionForward",
+          std::string("the ") + Name() + " platform has no cuDNN");
 }
 void Platform::DnnConvolutionBackwardData(void*, Stream, const ConvBackwardDataArgs&) {
-  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardData", std::string("the ") + Name() + " platform has no cuDNN");
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardData",
+          std::string("the ") + Name() + " platform has no cuDNN");
 }
 void Platform::DnnConvolutionBackwardFilter(void*, Stream, const ConvBackwardFilterArgs&) {
-  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardFilter", std::string("the ") + Name() + " platform has no cuDNN");
+  FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardFilter",
+          std::string("the ") + Name() + " platform has no cuDNN");
 }
 void Platform::DnnPoolingForward(void*, Stream, const PoolingForwardArgs&) {
   FailDnn(kDnnNotInitialized, "cudnnPoolingForward", std::string("the ") + Name() + " platform has no cuDNN");
@@ -68,14 +72,15 @@ const char* TypeName(DnnDataType t) {
   return "an unknown cudnnDataType_t";
 }
 std::string Dims(int n, int c, int h, int w) {
-  return "[" + std::to_string(n) + ", " + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) + "]";
+  return "[" + std::to_string(n) + ", " + std::to_string(c) + ", " + std::to_string(h) + ", " +
+         std::to_string(w) + "]";
 }
 std::string Str(const DnnFilterDesc& f) {
   return Dims(f.k, f.c, f.h, f.w) + (f.format == DnnFormat::kNHWC ? " (KRSC)" : " (KCRS)");
 }
 std::string P(int a, int b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
-}  // namespace
+} // namespace
 
 DnnTensorDesc DnnTensorDesc::Packed(DnnFormat format, int n, int c, int h, int w, DnnDataType t) {
   DnnTensorDesc d;
@@ -103,32 +108,36 @@ void CheckTensorDesc(const DnnTensorDesc& t, const char* what, const char* call)
             std::string(what) + " has sizes " + Dims(t.n, t.c, t.h, t.w) +
                 "; every size of a 4-d tensor descriptor must be at least 1 (an empty tensor needs no call)");
   if (t.n_stride <= 0 || t.c_stride <= 0 || t.h_stride <= 0 || t.w_stride <= 0)
-    FailDnn(kDnnBadParam, call,
-            std::string(what) + " is " + t.ToString() +
-                "; strides must be at least 1 (elements, not bytes): a packed NCHW tensor has strides [C*H*W, "
-                "H*W, W, 1], a packed NHWC one [H*W*C, 1, W*C, C]");
+    FailDnn(
+        kDnnBadParam, call,
+        std::string(what) + " is " + t.ToString() +
+            "; strides must be at least 1 (elements, not bytes): a packed NCHW tensor has strides [C*H*W, "
+            "H*W, W, 1], a packed NHWC one [H*W*C, 1, W*C, C]");
   if (int64_t{t.n} * t.c * t.h * t.w > int64_t{2147483647})
     FailDnn(kDnnNotSupported, call,
             std::string(what) + " has " + std::to_string(int64_t{t.n} * t.c * t.h * t.w) +
                 " elements; cuDNN's 4-d tensors hold fewer than 2^31: split the batch");
   if (t.dtype != DnnDataType::kFloat)
     FailDnn(kDnnNotSupportedDataType, call,
-            std::string(what) + " is " + TypeName(t.dtype) + "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only: "
-                                                              "convert the tensor to float32 first");
+            std::string(what) + " is " + TypeName(t.dtype) +
+                "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only: "
+                "convert the tensor to float32 first");
 }
 
 void CheckFilterDesc(const DnnFilterDesc& f, const char* call) {
   if (f.format != DnnFormat::kNCHW && f.format != DnnFormat::kNHWC)
-    FailDnn(kDnnBadParam, call,
-            "the filter's format is " + std::to_string(static_cast<int>(f.format)) +
-                "; a float filter is CUDNN_TENSOR_NCHW (KCRS) or CUDNN_TENSOR_NHWC (KRSC); NCHW_VECT_C is for "
-                "int8 data only");
+    FailDnn(
+        kDnnBadParam, call,
+        "the filter's format is " + std::to_string(static_cast<int>(f.format)) +
+            "; a float filter is CUDNN_TENSOR_NCHW (KCRS) or CUDNN_TENSOR_NHWC (KRSC); NCHW_VECT_C is for "
+            "int8 data only");
   if (f.k <= 0 || f.c <= 0 || f.h <= 0 || f.w <= 0)
     FailDnn(kDnnBadParam, call,
             "the filter has sizes " + Str(f) + "; every size of a 4-d filter descriptor must be at least 1");
   if (f.dtype != DnnDataType::kFloat)
     FailDnn(kDnnNotSupportedDataType, call,
-            std::string("the filter is ") + TypeName(f.dtype) + "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only");
+            std::string("the filter is ") + TypeName(f.dtype) +
+                "; kiln's cuDNN calls run CUDNN_DATA_FLOAT only");
 }
 
 void ConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const DnnConvDesc& c, int out[4],
@@ -139,18 +148,20 @@ void ConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const 
                 " and dilations " + P(c.dilation_h, c.dilation_w) +
                 "; pads must be >= 0, strides and dilations >= 1 (dilation 1 is a dense filter)");
   if (c.mode != DnnConvMode::kConvolution && c.mode != DnnConvMode::kCrossCorrelation)
-    FailDnn(kDnnBadParam, call,
-            "the convolution mode is " + std::to_string(static_cast<int>(c.mode)) +
-                "; it is CUDNN_CONVOLUTION (0) or CUDNN_CROSS_CORRELATION (1, what deep-learning frameworks call "
-                "convolution)");
+    FailDnn(
+        kDnnBadParam, call,
+        "the convolution mode is " + std::to_string(static_cast<int>(c.mode)) +
+            "; it is CUDNN_CONVOLUTION (0) or CUDNN_CROSS_CORRELATION (1, what deep-learning frameworks call "
+            "convolution)");
   if (c.groups < 1)
     FailDnn(kDnnBadParam, call,
             "the group count is " + std::to_string(c.groups) +
                 "; it must be at least 1 (cudnnSetConvolutionGroupCount rejects it)");
   if (x.c != w.c * c.groups)
     FailDnn(kDnnBadParam, call,
-            "the input " + x.ToString() + " has " + std::to_string(x.c) + " channels but the filter " + Str(w) +
-                " with " + std::to_string(c.groups) + " group(s) takes " + std::to_string(w.c * c.groups) +
+            "the input " + x.ToString() + " has " + std::to_string(x.c) + " channels but the filter " +
+                Str(w) + " with " + std::to_string(c.groups) + " group(s) takes " +
+                std::to_string(w.c * c.groups) +
                 " (filter C x groups); the filter's C is the input channels per group. If the data is NHWC, "
                 "describe it with NHWC strides rather than as NCHW");
   const int kh = (w.h - 1) * c.dilation_h + 1, kw = (w.w - 1) * c.dilation_w + 1;
@@ -168,8 +179,8 @@ void ConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const 
 void PoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, int out[4], const char* call) {
   if (p.window_h < 1 || p.window_w < 1 || p.stride_h < 1 || p.stride_w < 1)
     FailDnn(kDnnBadParam, call,
-            "the pooling window is " + P(p.window_h, p.window_w) + " with strides " + P(p.stride_h, p.stride_w) +
-                "; windows and strides must be at least 1");
+            "the pooling window is " + P(p.window_h, p.window_w) + " with strides " +
+                P(p.stride_h, p.stride_w) + "; windows and strides must be at least 1");
   const int m = static_cast<int>(p.mode);
   if (m < 0 || m > 3)
     FailDnn(kDnnBadParam, call,
@@ -198,16 +209,18 @@ void NotNull(const void* p, const char* what, const char* call) {
 // an output whose strides make two elements share an address is kiln's check: on a GPU the threads
 // writing them race and the result is silently wrong.
 void NotOverlapping(const DnnTensorDesc& t, const char* what, const char* call) {
-  std::array<std::pair<int64_t, int64_t>, 4> d{{{t.n_stride, t.n}, {t.c_stride, t.c}, {t.h_stride, t.h}, {t.w_stride, t.w}}};
+  std::array<std::pair<int64_t, int64_t>, 4> d{
+      {{t.n_stride, t.n}, {t.c_stride, t.c}, {t.h_stride, t.h}, {t.w_stride, t.w}}};
   std::sort(d.begin(), d.end());
-  int64_t reach = 1;  // elements the inner dimensions span
+  int64_t reach = 1; // elements the inner dimensions span
   for (auto [stride, size] : d) {
     if (size == 1) continue;
     if (stride < reach)
       FailDnn(kDnnBadParam, call,
               std::string(what) + " is " + t.ToString() +
                   ": its strides make different elements share an address, so the output would be written by "
-                  "racing threads; give it strides of a packed layout (NCHW [C*H*W, H*W, W, 1] or NHWC [H*W*C, 1, "
+                  "racing threads; give it strides of a packed layout (NCHW [C*H*W, H*W, W, 1] or NHWC "
+                  "[H*W*C, 1, "
                   "W*C, C])");
     reach = stride * size;
   }
@@ -220,28 +233,29 @@ void SameType(const DnnTensorDesc& x, const DnnTensorDesc& y, const char* call) 
                 "; cuDNN needs them to match");
 }
 
-}  // namespace
+} // namespace
 
 namespace {
 
 // The names of a convolution's three operands in one call's messages.
 struct ConvNames {
-  const char* x;  // "the input x" / "dx (the input's gradient)"
+  const char* x; // "the input x" / "dx (the input's gradient)"
   const char* w;
   const char* y;
-  enum { kX, kW, kY } written;  // the one the call writes
+  enum { kX, kW, kY } written; // the one the call writes
 };
 
 // What every convolution call checks of (x, w, conv, y): y is what convolving x by w gives.
-void CheckConv(const DnnTensorDesc& x, const void* xp, const DnnFilterDesc& w, const void* wp, const DnnConvDesc& c,
-               const DnnTensorDesc& y, const void* yp, const ConvNames& names, const char* call) {
+void CheckConv(const DnnTensorDesc& x, const void* xp, const DnnFilterDesc& w, const void* wp,
+               const DnnConvDesc& c, const DnnTensorDesc& y, const void* yp, const ConvNames& names,
+               const char* call) {
   NotNull(xp, names.x, call);
   NotNull(wp, names.w, call);
   NotNull(yp, names.y, call);
   if (x.dtype != w.dtype || x.dtype != y.dtype)
     FailDnn(kDnnBadParam, call,
-            std::string(names.x) + " is " + TypeName(x.dtype) + ", " + names.w + " " + TypeName(w.dtype) + " and " +
-                names.y + " " + TypeName(y.dtype) + "; cuDNN needs them to match");
+            std::string(names.x) + " is " + TypeName(x.dtype) + ", " + names.w + " " + TypeName(w.dtype) +
+                " and " + names.y + " " + TypeName(y.dtype) + "; cuDNN needs them to match");
   CheckTensorDesc(x, names.x, call);
   CheckFilterDesc(w, call);
   CheckTensorDesc(y, names.y, call);
@@ -251,21 +265,23 @@ void CheckConv(const DnnTensorDesc& x, const void* xp, const DnnFilterDesc& w, c
   ConvForwardOutputDim(x, w, c, out, call);
   if (w.k % c.groups != 0)
     FailDnn(kDnnBadParam, call,
-            "the filter " + Str(w) + " has " + std::to_string(w.k) + " output channels, not a multiple of the " +
-                std::to_string(c.groups) + " groups; each group needs the same number of filters");
+            "the filter " + Str(w) + " has " + std::to_string(w.k) +
+                " output channels, not a multiple of the " + std::to_string(c.groups) +
+                " groups; each group needs the same number of filters");
   if (y.n != out[0] || y.c != out[1])
     FailDnn(kDnnBadParam, call,
             std::string(names.y) + " is " + y.ToString() + " but the convolution produces " +
                 Dims(out[0], out[1], out[2], out[3]) + " (batch from x, channels from the filter's K)");
   if (y.h != out[2] || y.w != out[3])
     FailDnn(kDnnNotSupported, call,
-            std::string(names.y) + " is " + y.ToString() + " but cudnnGetConvolution2dForwardOutputDim gives " +
-                Dims(out[0], out[1], out[2], out[3]) + " for " + names.x + " " + x.ToString() + ", pads " +
-                P(c.pad_h, c.pad_w) + ", strides " + P(c.stride_h, c.stride_w) + " and dilations " +
-                P(c.dilation_h, c.dilation_w) + "; allocate it with that shape");
+            std::string(names.y) + " is " + y.ToString() +
+                " but cudnnGetConvolution2dForwardOutputDim gives " + Dims(out[0], out[1], out[2], out[3]) +
+                " for " + names.x + " " + x.ToString() + ", pads " + P(c.pad_h, c.pad_w) + ", strides " +
+                P(c.stride_h, c.stride_w) + " and dilations " + P(c.dilation_h, c.dilation_w) +
+                "; allocate it with that shape");
 }
 
-}  // namespace
+} // namespace
 
 void CheckConvForward(const ConvForwardArgs& a, const char* call) {
   static const ConvNames names{"x (the input)", "w (the filter)", "y (the output)", ConvNames::kY};
@@ -273,12 +289,14 @@ void CheckConvForward(const ConvForwardArgs& a, const char* call) {
 }
 
 void CheckConvBackwardData(const ConvBackwardDataArgs& a, const char* call) {
-  static const ConvNames names{"dx (the input's gradient)", "w (the filter)", "dy (the output's gradient)", ConvNames::kX};
+  static const ConvNames names{"dx (the input's gradient)", "w (the filter)", "dy (the output's gradient)",
+                               ConvNames::kX};
   CheckConv(a.dx, a.dx_data, a.w, a.w_data, a.conv, a.dy, a.dy_data, names, call);
 }
 
 void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a, const char* call) {
-  static const ConvNames names{"x (the input)", "dw (the filter's gradient)", "dy (the output's gradient)", ConvNames::kW};
+  static const ConvNames names{"x (the input)", "dw (the filter's gradient)", "dy (the output's gradient)",
+                               ConvNames::kW};
   CheckConv(a.x, a.x_data, a.dw, a.dw_data, a.conv, a.dy, a.dy_data, names, call);
 }
 
@@ -304,8 +322,8 @@ void CheckPoolingForward(const PoolingForwardArgs& a, const char* call) {
     FailDnn(kDnnBadParam, call,
             "the output y is " + a.y.ToString() + " but cudnnGetPooling2dForwardOutputDim gives " +
                 Dims(out[0], out[1], out[2], out[3]) + " for window " + P(a.pool.window_h, a.pool.window_w) +
-                ", pads " + P(a.pool.pad_h, a.pool.pad_w) + " and strides " + P(a.pool.stride_h, a.pool.stride_w) +
-                "; allocate y with that shape");
+                ", pads " + P(a.pool.pad_h, a.pool.pad_w) + " and strides " +
+                P(a.pool.stride_h, a.pool.stride_w) + "; allocate y with that shape");
 }
 
 void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* call) {
@@ -319,17 +337,20 @@ void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* ca
   } else {
     if (!a.running_mean != !a.running_var)
       FailDnn(kDnnBadParam, call,
-              std::string("resultRunningMean is ") + (a.running_mean ? "given" : "null") + " but resultRunningVariance " +
-                  (a.running_var ? "is given" : "is null") + "; pass both (to update the running statistics) or neither");
+              std::string("resultRunningMean is ") + (a.running_mean ? "given" : "null") +
+                  " but resultRunningVariance " + (a.running_var ? "is given" : "is null") +
+                  "; pass both (to update the running statistics) or neither");
     if (!a.save_mean != !a.save_inv_variance)
       FailDnn(kDnnBadParam, call,
-              std::string("resultSaveMean is ") + (a.save_mean ? "given" : "null") + " but resultSaveInvVariance " +
-                  (a.save_inv_variance ? "is given" : "is null") + "; pass both (for the backward pass) or neither");
+              std::string("resultSaveMean is ") + (a.save_mean ? "given" : "null") +
+                  " but resultSaveInvVariance " + (a.save_inv_variance ? "is given" : "is null") +
+                  "; pass both (for the backward pass) or neither");
     if (!(a.exponential_average_factor >= 0.0 && a.exponential_average_factor <= 1.0))
-      FailDnn(kDnnBadParam, call,
-              "exponentialAverageFactor is " + std::to_string(a.exponential_average_factor) +
-                  "; it weighs the new batch in the running statistics and lies in [0, 1] (PyTorch's momentum "
-                  "0.1 is factor 0.1; MXNet's momentum 0.9 is factor 0.1)");
+      FailDnn(
+          kDnnBadParam, call,
+          "exponentialAverageFactor is " + std::to_string(a.exponential_average_factor) +
+              "; it weighs the new batch in the running statistics and lies in [0, 1] (PyTorch's momentum "
+              "0.1 is factor 0.1; MXNet's momentum 0.9 is factor 0.1)");
   }
   SameType(a.x, a.y, call);
   CheckTensorDesc(a.x, "the input x", call);
@@ -350,16 +371,18 @@ void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* ca
   if (a.param.n != 1 || a.param.c != a.x.c || a.param.h != ph || a.param.w != pw)
     FailDnn(kDnnBadParam, call,
             "bnScaleBiasMeanVarDesc is " + Dims(a.param.n, a.param.c, a.param.h, a.param.w) + " but " +
-                (per_activation ? "per-activation" : "spatial") + " batch norm of " + a.x.ToString() + " needs " +
-                Dims(1, a.x.c, ph, pw) + " (cudnnDeriveBNTensorDescriptor makes it)");
+                (per_activation ? "per-activation" : "spatial") + " batch norm of " + a.x.ToString() +
+                " needs " + Dims(1, a.x.c, ph, pw) + " (cudnnDeriveBNTensorDescriptor makes it)");
   const DnnTensorDesc& q = a.param;
-  if ((q.w > 1 && q.w_stride != 1) || (q.h > 1 && q.h_stride != q.w) || (q.c > 1 && q.c_stride != int64_t{q.h} * q.w))
+  if ((q.w > 1 && q.w_stride != 1) || (q.h > 1 && q.h_stride != q.w) ||
+      (q.c > 1 && q.c_stride != int64_t{q.h} * q.w))
     FailDnn(kDnnBadParam, call,
-            "bnScaleBiasMeanVarDesc is " + a.param.ToString() + "; the parameters must be packed (strides [C*H*W, "
-                                                                  "H*W, W, 1])");
-  if (!(a.epsilon >= 0.0))  // CUDNN_BN_MIN_EPSILON is 0 in cuDNN 9
+            "bnScaleBiasMeanVarDesc is " + a.param.ToString() +
+                "; the parameters must be packed (strides [C*H*W, "
+                "H*W, W, 1])");
+  if (!(a.epsilon >= 0.0)) // CUDNN_BN_MIN_EPSILON is 0 in cuDNN 9
     FailDnn(kDnnBadParam, call,
             "epsilon is " + std::to_string(a.epsilon) + "; it must be >= CUDNN_BN_MIN_EPSILON (0)");
 }
 
-}  // namespace kiln::gpurt
+} // namespace kiln::gpurt

@@ -46,8 +46,8 @@ struct Filter {
   Filter() { Check(cudnnCreateFilterDescriptor(&d), "cudnnCreateFilterDescriptor"); }
   ~Filter() { cudnnDestroyFilterDescriptor(d); }
   cudnnStatus_t Set(const gpurt::DnnFilterDesc& f) {
-    return cudnnSetFilter4dDescriptor(d, static_cast<cudnnDataType_t>(f.dtype), static_cast<cudnnTensorFormat_t>(f.format),
-                                      f.k, f.c, f.h, f.w);
+    return cudnnSetFilter4dDescriptor(d, static_cast<cudnnDataType_t>(f.dtype),
+                                      static_cast<cudnnTensorFormat_t>(f.format), f.k, f.c, f.h, f.w);
   }
   Filter(const Filter&) = delete;
   Filter& operator=(const Filter&) = delete;
@@ -57,9 +57,9 @@ struct Conv {
   Conv() { Check(cudnnCreateConvolutionDescriptor(&d), "cudnnCreateConvolutionDescriptor"); }
   ~Conv() { cudnnDestroyConvolutionDescriptor(d); }
   cudnnStatus_t Set(const gpurt::DnnConvDesc& c) {
-    cudnnStatus_t st = cudnnSetConvolution2dDescriptor(d, c.pad_h, c.pad_w, c.stride_h, c.stride_w, c.dilation_h,
-                                                       c.dilation_w, static_cast<cudnnConvolutionMode_t>(c.mode),
-                                                       static_cast<cudnnDataType_t>(c.compute));
+    cudnnStatus_t st = cudnnSetConvolution2dDescriptor(
+        d, c.pad_h, c.pad_w, c.stride_h, c.stride_w, c.dilation_h, c.dilation_w,
+        static_cast<cudnnConvolutionMode_t>(c.mode), static_cast<cudnnDataType_t>(c.compute));
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(d, c.groups);
     return st;
   }
@@ -71,8 +71,8 @@ struct Pool {
   Pool() { Check(cudnnCreatePoolingDescriptor(&d), "cudnnCreatePoolingDescriptor"); }
   ~Pool() { cudnnDestroyPoolingDescriptor(d); }
   cudnnStatus_t Set(const gpurt::DnnPoolingDesc& p) {
-    return cudnnSetPooling2dDescriptor(d, static_cast<cudnnPoolingMode_t>(p.mode), CUDNN_NOT_PROPAGATE_NAN, p.window_h,
-                                       p.window_w, p.pad_h, p.pad_w, p.stride_h, p.stride_w);
+    return cudnnSetPooling2dDescriptor(d, static_cast<cudnnPoolingMode_t>(p.mode), CUDNN_NOT_PROPAGATE_NAN,
+                                       p.window_h, p.window_w, p.pad_h, p.pad_w, p.stride_h, p.stride_w);
   }
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -81,15 +81,17 @@ struct Pool {
 cudaStream_t S(gpurt::Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 
 cudnnHandle_t BoundTo(void* handle, gpurt::Stream s, const char* call) {
-  if (!handle) gpurt::FailDnn(gpurt::kDnnBadParam, call, "the handle is null; use LibraryHandle(Library::kDnn, stream)");
+  if (!handle)
+    gpurt::FailDnn(gpurt::kDnnBadParam, call, "the handle is null; use LibraryHandle(Library::kDnn, stream)");
   auto h = static_cast<cudnnHandle_t>(handle);
   cudaStream_t bound = nullptr;
   Check(cudnnGetStream(h, &bound), "cudnnGetStream");
   if (bound != S(s))
-    gpurt::FailDnn(gpurt::kDnnBadParamStreamMismatch, call,
-                   "the cuDNN handle is bound to another stream than the one the call is issued to: cuDNN would run "
-                   "it there, unordered with the work around it. Call LibraryHandle(Library::kDnn, stream) "
-                   "(cudnnSetStream) for this stream right before the call");
+    gpurt::FailDnn(
+        gpurt::kDnnBadParamStreamMismatch, call,
+        "the cuDNN handle is bound to another stream than the one the call is issued to: cuDNN would run "
+        "it there, unordered with the work around it. Call LibraryHandle(Library::kDnn, stream) "
+        "(cudnnSetStream) for this stream right before the call");
   return h;
 }
 
@@ -107,7 +109,7 @@ struct State {
   std::map<int, std::pair<void*, size_t>> workspaces;
 };
 State& St() {
-  static State* s = new State;  // outlives every caller (handles die with the process)
+  static State* s = new State; // outlives every caller (handles die with the process)
   return *s;
 }
 
@@ -124,8 +126,8 @@ std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, con
 // The first algorithm cuDNN's heuristics rank that runs for the problem (cached by `key`), with
 // `st.mu` held; `rank(perf, n, &count)` and `bytes(algo, &size)` ask cuDNN.
 template <class Perf, class Rank, class Bytes>
-const Algo& Choose(State& st, const std::string& key, int algo_count, Rank rank, Bytes bytes, const char* call,
-                   const std::string& problem) {
+const Algo& Choose(State& st, const std::string& key, int algo_count, Rank rank, Bytes bytes,
+                   const char* call, const std::string& problem) {
   auto it = st.algos.find(key);
   if (it != st.algos.end()) return it->second;
   int count = 0;
@@ -144,7 +146,7 @@ const Algo& Choose(State& st, const std::string& key, int algo_count, Rank rank,
 std::pair<void*, size_t> Workspace(State& st, gpurt::Platform& p, int device, size_t bytes) {
   auto& [ws, size] = st.workspaces[device];
   if (size < bytes) {
-    if (ws) p.Free(ws);  // cudaFree waits for the work that used it
+    if (ws) p.Free(ws); // cudaFree waits for the work that used it
     ws = nullptr, size = 0;
     ws = p.Malloc(bytes);
     size = bytes;
@@ -152,7 +154,7 @@ std::pair<void*, size_t> Workspace(State& st, gpurt::Platform& p, int device, si
   return {ws, size};
 }
 
-}  // namespace
+} // namespace
 
 namespace cuda {
 
@@ -167,7 +169,8 @@ void* DnnHandle(gpurt::Stream s) {
   return h;
 }
 
-void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s, const gpurt::ConvForwardArgs& a) {
+void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                           const gpurt::ConvForwardArgs& a) {
   const char* call = "cudnnConvolutionForward";
   cudnnHandle_t h = BoundTo(handle, s, call);
   gpurt::CheckConvForward(a, call);
@@ -227,8 +230,8 @@ void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream 
       call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString());
   auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
   Check(cudnnConvolutionBackwardData(h, &a.alpha, w.d, a.w_data, dy.d, a.dy_data, c.d,
-                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.algo), ws, ws_bytes, &a.beta,
-                                     dx.d, a.dx_data),
+                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.algo), ws, ws_bytes,
+                                     &a.beta, dx.d, a.dx_data),
         call);
 }
 
@@ -260,8 +263,8 @@ void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Strea
       call, "x " + a.x.ToString() + " and dy " + a.dy.ToString());
   auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
   Check(cudnnConvolutionBackwardFilter(h, &a.alpha, x.d, a.x_data, dy.d, a.dy_data, c.d,
-                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.algo), ws, ws_bytes, &a.beta,
-                                       dw.d, a.dw_data),
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.algo), ws, ws_bytes,
+                                       &a.beta, dw.d, a.dw_data),
         call);
 }
 
@@ -278,7 +281,8 @@ void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwar
 }
 
 void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormArgs& a, bool training) {
-  const char* call = training ? "cudnnBatchNormalizationForwardTraining" : "cudnnBatchNormalizationForwardInference";
+  const char* call =
+      training ? "cudnnBatchNormalizationForwardTraining" : "cudnnBatchNormalizationForwardInference";
   cudnnHandle_t h = BoundTo(handle, s, call);
   gpurt::CheckBatchNormForward(a, training, call);
   Tensor x, y, bn;
@@ -287,28 +291,32 @@ void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormAr
   Check(bn.Set(a.param), "cudnnSetTensor4dDescriptorEx");
   const auto mode = static_cast<cudnnBatchNormMode_t>(a.mode);
   if (training)
-    Check(cudnnBatchNormalizationForwardTraining(h, mode, &a.alpha, &a.beta, x.d, a.x_data, y.d, a.y_data, bn.d,
-                                                 a.scale, a.bias, a.exponential_average_factor, a.running_mean,
-                                                 a.running_var, a.epsilon, a.save_mean, a.save_inv_variance),
+    Check(cudnnBatchNormalizationForwardTraining(h, mode, &a.alpha, &a.beta, x.d, a.x_data, y.d, a.y_data,
+                                                 bn.d, a.scale, a.bias, a.exponential_average_factor,
+                                                 a.running_mean, a.running_var, a.epsilon, a.save_mean,
+                                                 a.save_inv_variance),
           call);
   else
-    Check(cudnnBatchNormalizationForwardInference(h, mode, &a.alpha, &a.beta, x.d, a.x_data, y.d, a.y_data, bn.d,
-                                                  a.scale, a.bias, a.running_mean, a.running_var, a.epsilon),
+    Check(cudnnBatchNormalizationForwardInference(h, mode, &a.alpha, &a.beta, x.d, a.x_data, y.d, a.y_data,
+                                                  bn.d, a.scale, a.bias, a.running_mean, a.running_var,
+                                                  a.epsilon),
           call);
 }
 
-}  // namespace cuda
+} // namespace cuda
 
 namespace gpurt {
 
-int CudnnConvForwardOutputDim(const DnnTensorDesc& xd, const DnnFilterDesc& wd, const DnnConvDesc& cd, int out[4]) {
+int CudnnConvForwardOutputDim(const DnnTensorDesc& xd, const DnnFilterDesc& wd, const DnnConvDesc& cd,
+                              int out[4]) {
   Tensor x;
   Filter w;
   Conv c;
   cudnnStatus_t st = x.Set(xd);
   if (st == CUDNN_STATUS_SUCCESS) st = w.Set(wd);
   if (st == CUDNN_STATUS_SUCCESS) st = c.Set(cd);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnGetConvolution2dForwardOutputDim(c.d, x.d, w.d, &out[0], &out[1], &out[2], &out[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnGetConvolution2dForwardOutputDim(c.d, x.d, w.d, &out[0], &out[1], &out[2], &out[3]);
   return static_cast<int>(st);
 }
 
@@ -317,21 +325,23 @@ int CudnnPoolingForwardOutputDim(const DnnPoolingDesc& pd, const DnnTensorDesc& 
   Pool p;
   cudnnStatus_t st = x.Set(xd);
   if (st == CUDNN_STATUS_SUCCESS) st = p.Set(pd);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnGetPooling2dForwardOutputDim(p.d, x.d, &out[0], &out[1], &out[2], &out[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnGetPooling2dForwardOutputDim(p.d, x.d, &out[0], &out[1], &out[2], &out[3]);
   return static_cast<int>(st);
 }
 
-}  // namespace gpurt
-}  // namespace kiln
+} // namespace gpurt
+} // namespace kiln
 
-#else  // a CUDA toolkit without cuDNN: the calls fail as an uninitialized cuDNN does
+#else // a CUDA toolkit without cuDNN: the calls fail as an uninitialized cuDNN does
 
 namespace kiln::cuda {
 namespace {
 [[noreturn]] void NoCudnn(const char* call) {
-  gpurt::FailDnn(gpurt::kDnnNotInitialized, call, "this kiln was built without cuDNN (CMake did not find libcudnn)");
+  gpurt::FailDnn(gpurt::kDnnNotInitialized, call,
+                 "this kiln was built without cuDNN (CMake did not find libcudnn)");
 }
-}  // namespace
+} // namespace
 void* DnnHandle(gpurt::Stream) { NoCudnn("cudnnCreate"); }
 void DnnConvolutionForward(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvForwardArgs&) {
   NoCudnn("cudnnConvolutionForward");
@@ -339,13 +349,16 @@ void DnnConvolutionForward(gpurt::Platform&, void*, gpurt::Stream, const gpurt::
 void DnnConvolutionBackwardData(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardDataArgs&) {
   NoCudnn("cudnnConvolutionBackwardData");
 }
-void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardFilterArgs&) {
+void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream,
+                                  const gpurt::ConvBackwardFilterArgs&) {
   NoCudnn("cudnnConvolutionBackwardFilter");
 }
-void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) { NoCudnn("cudnnPoolingForward"); }
+void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) {
+  NoCudnn("cudnnPoolingForward");
+}
 void DnnBatchNormForward(void*, gpurt::Stream, const gpurt::BatchNormArgs&, bool) {
   NoCudnn("cudnnBatchNormalizationForward");
 }
-}  // namespace kiln::cuda
+} // namespace kiln::cuda
 
 #endif

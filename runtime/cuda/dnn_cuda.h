@@ -11,7 +11,8 @@ void* DnnHandle(gpurt::Stream s);
 
 // Each checks that `handle` is bound to `s`, makes the shared checks of gpu_dnn.h, then calls
 // cuDNN; `p` allocates the convolution's workspace.
-void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s, const gpurt::ConvForwardArgs& a);
+void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                           const gpurt::ConvForwardArgs& a);
 void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                 const gpurt::ConvBackwardDataArgs& a);
 void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
@@ -19,4 +20,4 @@ void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Strea
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a);
 void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormArgs& a, bool training);
 
-}  // namespace kiln::cuda
+} // namespace kiln::cuda

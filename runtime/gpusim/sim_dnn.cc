@@ -35,11 +35,12 @@ void CheckHandle(void* handle, gpurt::Stream h, StreamImpl* s, const char* call)
       std::snprintf(b, sizeof b, "%p", static_cast<void*>(x));
       return std::string(x ? b : "the default stream");
     };
-    FailDnn(gpurt::kDnnBadParamStreamMismatch, call,
-            "the cuDNN handle of gpu(" + std::to_string(s->device()->index) + ") is bound to stream " +
-                name(rec->second) + " but the call is issued to stream " + name(h) +
-                ": cuDNN would run it on the handle's stream, unordered with the work around it. Call "
-                "LibraryHandle(Library::kDnn, stream) (cudnnSetStream) for this stream right before the call");
+    FailDnn(
+        gpurt::kDnnBadParamStreamMismatch, call,
+        "the cuDNN handle of gpu(" + std::to_string(s->device()->index) + ") is bound to stream " +
+            name(rec->second) + " but the call is issued to stream " + name(h) +
+            ": cuDNN would run it on the handle's stream, unordered with the work around it. Call "
+            "LibraryHandle(Library::kDnn, stream) (cudnnSetStream) for this stream right before the call");
   }
   s->device()->CheckSticky(call);
 }
@@ -55,8 +56,10 @@ std::string Fault(const Memory& m, int device, const void* p, int64_t elements, 
   const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
   const int on = m.DeviceOf(p);
   if (on < 0)
-    return std::string(what) + " is host memory; cuDNN's kernels read and write device memory of the stream's "
-                               "device (copy the data to gpu(" + std::to_string(device) + ") first)";
+    return std::string(what) +
+           " is host memory; cuDNN's kernels read and write device memory of the stream's "
+           "device (copy the data to gpu(" +
+           std::to_string(device) + ") first)";
   if (on != device)
     return std::string(what) + " is memory of gpu(" + std::to_string(on) + ") but the call runs on gpu(" +
            std::to_string(device) + "); copy it to this device";
@@ -150,16 +153,18 @@ TensorView Packed(std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_
   return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
 }
 
-}  // namespace
+} // namespace
 
-void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::ConvForwardArgs& a) {
+void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                           const gpurt::ConvForwardArgs& a) {
   const char* call = "cudnnConvolutionForward";
   CheckHandle(handle, h, s, call);
   gpurt::CheckConvForward(a, call);
   Aligned(a.x_data, "x", call), Aligned(a.w_data, "w", call), Aligned(a.y_data, "y", call);
   const int dev = s->device()->index;
   std::string fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the input)");
-  if (fault.empty()) fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
+  if (fault.empty())
+    fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
   if (fault.empty()) fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the output)");
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* w = static_cast<const float*>(m.Alias(a.w_data));
@@ -208,7 +213,9 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
   const int dev = s->device()->index;
   std::string fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the input)");
   if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
-  if (fault.empty()) fault = Fault(m, dev, a.dw_data, int64_t{a.dw.k} * a.dw.c * a.dw.h * a.dw.w, "dw (the filter's gradient)");
+  if (fault.empty())
+    fault =
+        Fault(m, dev, a.dw_data, int64_t{a.dw.k} * a.dw.c * a.dw.h * a.dw.w, "dw (the filter's gradient)");
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
   auto* dw = static_cast<float*>(m.Alias(a.dw_data));
@@ -216,13 +223,15 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
     const gpurt::DnnFilterDesc& f = a.dw;
     std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
     std::vector<float> dws(static_cast<size_t>(f.k) * f.c * f.h * f.w);
-    host::Conv2dGradWeight(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w), Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w),
-                           Packed(dws, f.k, f.c, f.h, f.w), Params(a.conv));
+    host::Conv2dGradWeight(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w),
+                           Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), Packed(dws, f.k, f.c, f.h, f.w),
+                           Params(a.conv));
     BlendFilter(dw, f, a.conv.mode == gpurt::DnnConvMode::kConvolution, dws, a.alpha, a.beta);
   });
 }
 
-void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::PoolingForwardArgs& a) {
+void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                       const gpurt::PoolingForwardArgs& a) {
   const char* call = "cudnnPoolingForward";
   CheckHandle(handle, h, s, call);
   gpurt::CheckPoolingForward(a, call);
@@ -241,30 +250,39 @@ void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, 
     p.padding[0] = a.pool.pad_h, p.padding[1] = a.pool.pad_w;
     p.count_include_pad = a.pool.mode == gpurt::DnnPoolingMode::kAverageCountIncludePadding;
     TensorView xv = Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), yv = Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w);
-    const bool max = a.pool.mode == gpurt::DnnPoolingMode::kMax || a.pool.mode == gpurt::DnnPoolingMode::kMaxDeterministic;
-    if (max) host::MaxPool2d(xv, yv, p);
-    else host::AvgPool2d(xv, yv, p);
+    const bool max =
+        a.pool.mode == gpurt::DnnPoolingMode::kMax || a.pool.mode == gpurt::DnnPoolingMode::kMaxDeterministic;
+    if (max)
+      host::MaxPool2d(xv, yv, p);
+    else
+      host::AvgPool2d(xv, yv, p);
     Blend(y, a.y, ys, a.alpha, a.beta);
   });
 }
 
-void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::BatchNormArgs& a,
-                         bool training) {
-  const char* call = training ? "cudnnBatchNormalizationForwardTraining" : "cudnnBatchNormalizationForwardInference";
+void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                         const gpurt::BatchNormArgs& a, bool training) {
+  const char* call =
+      training ? "cudnnBatchNormalizationForwardTraining" : "cudnnBatchNormalizationForwardInference";
   CheckHandle(handle, h, s, call);
   gpurt::CheckBatchNormForward(a, training, call);
   const int dev = s->device()->index;
-  const int64_t np = int64_t{a.param.c} * a.param.h * a.param.w;  // parameters (packed)
+  const int64_t np = int64_t{a.param.c} * a.param.h * a.param.w; // parameters (packed)
   struct Operand {
     const void* p;
     int64_t elements;
     const char* what;
   };
-  std::vector<Operand> ops{{a.x_data, a.x.Span(), "x (the input)"}, {a.y_data, a.y.Span(), "y (the output)"},
-                           {a.scale, np, "bnScale"}, {a.bias, np, "bnBias"}};
-  if (a.running_mean) ops.push_back({a.running_mean, np, "the running mean"}), ops.push_back({a.running_var, np, "the running variance"});
+  std::vector<Operand> ops{{a.x_data, a.x.Span(), "x (the input)"},
+                           {a.y_data, a.y.Span(), "y (the output)"},
+                           {a.scale, np, "bnScale"},
+                           {a.bias, np, "bnBias"}};
+  if (a.running_mean)
+    ops.push_back({a.running_mean, np, "the running mean"}),
+        ops.push_back({a.running_var, np, "the running variance"});
   if (training && a.save_mean)
-    ops.push_back({a.save_mean, np, "resultSaveMean"}), ops.push_back({a.save_inv_variance, np, "resultSaveInvVariance"});
+    ops.push_back({a.save_mean, np, "resultSaveMean"}),
+        ops.push_back({a.save_inv_variance, np, "resultSaveInvVariance"});
   std::string fault;
   for (const Operand& o : ops) {
     Aligned(o.p, o.what, call);
@@ -273,14 +291,15 @@ void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s
   auto alias = [&m](const void* p) { return p ? static_cast<float*>(m.Alias(p)) : nullptr; };
   float *x = alias(a.x_data), *y = alias(a.y_data), *scale = alias(a.scale), *bias = alias(a.bias);
   float *rmean = alias(a.running_mean), *rvar = alias(a.running_var);
-  float *smean = training ? alias(a.save_mean) : nullptr, *sinv = training ? alias(a.save_inv_variance) : nullptr;
+  float *smean = training ? alias(a.save_mean) : nullptr,
+        *sinv = training ? alias(a.save_inv_variance) : nullptr;
   Issue(s, call, fault, [=] {
     std::vector<float> xs = Gather(x, a.x);
     const int64_t N = a.x.n, C = a.x.c, HW = int64_t{a.x.h} * a.x.w;
     const bool per_activation = a.mode == gpurt::DnnBatchNormMode::kPerActivation;
     // Parameter j covers channel c (spatial) or element (c, hw) (per activation) over the batch.
     auto param = [&](int64_t c, int64_t hw) { return per_activation ? c * HW + hw : c; };
-    const int64_t count = per_activation ? N : N * HW;  // values per parameter
+    const int64_t count = per_activation ? N : N * HW; // values per parameter
     std::vector<double> mean(static_cast<size_t>(np)), var(static_cast<size_t>(np));
     if (training) {
       for (int64_t n = 0; n < N; ++n)
@@ -293,7 +312,7 @@ void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s
             double d = xs[(n * C + c) * HW + i] - mean[param(c, i)];
             var[param(c, i)] += d * d;
           }
-      for (double& v : var) v /= static_cast<double>(count);  // biased: what normalizes the batch
+      for (double& v : var) v /= static_cast<double>(count); // biased: what normalizes the batch
     } else {
       for (int64_t j = 0; j < np; ++j) mean[j] = rmean[j], var[j] = rvar[j];
     }
@@ -320,4 +339,4 @@ void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s
   });
 }
 
-}  // namespace kiln::gpusim
+} // namespace kiln::gpusim

@@ -15,13 +15,15 @@ using LibraryHandleRec = std::pair<gpurt::Library, gpurt::Stream>;
 
 // `handle` must be a kDnn handle bound to `h` (the stream as the caller named it; `s` is its
 // worker, the device's default stream for nullptr).
-void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::ConvForwardArgs& a);
+void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                           const gpurt::ConvForwardArgs& a);
 void DnnConvolutionBackwardData(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
                                 const gpurt::ConvBackwardDataArgs& a);
 void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
                                   const gpurt::ConvBackwardFilterArgs& a);
-void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::PoolingForwardArgs& a);
-void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s, const gpurt::BatchNormArgs& a,
-                         bool training);
+void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                       const gpurt::PoolingForwardArgs& a);
+void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                         const gpurt::BatchNormArgs& a, bool training);
 
-}  // namespace kiln::gpusim
+} // namespace kiln::gpusim

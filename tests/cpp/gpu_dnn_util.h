@@ -44,8 +44,7 @@ struct Outcome {
   int status = 0;
   std::string message;
 };
-template <class F>
-Outcome DnnOutcome(F&& f) {
+template <class F> Outcome DnnOutcome(F&& f) {
   try {
     f();
   } catch (const gpurt::DnnError& e) {
@@ -60,8 +59,9 @@ inline float At(const std::vector<float>& v, const DnnTensorDesc& t, int n, int 
 }
 
 // Plain-loop convolution of packed-or-strided x by a KCRS filter, into packed NCHW.
-inline std::vector<float> ConvRef(const std::vector<float>& x, const DnnTensorDesc& xd, const std::vector<float>& w,
-                           const gpurt::DnnFilterDesc& f, const gpurt::DnnConvDesc& c, int oh, int ow) {
+inline std::vector<float> ConvRef(const std::vector<float>& x, const DnnTensorDesc& xd,
+                                  const std::vector<float>& w, const gpurt::DnnFilterDesc& f,
+                                  const gpurt::DnnConvDesc& c, int oh, int ow) {
   std::vector<float> y(static_cast<size_t>(xd.n) * f.k * oh * ow);
   const int kpg = f.k / c.groups;
   for (int n = 0; n < xd.n; ++n)
@@ -73,12 +73,14 @@ inline std::vector<float> ConvRef(const std::vector<float>& x, const DnnTensorDe
           for (int ci = 0; ci < f.c; ++ci)
             for (int r = 0; r < f.h; ++r)
               for (int q = 0; q < f.w; ++q) {
-                int h = i * c.stride_h - c.pad_h + r * c.dilation_h, ww = j * c.stride_w - c.pad_w + q * c.dilation_w;
+                int h = i * c.stride_h - c.pad_h + r * c.dilation_h,
+                    ww = j * c.stride_w - c.pad_w + q * c.dilation_w;
                 if (h < 0 || h >= xd.h || ww < 0 || ww >= xd.w) continue;
                 int rr = c.mode == gpurt::DnnConvMode::kConvolution ? f.h - 1 - r : r;
                 int qq = c.mode == gpurt::DnnConvMode::kConvolution ? f.w - 1 - q : q;
-                float wv = f.format == DnnFormat::kNHWC ? w[((static_cast<size_t>(k) * f.h + rr) * f.w + qq) * f.c + ci]
-                                                        : w[((static_cast<size_t>(k) * f.c + ci) * f.h + rr) * f.w + qq];
+                float wv = f.format == DnnFormat::kNHWC
+                               ? w[((static_cast<size_t>(k) * f.h + rr) * f.w + qq) * f.c + ci]
+                               : w[((static_cast<size_t>(k) * f.c + ci) * f.h + rr) * f.w + qq];
                 acc += double(At(x, xd, n, g * f.c + ci, h, ww)) * wv;
               }
           y[((static_cast<size_t>(n) * f.k + k) * oh + i) * ow + j] = static_cast<float>(acc);
@@ -95,7 +97,7 @@ struct ConvCase {
 };
 
 inline gpurt::DnnConvDesc Conv(int ph, int pw, int sh, int sw, int dh, int dw, int groups,
-                        gpurt::DnnConvMode mode = gpurt::DnnConvMode::kCrossCorrelation) {
+                               gpurt::DnnConvMode mode = gpurt::DnnConvMode::kCrossCorrelation) {
   gpurt::DnnConvDesc c;
   c.pad_h = ph, c.pad_w = pw, c.stride_h = sh, c.stride_w = sw, c.dilation_h = dh, c.dilation_w = dw;
   c.groups = groups, c.mode = mode;
@@ -113,5 +115,4 @@ inline gpurt::ConvForwardArgs ValidConv(void* x, void* w, void* y) {
   return a;
 }
 
-
-}  // namespace kiln::testing
+} // namespace kiln::testing

@@ -23,8 +23,8 @@ namespace {
 
 // The gradients of ConvRef: dx (strided like xd) and dw (KCRS or KRSC like f) of sum(y * dy).
 void ConvGradRef(const std::vector<float>& x, const DnnTensorDesc& xd, const std::vector<float>& w,
-                 const gpurt::DnnFilterDesc& f, const gpurt::DnnConvDesc& c, const std::vector<float>& dy, int oh,
-                 int ow, std::vector<double>& dx, std::vector<double>& dw) {
+                 const gpurt::DnnFilterDesc& f, const gpurt::DnnConvDesc& c, const std::vector<float>& dy,
+                 int oh, int ow, std::vector<double>& dx, std::vector<double>& dw) {
   dx.assign(static_cast<size_t>(xd.Span()), 0.0);
   dw.assign(w.size(), 0.0);
   const int kpg = f.k / c.groups;
@@ -36,22 +36,26 @@ void ConvGradRef(const std::vector<float>& x, const DnnTensorDesc& xd, const std
           for (int ci = 0; ci < f.c; ++ci)
             for (int r = 0; r < f.h; ++r)
               for (int q = 0; q < f.w; ++q) {
-                int h = i * c.stride_h - c.pad_h + r * c.dilation_h, ww = j * c.stride_w - c.pad_w + q * c.dilation_w;
+                int h = i * c.stride_h - c.pad_h + r * c.dilation_h,
+                    ww = j * c.stride_w - c.pad_w + q * c.dilation_w;
                 if (h < 0 || h >= xd.h || ww < 0 || ww >= xd.w) continue;
                 int rr = c.mode == gpurt::DnnConvMode::kConvolution ? f.h - 1 - r : r;
                 int qq = c.mode == gpurt::DnnConvMode::kConvolution ? f.w - 1 - q : q;
-                size_t wi = f.format == DnnFormat::kNHWC ? ((static_cast<size_t>(k) * f.h + rr) * f.w + qq) * f.c + ci
-                                                         : ((static_cast<size_t>(k) * f.c + ci) * f.h + rr) * f.w + qq;
-                size_t xi = n * xd.n_stride + (k / kpg * f.c + ci) * xd.c_stride + h * xd.h_stride + ww * xd.w_stride;
+                size_t wi = f.format == DnnFormat::kNHWC
+                                ? ((static_cast<size_t>(k) * f.h + rr) * f.w + qq) * f.c + ci
+                                : ((static_cast<size_t>(k) * f.c + ci) * f.h + rr) * f.w + qq;
+                size_t xi =
+                    n * xd.n_stride + (k / kpg * f.c + ci) * xd.c_stride + h * xd.h_stride + ww * xd.w_stride;
                 dx[xi] += g * w[wi];
                 dw[wi] += g * x[xi];
               }
         }
 }
 
-}  // namespace
+} // namespace
 
-TEST_CASE("gpu dnn: convolution forward matches a plain loop (strides, pads, dilations, groups, modes, NHWC)") {
+TEST_CASE(
+    "gpu dnn: convolution forward matches a plain loop (strides, pads, dilations, groups, modes, NHWC)") {
   gpurt::Platform& p = Sim();
   gpurt::DeviceGuard guard(0, p);
   gpurt::Stream s = p.StreamCreate();
@@ -61,8 +65,8 @@ TEST_CASE("gpu dnn: convolution forward matches a plain loop (strides, pads, dil
       {"depthwise 3x3 pad 1", 1, 6, 8, 8, 6, 3, 3, Conv(1, 1, 1, 1, 1, 1, 6)},
       {"true convolution (flipped filter) 3x2", 2, 3, 6, 5, 4, 3, 2,
        Conv(1, 0, 1, 2, 1, 1, 1, gpurt::DnnConvMode::kConvolution)},
-      {"NHWC data and KRSC filter through strides", 2, 4, 7, 6, 8, 3, 3, Conv(1, 1, 2, 2, 1, 1, 2), DnnFormat::kNHWC,
-       DnnFormat::kNHWC, DnnFormat::kNHWC},
+      {"NHWC data and KRSC filter through strides", 2, 4, 7, 6, 8, 3, 3, Conv(1, 1, 2, 2, 1, 1, 2),
+       DnnFormat::kNHWC, DnnFormat::kNHWC, DnnFormat::kNHWC},
       {"alpha 2, beta 0.5 blend into y", 2, 3, 5, 5, 4, 3, 3, Conv(1, 1, 1, 1, 1, 1, 1), DnnFormat::kNCHW,
        DnnFormat::kNCHW, DnnFormat::kNCHW, 2.0f, 0.5f},
   };
@@ -109,8 +113,8 @@ TEST_CASE("gpu dnn: convolution backward data and filter are the gradients of th
       {"true convolution 3x2, alpha 2 beta 0.5", 2, 3, 6, 5, 4, 3, 2,
        Conv(1, 0, 1, 2, 1, 1, 1, gpurt::DnnConvMode::kConvolution), DnnFormat::kNCHW, DnnFormat::kNCHW,
        DnnFormat::kNCHW, 2.0f, 0.5f},
-      {"NHWC data and KRSC filter, depthwise", 2, 4, 7, 6, 4, 3, 3, Conv(1, 1, 2, 2, 1, 1, 4), DnnFormat::kNHWC,
-       DnnFormat::kNHWC, DnnFormat::kNHWC},
+      {"NHWC data and KRSC filter, depthwise", 2, 4, 7, 6, 4, 3, 3, Conv(1, 1, 2, 2, 1, 1, 4),
+       DnnFormat::kNHWC, DnnFormat::kNHWC, DnnFormat::kNHWC},
   };
   unsigned seed = 100;
   for (const ConvCase& cc : cases) {
@@ -150,20 +154,21 @@ TEST_CASE("gpu dnn: convolution backward data and filter are the gradients of th
   void* buf = p.Malloc(4096 * sizeof(float));
   gpurt::ConvBackwardDataArgs bd;
   bd.w = {gpurt::DnnDataType::kFloat, DnnFormat::kNCHW, 6, 2, 3, 3}, bd.conv = Conv(1, 2, 2, 1, 2, 1, 2);
-  bd.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 9, 7), bd.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 6, 4, 8);
+  bd.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 9, 7),
+  bd.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 6, 4, 8);
   bd.w_data = bd.dy_data = bd.dx_data = buf;
   Outcome o = DnnOutcome([&] { p.DnnConvolutionBackwardData(h, s, bd); });
   CHECK(o.status == gpurt::kDnnNotSupported);
   CHECK(o.message.find("dy (the output's gradient) is [2, 6, 4, 8]") != std::string::npos);
   CHECK(o.message.find("gives [2, 6, 4, 9]") != std::string::npos);
   bd.dy.w = 9, bd.dy.n_stride = 6 * 4 * 9, bd.dy.c_stride = 4 * 9;
-  bd.dx.c_stride = 1;  // dx is written: overlapping strides are rejected
+  bd.dx.c_stride = 1; // dx is written: overlapping strides are rejected
   o = DnnOutcome([&] { p.DnnConvolutionBackwardData(h, s, bd); });
   CHECK(o.status == gpurt::kDnnBadParam);
   CHECK(o.message.find("dx (the input's gradient) is") != std::string::npos);
   gpurt::ConvBackwardFilterArgs bf;
   bf.x = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 9, 7), bf.dy = bd.dy, bf.conv = bd.conv;
-  bf.dw = {gpurt::DnnDataType::kFloat, DnnFormat::kNCHW, 6, 4, 3, 3};  // C of the whole input, not per group
+  bf.dw = {gpurt::DnnDataType::kFloat, DnnFormat::kNCHW, 6, 4, 3, 3}; // C of the whole input, not per group
   bf.x_data = bf.dy_data = bf.dw_data = buf;
   o = DnnOutcome([&] { p.DnnConvolutionBackwardFilter(h, s, bf); });
   CHECK(o.status == gpurt::kDnnBadParam);
@@ -184,7 +189,7 @@ TEST_CASE("gpu dnn: pooling forward, max and average with and without the paddin
       CAPTURE(static_cast<int>(mode));
       CAPTURE(static_cast<int>(fmt));
       gpurt::PoolingForwardArgs a;
-      a.pool = {mode, 3, 2, 1, 1, 2, 1};  // window 3x2, pads 1x1, strides 2x1
+      a.pool = {mode, 3, 2, 1, 1, 2, 1}; // window 3x2, pads 1x1, strides 2x1
       a.x = DnnTensorDesc::Packed(fmt, 2, 3, 7, 6);
       int out[4];
       gpurt::PoolingForwardOutputDim(a.pool, a.x, out);
@@ -210,9 +215,9 @@ TEST_CASE("gpu dnn: pooling forward, max and average with and without the paddin
                   if (h < 0 || h >= 7 || w < 0 || w >= 6) continue;
                   mx = std::max(mx, At(x, a.x, n, c, h, w)), sum += At(x, a.x, n, c, h, w), ++inside;
                 }
-              double expect = mode == gpurt::DnnPoolingMode::kMax ? mx
+              double expect = mode == gpurt::DnnPoolingMode::kMax                          ? mx
                               : mode == gpurt::DnnPoolingMode::kAverageCountIncludePadding ? sum / 6
-                                                                                            : sum / inside;
+                                                                                           : sum / inside;
               worst = std::max(worst, std::fabs(At(y, a.y, n, c, i, j) - expect));
             }
       CHECK(worst < 1e-5);
@@ -223,7 +228,8 @@ TEST_CASE("gpu dnn: pooling forward, max and average with and without the paddin
   p.StreamDestroy(s);
 }
 
-TEST_CASE("gpu dnn: batch norm training gives the batch statistics and updates the running ones as cuDNN does") {
+TEST_CASE(
+    "gpu dnn: batch norm training gives the batch statistics and updates the running ones as cuDNN does") {
   gpurt::Platform& p = Sim();
   gpurt::DeviceGuard guard(0, p);
   gpurt::Stream s = p.StreamCreate();
@@ -232,7 +238,7 @@ TEST_CASE("gpu dnn: batch norm training gives the batch statistics and updates t
     CAPTURE(spatial);
     const int N = 4, C = 3, H = 5, W = 2, np = spatial ? C : C * H * W, count = spatial ? N * H * W : N;
     std::vector<float> x = Random(static_cast<size_t>(N) * C * H * W, 11);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * x[i] + 1.5f;  // mean and variance far from 0 and 1
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * x[i] + 1.5f; // mean and variance far from 0 and 1
     std::vector<float> scale = Random(np, 12), bias = Random(np, 13), rmean(np, 0.25f), rvar(np, 2.0f);
     gpurt::BatchNormArgs a;
     a.mode = mode;
@@ -262,9 +268,10 @@ TEST_CASE("gpu dnn: batch norm training gives the batch statistics and updates t
         }
     for (int j = 0; j < np; ++j) {
       CHECK(sm[j] == doctest::Approx(mean[j]).epsilon(1e-5));
-      CHECK(si[j] == doctest::Approx(1.0 / std::sqrt(var[j] + 1e-3)).epsilon(1e-5));  // saved inverse std
+      CHECK(si[j] == doctest::Approx(1.0 / std::sqrt(var[j] + 1e-3)).epsilon(1e-5)); // saved inverse std
       CHECK(rm[j] == doctest::Approx(0.9 * 0.25 + 0.1 * mean[j]).epsilon(1e-5));
-      CHECK(rv[j] == doctest::Approx(0.9 * 2.0 + 0.1 * var[j] * count / (count - 1)).epsilon(1e-5));  // unbiased
+      CHECK(rv[j] ==
+            doctest::Approx(0.9 * 2.0 + 0.1 * var[j] * count / (count - 1)).epsilon(1e-5)); // unbiased
     }
     double worst = 0;
     for (int n = 0; n < N; ++n)
@@ -303,7 +310,12 @@ TEST_CASE("gpu dnn: calls on device 1 run in stream order, queued behind the wor
   void* dz = Upload(p, std::vector<float>(2 * 6 * 2 * 4, NAN), s);
   p.StreamSynchronize(s);
   std::atomic<bool> go{false};
-  p.LaunchHostFunc(s, [](void* g) { while (!static_cast<std::atomic<bool>*>(g)->load()) std::this_thread::yield(); }, &go);
+  p.LaunchHostFunc(
+      s,
+      [](void* g) {
+        while (!static_cast<std::atomic<bool>*>(g)->load()) std::this_thread::yield();
+      },
+      &go);
   void *dx = Upload(p, x, s), *dw = Upload(p, w, s);
   void* dy = p.Malloc(2 * 6 * 4 * 9 * sizeof(float));
   gpurt::ConvForwardArgs a = ValidConv(dx, dw, dy);
@@ -315,7 +327,7 @@ TEST_CASE("gpu dnn: calls on device 1 run in stream order, queued behind the wor
   pa.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 6, 2, 4), pa.y_data = dz;
   p.DnnPoolingForward(h, s, pa);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  CHECK(std::isnan(HostView<float>(dz)[0]));  // nothing ran yet
+  CHECK(std::isnan(HostView<float>(dz)[0])); // nothing ran yet
   CHECK(!p.StreamQuery(s));
   go = true;
   std::vector<float> z = Download(p, dz, 2 * 6 * 2 * 4, s);
@@ -341,7 +353,7 @@ TEST_CASE("gpu dnn: calls on device 1 run in stream order, queued behind the wor
   gpurt::Graph g = p.StreamEndCapture(s);
   gpurt::GraphExec ge = p.GraphInstantiate(g);
   p.StreamSynchronize(s);
-  CHECK(Download(p, dz, 1, s)[0] == 0.0f);  // capture ran nothing
+  CHECK(Download(p, dz, 1, s)[0] == 0.0f); // capture ran nothing
   p.GraphLaunch(ge, s);
   CHECK(Download(p, dz, z.size(), s) == z);
   p.GraphExecDestroy(ge);

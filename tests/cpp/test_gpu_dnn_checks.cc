@@ -23,40 +23,53 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
   gpurt::DeviceGuard guard(0, p);
   gpurt::Stream s = p.StreamCreate();
   void* h = p.LibraryHandle(gpurt::Library::kDnn, s);
-  void *x = p.Malloc(4096 * sizeof(float)), *w = p.Malloc(4096 * sizeof(float)), *y = p.Malloc(4096 * sizeof(float));
+  void *x = p.Malloc(4096 * sizeof(float)), *w = p.Malloc(4096 * sizeof(float)),
+       *y = p.Malloc(4096 * sizeof(float));
   using A = gpurt::ConvForwardArgs;
   struct Case {
     const char* name;
     std::function<void(A&)> mutate;
     int status;
-    const char* says;  // a part of the message that tells what to do
+    const char* says; // a part of the message that tells what to do
   };
   const Case conv_cases[] = {
       {"valid", [](A&) {}, 0, ""},
-      {"output of the wrong spatial size", [](A& a) { a.y.h = 5; a.y.n_stride = 6 * 5 * 9, a.y.c_stride = 5 * 9; },
+      {"output of the wrong spatial size",
+       [](A& a) {
+         a.y.h = 5;
+         a.y.n_stride = 6 * 5 * 9, a.y.c_stride = 5 * 9;
+       },
        gpurt::kDnnNotSupported, "cudnnGetConvolution2dForwardOutputDim gives [2, 6, 4, 9]"},
-      {"output with the wrong channels", [](A& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 4, 9); },
-       gpurt::kDnnBadParam, "channels from the filter's K"},
+      {"output with the wrong channels",
+       [](A& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 4, 9); }, gpurt::kDnnBadParam,
+       "channels from the filter's K"},
       {"NHWC data described as NCHW", [](A& a) { a.x = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 7, 4, 9); },
        gpurt::kDnnBadParam, "describe it with NHWC strides"},
       {"negative pad", [](A& a) { a.conv.pad_h = -1; }, gpurt::kDnnBadParam, "pads must be >= 0"},
       {"stride 0", [](A& a) { a.conv.stride_w = 0; }, gpurt::kDnnBadParam, "strides and dilations >= 1"},
       {"dilation 0", [](A& a) { a.conv.dilation_h = 0; }, gpurt::kDnnBadParam, "strides and dilations >= 1"},
       {"group count 0", [](A& a) { a.conv.groups = 0; }, gpurt::kDnnBadParam, "at least 1"},
-      {"filters not a multiple of the groups", [](A& a) { a.w.k = 5; a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 5, 4, 9); },
+      {"filters not a multiple of the groups",
+       [](A& a) {
+         a.w.k = 5;
+         a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 5, 4, 9);
+       },
        gpurt::kDnnBadParam, "not a multiple of the 2 groups"},
-      {"filter larger than the padded input", [](A& a) { a.w.h = 7; }, gpurt::kDnnBadParam, "pad the input more"},
-      {"bad convolution mode", [](A& a) { a.conv.mode = static_cast<gpurt::DnnConvMode>(5); }, gpurt::kDnnBadParam,
-       "CUDNN_CROSS_CORRELATION"},
+      {"filter larger than the padded input", [](A& a) { a.w.h = 7; }, gpurt::kDnnBadParam,
+       "pad the input more"},
+      {"bad convolution mode", [](A& a) { a.conv.mode = static_cast<gpurt::DnnConvMode>(5); },
+       gpurt::kDnnBadParam, "CUDNN_CROSS_CORRELATION"},
       {"null input", [](A& a) { a.x_data = nullptr; }, gpurt::kDnnBadParamNullPointer, "pass device memory"},
       {"double data", [](A& a) { a.x.dtype = a.y.dtype = a.w.dtype = gpurt::DnnDataType::kDouble; },
        gpurt::kDnnNotSupportedDataType, "convert the tensor to float32"},
       {"mixed data types", [](A& a) { a.w.dtype = gpurt::DnnDataType::kHalf; }, gpurt::kDnnBadParam,
        "cuDNN needs them to match"},
       {"zero stride", [](A& a) { a.x.w_stride = 0; }, gpurt::kDnnBadParam, "strides must be at least 1"},
-      {"output strides that overlap", [](A& a) { a.y.h_stride = 1; }, gpurt::kDnnBadParam, "share an address"},
+      {"output strides that overlap", [](A& a) { a.y.h_stride = 1; }, gpurt::kDnnBadParam,
+       "share an address"},
       {"empty input", [](A& a) { a.x.n = 0; }, gpurt::kDnnBadParam, "at least 1"},
-      {"NCHW_VECT_C filter", [](A& a) { a.w.format = DnnFormat::kNCHWVectC; }, gpurt::kDnnBadParam, "int8 data only"},
+      {"NCHW_VECT_C filter", [](A& a) { a.w.format = DnnFormat::kNCHWVectC; }, gpurt::kDnnBadParam,
+       "int8 data only"},
       {"misaligned pointer", [](A& a) { a.y_data = static_cast<char*>(a.y_data) + 2; },
        gpurt::kDnnBadParamMisalignedPointer, "aligned"},
   };
@@ -67,7 +80,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
     Outcome o = DnnOutcome([&] { p.DnnConvolutionForward(h, s, a); });
     CHECK(o.status == c.status);
     CHECK(o.message.find(c.says) != std::string::npos);
-    if (c.status) CHECK(o.message.find("cudnnConvolutionForward: ") == 0);  // names the call
+    if (c.status) CHECK(o.message.find("cudnnConvolutionForward: ") == 0); // names the call
   }
 
   using PA = gpurt::PoolingForwardArgs;
@@ -88,7 +101,8 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
        gpurt::kDnnBadParam, "gives [2, 3, 4, 3]"},
       {"output with other channels", [](PA& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 4, 3); },
        gpurt::kDnnBadParam, "must match"},
-      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParamNullPointer, "y (the output) is null"},
+      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParamNullPointer,
+       "y (the output) is null"},
   };
   for (const PoolCase& c : pool_cases) {
     CAPTURE(std::string(c.name));
@@ -112,10 +126,12 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
   };
   const BnCase bn_cases[] = {
       {"valid", [](B&) {}, 0, ""},
-      {"spatial parameters of per-activation shape", [](B& a) { a.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 4, 4); },
-       gpurt::kDnnBadParam, "needs [1, 3, 1, 1]"},
-      {"per-activation mode with spatial parameters", [](B& a) { a.mode = gpurt::DnnBatchNormMode::kPerActivation; },
-       gpurt::kDnnBadParam, "needs [1, 3, 4, 4]"},
+      {"spatial parameters of per-activation shape",
+       [](B& a) { a.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 4, 4); }, gpurt::kDnnBadParam,
+       "needs [1, 3, 1, 1]"},
+      {"per-activation mode with spatial parameters",
+       [](B& a) { a.mode = gpurt::DnnBatchNormMode::kPerActivation; }, gpurt::kDnnBadParam,
+       "needs [1, 3, 4, 4]"},
       {"negative epsilon", [](B& a) { a.epsilon = -1e-5; }, gpurt::kDnnBadParam, "CUDNN_BN_MIN_EPSILON"},
       {"only one of the saved statistics", [](B& a) { a.save_inv_variance = nullptr; }, gpurt::kDnnBadParam,
        "pass both (for the backward pass) or neither"},
@@ -147,7 +163,8 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
   a.x = a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 4);
   a.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 1, 1);
   a.x_data = x, a.y_data = y, a.scale = w, a.bias = w;
-  CHECK(DnnOutcome([&] { p.DnnBatchNormForwardInference(h, s, a); }).status == gpurt::kDnnBadParamNullPointer);
+  CHECK(DnnOutcome([&] { p.DnnBatchNormForwardInference(h, s, a); }).status ==
+        gpurt::kDnnBadParamNullPointer);
   p.StreamSynchronize(s);
   for (void* d : {x, w, y}) p.Free(d);
   p.StreamDestroy(s);
@@ -172,15 +189,15 @@ TEST_CASE("dnn descriptors: kiln's checks and output dims agree with cuDNN's own
       {X(4, 8, 10, 10), F(8, 1, 3, 3), Conv(1, 1, 1, 1, 3, 3, 8)},
       {X(1, 3, 5, 5), F(4, 3, 5, 5), Conv(0, 0, 1, 1, 1, 1, 1)},
       {X(1, 3, 5, 5), F(4, 3, 2, 2, DnnFormat::kNHWC), Conv(0, 0, 4, 4, 1, 1, 1)},
-      {X(2, 4, 9, 7), F(6, 4, 3, 3), Conv(0, 0, 1, 1, 1, 1, 2)},          // channels x groups mismatch
-      {X(2, 4, 9, 7), F(6, 2, 30, 3), Conv(1, 2, 2, 1, 2, 1, 2)},         // filter larger than the input
-      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 3, 1, 1)},          // dilated filter larger
-      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(-1, 0, 1, 1, 1, 1, 1)},         // negative pad
-      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 0, 1, 1, 1, 1)},          // stride 0
-      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 0, 1)},          // dilation 0
-      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 0)},          // no groups
-      {X(0, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 1)},          // empty batch
-      {X(1, 3, 5, 5), F(0, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 1)},          // no filters
+      {X(2, 4, 9, 7), F(6, 4, 3, 3), Conv(0, 0, 1, 1, 1, 1, 2)},  // channels x groups mismatch
+      {X(2, 4, 9, 7), F(6, 2, 30, 3), Conv(1, 2, 2, 1, 2, 1, 2)}, // filter larger than the input
+      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 3, 1, 1)},  // dilated filter larger
+      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(-1, 0, 1, 1, 1, 1, 1)}, // negative pad
+      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 0, 1, 1, 1, 1)},  // stride 0
+      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 0, 1)},  // dilation 0
+      {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 0)},  // no groups
+      {X(0, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 1)},  // empty batch
+      {X(1, 3, 5, 5), F(0, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 1)},  // no filters
       {X(1, 4, 5, 5), F(4, 4, 1, 1, DnnFormat::kNCHWVectC), Conv(0, 0, 1, 1, 1, 1, 1)},
       {X(1, 3, 5, 5), F(4, 3, 3, 3), Conv(0, 0, 1, 1, 1, 1, 1, static_cast<gpurt::DnnConvMode>(5))},
   };
@@ -216,9 +233,9 @@ TEST_CASE("dnn descriptors: kiln's checks and output dims agree with cuDNN's own
       {{gpurt::DnnPoolingMode::kMax, 3, 2, 1, 0, 2, 2}, X(2, 4, 9, 7)},
       {{gpurt::DnnPoolingMode::kAverageCountExcludePadding, 2, 2, 0, 0, 2, 2}, X(1, 1, 7, 7)},
       {{gpurt::DnnPoolingMode::kAverageCountIncludePadding, 3, 3, 1, 1, 1, 1}, X(1, 2, 4, 4)},
-      {{gpurt::DnnPoolingMode::kMax, 30, 2, 1, 0, 2, 2}, X(2, 4, 9, 7)},  // window larger than the input
-      {{gpurt::DnnPoolingMode::kMax, 0, 2, 0, 0, 1, 1}, X(2, 4, 9, 7)},   // window 0
-      {{gpurt::DnnPoolingMode::kMax, 2, 2, 0, 0, 0, 1}, X(2, 4, 9, 7)},   // stride 0
+      {{gpurt::DnnPoolingMode::kMax, 30, 2, 1, 0, 2, 2}, X(2, 4, 9, 7)}, // window larger than the input
+      {{gpurt::DnnPoolingMode::kMax, 0, 2, 0, 0, 1, 1}, X(2, 4, 9, 7)},  // window 0
+      {{gpurt::DnnPoolingMode::kMax, 2, 2, 0, 0, 0, 1}, X(2, 4, 9, 7)},  // stride 0
       {{static_cast<gpurt::DnnPoolingMode>(9), 2, 2, 0, 0, 1, 1}, X(2, 4, 9, 7)},
   };
   for (const PoolCase& c : pools) {
@@ -236,7 +253,8 @@ TEST_CASE("gpu dnn: a handle bound to another stream, or not a cuDNN handle, is 
   gpurt::Platform& p = Sim();
   gpurt::DeviceGuard guard(0, p);
   gpurt::Stream s1 = p.StreamCreate(), s2 = p.StreamCreate();
-  void *x = p.Malloc(4096 * sizeof(float)), *w = p.Malloc(4096 * sizeof(float)), *y = p.Malloc(4096 * sizeof(float));
+  void *x = p.Malloc(4096 * sizeof(float)), *w = p.Malloc(4096 * sizeof(float)),
+       *y = p.Malloc(4096 * sizeof(float));
   gpurt::ConvForwardArgs a = ValidConv(x, w, y);
   void* h = p.LibraryHandle(gpurt::Library::kDnn, s1);
   Outcome o = DnnOutcome([&] { p.DnnConvolutionForward(h, s2, a); });
@@ -248,16 +266,20 @@ TEST_CASE("gpu dnn: a handle bound to another stream, or not a cuDNN handle, is 
   CHECK(DnnOutcome([&] { p.DnnConvolutionForward(h, s2, a); }).status == 0);
   CHECK(DnnOutcome([&] { p.DnnConvolutionForward(h, s1, a); }).status == gpurt::kDnnBadParamStreamMismatch);
   // The default stream is a stream too.
-  CHECK(DnnOutcome([&] { p.DnnConvolutionForward(h, nullptr, a); }).status == gpurt::kDnnBadParamStreamMismatch);
-  CHECK(DnnOutcome([&] { p.DnnConvolutionForward(p.LibraryHandle(gpurt::Library::kDnn, nullptr), nullptr, a); })
-            .status == 0);
-  Outcome blas = DnnOutcome([&] { p.DnnConvolutionForward(p.LibraryHandle(gpurt::Library::kBlasLt, s1), s1, a); });
+  CHECK(DnnOutcome([&] { p.DnnConvolutionForward(h, nullptr, a); }).status ==
+        gpurt::kDnnBadParamStreamMismatch);
+  CHECK(DnnOutcome([&] {
+          p.DnnConvolutionForward(p.LibraryHandle(gpurt::Library::kDnn, nullptr), nullptr, a);
+        }).status == 0);
+  Outcome blas =
+      DnnOutcome([&] { p.DnnConvolutionForward(p.LibraryHandle(gpurt::Library::kBlasLt, s1), s1, a); });
   CHECK(blas.status == gpurt::kDnnBadParam);
   CHECK(blas.message.find("cuBLASLt handle") != std::string::npos);
   CHECK(DnnOutcome([&] { p.DnnConvolutionForward(nullptr, s1, a); }).status == gpurt::kDnnBadParam);
   // A platform without cuDNN says so with cuDNN's own status.
   std::unique_ptr<gpurt::Platform> none(gpurt::CreateNoPlatform());
-  CHECK(DnnOutcome([&] { none->DnnPoolingForward(nullptr, nullptr, {}); }).status == gpurt::kDnnNotInitialized);
+  CHECK(DnnOutcome([&] { none->DnnPoolingForward(nullptr, nullptr, {}); }).status ==
+        gpurt::kDnnNotInitialized);
   p.DeviceSynchronize();
   for (void* d : {x, w, y}) p.Free(d);
   p.StreamDestroy(s1), p.StreamDestroy(s2);
@@ -266,7 +288,7 @@ TEST_CASE("gpu dnn: a handle bound to another stream, or not a cuDNN handle, is 
 TEST_CASE("gpu dnn: a host pointer or a too small buffer faults on the stream as the GPU's kernel would") {
   struct Bad {
     const char* name;
-    int which;  // 0: x is host memory, 1: y is one element short, 2: w lies on the other device
+    int which; // 0: x is host memory, 1: y is one element short, 2: w lies on the other device
     const char* says;
   };
   for (const Bad& b : {Bad{"host input", 0, "x (the input) is host memory"},
@@ -284,12 +306,14 @@ TEST_CASE("gpu dnn: a host pointer or a too small buffer faults on the stream as
     gpurt::DeviceGuard guard(0, *p);
     gpurt::Stream s = p->StreamCreate();
     void *x = p->Malloc(4096 * sizeof(float)), *w = p->Malloc(4096 * sizeof(float));
-    void* y = p->Malloc(256 * sizeof(float));  // 432 floats needed (allocations are rounded to 512 bytes)
+    void* y = p->Malloc(256 * sizeof(float)); // 432 floats needed (allocations are rounded to 512 bytes)
     void* big_y = p->Malloc(4096 * sizeof(float));
-    gpurt::ConvForwardArgs a = ValidConv(b.which == 0 ? host.data() : x, b.which == 2 ? other : w,
-                                         b.which == 1 ? y : big_y);
+    gpurt::ConvForwardArgs a =
+        ValidConv(b.which == 0 ? host.data() : x, b.which == 2 ? other : w, b.which == 1 ? y : big_y);
     // cuDNN does not look at the pointers: the call is queued, the kernel faults.
-    CHECK(DnnOutcome([&] { p->DnnConvolutionForward(p->LibraryHandle(gpurt::Library::kDnn, s), s, a); }).status == 0);
+    CHECK(DnnOutcome([&] {
+            p->DnnConvolutionForward(p->LibraryHandle(gpurt::Library::kDnn, s), s, a);
+          }).status == 0);
     int code = 0;
     std::string what;
     try {
@@ -307,7 +331,8 @@ TEST_CASE("gpu dnn: a host pointer or a too small buffer faults on the stream as
 }
 
 #if KILN_WITH_CUDNN
-TEST_CASE("dnn cuda: the CUDA platform's cuDNN handle is cudnnCreate's, and fails as cuDNN does without a driver") {
+TEST_CASE(
+    "dnn cuda: the CUDA platform's cuDNN handle is cudnnCreate's, and fails as cuDNN does without a driver") {
   std::unique_ptr<gpurt::Platform> cuda(gpurt::CreateCudaPlatform());
   REQUIRE(cuda);
   if (cuda->DeviceCount() == 0) {
@@ -315,7 +340,7 @@ TEST_CASE("dnn cuda: the CUDA platform's cuDNN handle is cudnnCreate's, and fail
     Outcome o = DnnOutcome([&] { cuda->LibraryHandle(gpurt::Library::kDnn, nullptr); });
     CHECK(o.status == gpurt::kDnnNotInitialized);
     CHECK(o.message.find("cudnnCreate") == 0);
-  } else {  // a real GPU: the handle is bound to the stream asked for, and one per device
+  } else { // a real GPU: the handle is bound to the stream asked for, and one per device
     void* h = cuda->LibraryHandle(gpurt::Library::kDnn, nullptr);
     CHECK(h != nullptr);
     CHECK(cuda->LibraryHandle(gpurt::Library::kDnn, nullptr) == h);

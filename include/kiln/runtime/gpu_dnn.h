@@ -17,15 +17,15 @@ namespace kiln::gpurt {
 /// cudnnStatus_t codes the cuDNN calls report (cuDNN 9 numbering).
 enum DnnStatus : int {
   kDnnSuccess = 0,
-  kDnnNotInitialized = 1001,           ///< CUDNN_STATUS_NOT_INITIALIZED (no handle, or not a cuDNN one)
-  kDnnBadParam = 2000,                 ///< CUDNN_STATUS_BAD_PARAM
-  kDnnBadParamNullPointer = 2002,      ///< CUDNN_STATUS_BAD_PARAM_NULL_POINTER
-  kDnnBadParamMisalignedPointer = 2003,  ///< CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
-  kDnnBadParamStreamMismatch = 2007,   ///< CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH
-  kDnnNotSupported = 3000,             ///< CUDNN_STATUS_NOT_SUPPORTED
-  kDnnNotSupportedDataType = 3003,     ///< CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE
-  kDnnNotSupportedLayout = 3004,       ///< CUDNN_STATUS_NOT_SUPPORTED_LAYOUT
-  kDnnExecutionFailed = 5000,          ///< CUDNN_STATUS_EXECUTION_FAILED
+  kDnnNotInitialized = 1001,            ///< CUDNN_STATUS_NOT_INITIALIZED (no handle, or not a cuDNN one)
+  kDnnBadParam = 2000,                  ///< CUDNN_STATUS_BAD_PARAM
+  kDnnBadParamNullPointer = 2002,       ///< CUDNN_STATUS_BAD_PARAM_NULL_POINTER
+  kDnnBadParamMisalignedPointer = 2003, ///< CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+  kDnnBadParamStreamMismatch = 2007,    ///< CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH
+  kDnnNotSupported = 3000,              ///< CUDNN_STATUS_NOT_SUPPORTED
+  kDnnNotSupportedDataType = 3003,      ///< CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE
+  kDnnNotSupportedLayout = 3004,        ///< CUDNN_STATUS_NOT_SUPPORTED_LAYOUT
+  kDnnExecutionFailed = 5000,           ///< CUDNN_STATUS_EXECUTION_FAILED
 };
 /// "CUDNN_STATUS_BAD_PARAM" for 2000; "CUDNN_STATUS_<number>" for codes not in the table.
 const char* DnnStatusName(int status);
@@ -33,7 +33,7 @@ const char* DnnStatusName(int status);
 /// A failed cuDNN call: a GpuError whose code() is the cudnnStatus_t (not a CUresult).
 /// what() reads "<call>: CUDNN_STATUS_NAME (n): <expected, found, what to do>".
 class DnnError : public GpuError {
- public:
+public:
   using GpuError::GpuError;
 };
 /// Throws DnnError(status) with "<call>: CUDNN_STATUS_NAME (status): <detail>".
@@ -50,10 +50,11 @@ struct DnnTensorDesc {
   int n = 0, c = 0, h = 0, w = 0;
   int64_t n_stride = 0, c_stride = 0, h_stride = 0, w_stride = 0;
   /// cudnnSetTensor4dDescriptor: fully packed in `format` (kNCHW or kNHWC).
-  static DnnTensorDesc Packed(DnnFormat format, int n, int c, int h, int w, DnnDataType t = DnnDataType::kFloat);
+  static DnnTensorDesc Packed(DnnFormat format, int n, int c, int h, int w,
+                              DnnDataType t = DnnDataType::kFloat);
   /// The elements [0, Span()) the tensor's addresses cover (the largest offset plus one).
   int64_t Span() const;
-  std::string ToString() const;  ///< "[n, c, h, w] strides [..] float"
+  std::string ToString() const; ///< "[n, c, h, w] strides [..] float"
 };
 
 /// A 4-d cudnnFilterDescriptor_t (cudnnSetFilter4dDescriptor): k output channels, c input
@@ -161,15 +162,15 @@ struct BatchNormArgs {
   const void* x_data = nullptr;
   DnnTensorDesc y;
   void* y_data = nullptr;
-  DnnTensorDesc param;  ///< bnScaleBiasMeanVarDesc: scale, bias, means and variances
+  DnnTensorDesc param; ///< bnScaleBiasMeanVarDesc: scale, bias, means and variances
   const void* scale = nullptr;
   const void* bias = nullptr;
-  double exponential_average_factor = 1.0;  ///< training only
-  void* running_mean = nullptr;  ///< training: updated; inference: read (estimatedMean)
-  void* running_var = nullptr;   ///< training: updated; inference: read (estimatedVariance)
+  double exponential_average_factor = 1.0; ///< training only
+  void* running_mean = nullptr;            ///< training: updated; inference: read (estimatedMean)
+  void* running_var = nullptr;             ///< training: updated; inference: read (estimatedVariance)
   double epsilon = 1e-5;
-  void* save_mean = nullptr;          ///< training only
-  void* save_inv_variance = nullptr;  ///< training only
+  void* save_mean = nullptr;         ///< training only
+  void* save_inv_variance = nullptr; ///< training only
 };
 
 // ---- cuDNN's argument checks, shared by every platform ----
@@ -195,7 +196,8 @@ void PoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, in
 void CheckConvForward(const ConvForwardArgs& a, const char* call = "cudnnConvolutionForward");
 /// The same of the backward calls: dy must be what the forward convolution of dx (x) by w (dw) gives.
 void CheckConvBackwardData(const ConvBackwardDataArgs& a, const char* call = "cudnnConvolutionBackwardData");
-void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a, const char* call = "cudnnConvolutionBackwardFilter");
+void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a,
+                             const char* call = "cudnnConvolutionBackwardFilter");
 void CheckPoolingForward(const PoolingForwardArgs& a, const char* call = "cudnnPoolingForward");
 /// `training`: cudnnBatchNormalizationForwardTraining, else ...ForwardInference.
 void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* call);
@@ -204,7 +206,8 @@ void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* ca
 /// they compute: CUDA builds only (runtime/cuda/dnn_cuda.cc), where tests compare them with the
 /// checks above. Each returns the first failing cudnnStatus_t of building the descriptors and
 /// asking for the output dim, else 0 with `out` filled.
-int CudnnConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const DnnConvDesc& c, int out[4]);
+int CudnnConvForwardOutputDim(const DnnTensorDesc& x, const DnnFilterDesc& w, const DnnConvDesc& c,
+                              int out[4]);
 int CudnnPoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, int out[4]);
 
-}  // namespace kiln::gpurt
+} // namespace kiln::gpurt
