@@ -18,7 +18,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
-#include "plan.h"
+#include "kiln/codegen/plan.h"
 
 namespace kiln {
 

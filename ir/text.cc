@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -60,6 +61,26 @@ std::string AttrText(const AttrValue& v) {
 
 std::string TypeText(const TensorType& t) { return DTypeName(t.dtype) + t.shape.str(); }
 
+// A node's planning notes: ` #group=G #stream=S #wait=%a,%b`, then one ` @arena+OFFSET` (or
+// ` @-`) per output when any output is placed. Nothing when nothing was decided.
+template <class Name>
+std::string NoteText(const Node& n, const Name& name) {
+  std::string out;
+  const NodeNote& note = n.note();
+  if (note.group >= 0) out += " #group=" + std::to_string(note.group);
+  if (note.stream >= 0) out += " #stream=" + std::to_string(note.stream);
+  for (size_t w = 0; w < note.waits.size(); ++w)
+    out += (w ? "," : " #wait=") + (note.waits[w] && !note.waits[w]->outputs().empty()
+                                        ? name(note.waits[w]->output())
+                                        : std::string("%<null>"));
+  bool placed = false;
+  for (const Value* v : n.outputs()) placed |= v && v->note().offset >= 0;
+  if (placed)
+    for (const Value* v : n.outputs())
+      out += v->note().offset >= 0 ? " @arena+" + std::to_string(v->note().offset) : std::string(" @-");
+  return out;
+}
+
 } // namespace
 
 std::string PrintGraph(const Graph& g) {
@@ -101,6 +122,7 @@ std::string PrintGraph(const Graph& g) {
       const Value* v = n->output(static_cast<int>(i));
       out += (i ? ", " : " ") + (v ? TypeText(v->type()) : std::string("?"));
     }
+    out += NoteText(*n, name);
     out += "\n";
   }
   out += "return";
@@ -113,7 +135,7 @@ std::string PrintGraph(const Graph& g) {
 
 namespace {
 
-enum class Tok { kValue, kIdent, kNumber, kString, kPunct, kNewline, kEnd, kBad };
+enum class Tok { kValue, kIdent, kNumber, kString, kPunct, kNewline, kEnd, kBad, kNote, kPlace };
 
 struct Token {
   Tok kind = Tok::kEnd;
@@ -125,6 +147,8 @@ std::string Describe(const Token& t) {
   switch (t.kind) {
   case Tok::kNewline: return "end of line";
   case Tok::kEnd: return "end of input";
+  case Tok::kNote: return "'#" + t.text + "='";
+  case Tok::kPlace: return t.text == "-" ? "'@-'" : "'@arena+" + t.text + "'";
   case Tok::kString: return "string " + Quote(t.text);
   case Tok::kBad:
     return "character " +
@@ -163,11 +187,22 @@ public:
 private:
   Token Lex() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\r')) Advance();
-    if (pos_ < s_.size() && s_[pos_] == '#')
-      while (pos_ < s_.size() && s_[pos_] != '\n') Advance();
     Token t;
     t.line = line_;
     t.col = col_;
+    if (pos_ < s_.size() && s_[pos_] == '#') {
+      // `#group=`, `#stream=`, `#wait=`: a planning note; any other '#' starts a comment.
+      for (std::string_view key : {"group=", "stream=", "wait="})
+        if (s_.substr(pos_ + 1, key.size()) == key) {
+          for (size_t k = 0; k < key.size(); ++k) Advance();  // '#' and the key; '=' is left
+          t.kind = Tok::kNote;
+          t.text = std::string(key.substr(0, key.size() - 1));
+          return t;
+        }
+      while (pos_ < s_.size() && s_[pos_] != '\n') Advance();
+      t.line = line_;
+      t.col = col_;
+    }
     if (pos_ >= s_.size()) return t;
     char c = s_[pos_];
     size_t start = pos_;
@@ -191,6 +226,16 @@ private:
       t.kind = Tok::kNumber;
     } else if (c == '"') {
       return LexString(t);
+    } else if (s_.substr(pos_, 7) == "@arena+" || s_.substr(pos_, 2) == "@-") {
+      // A value's placement: `@arena+256` (text "256") or `@-` (text "-").
+      const bool arena = s_[pos_ + 1] == 'a';
+      for (int k = 0; k < (arena ? 7 : 2); ++k) Advance();
+      const size_t digits = pos_;
+      while (arena && pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) Advance();
+      t.kind = Tok::kPlace;
+      t.text = arena ? std::string(s_.substr(digits, pos_ - digits)) : "-";
+      if (arena && t.text.empty()) Expected(t, "a byte offset after '@arena+'");
+      return t;
     } else if (std::strchr("()[]{},=:", c)) {
       Advance();
       t.kind = Tok::kPunct;
@@ -468,6 +513,37 @@ private:
     if (lex_.Peek().kind == Tok::kPunct && lex_.Peek().text == ",")
       Fail(lex_.Peek(), "expected end of line after " + std::to_string(results.size()) +
                             " type(s), one per result, found ','");
+    NodeNote note;
+    std::vector<int64_t> places;
+    std::optional<Token> first_place;
+    while (lex_.Peek().kind == Tok::kNote) {
+      Token key = lex_.Next();
+      Expect("=");
+      if (key.text == "wait") {
+        for (Value* v : ValueList()) {
+          if (!v->node()) Fail(key, "#wait= names " + std::string("a graph input; expected node results"));
+          note.waits.push_back(v->node());
+        }
+      } else {
+        Token t = lex_.Next();
+        int64_t x = Int(t, "a number after '#" + key.text + "='");
+        if (x < 0 || x > INT32_MAX) Fail(t, "expected #" + key.text + "= from 0 to 2^31-1, found " + t.text);
+        (key.text == "group" ? note.group : note.stream) = static_cast<int>(x);
+      }
+    }
+    while (lex_.Peek().kind == Tok::kPlace) {
+      Token t = lex_.Next();
+      if (!first_place) first_place = t;
+      int64_t x = -1;
+      if (t.text != "-") {
+        auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), x);
+        if (r.ec != std::errc()) Fail(t, "expected a byte offset that fits in 64 bits, found " + t.text);
+      }
+      places.push_back(x);
+    }
+    if (!places.empty() && places.size() != results.size())
+      Fail(*first_place, "expected one placement ('@arena+N' or '@-') per result, " +
+                             std::to_string(results.size()) + ", found " + std::to_string(places.size()));
     EndOfLine();
 
     ir::Node* n = nullptr;
@@ -490,7 +566,9 @@ private:
                                  TypeText(types[i].second) + ", but " + def.name + " infers " +
                                  TypeText(inferred));
       Define(results[i], n->output(static_cast<int>(i)));
+      if (!places.empty()) n->output(static_cast<int>(i))->note().offset = places[i];
     }
+    n->note() = std::move(note);
   }
 
   // One `name=value`, keyed by the schema's own name (Attrs keeps the pointer) and checked for

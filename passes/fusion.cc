@@ -25,9 +25,9 @@ std::optional<std::pair<int64_t, int64_t>> BroadcastIndex(const Shape& in, const
       if (in[d] != out[d + pad]) return std::nullopt;
       lo = std::min(lo, d + pad), hi = std::max(hi, d + pad);
     }
-  if (hi < 0) return std::pair<int64_t, int64_t>{1, 1};  // one element
+  if (hi < 0) return std::pair<int64_t, int64_t>{1, 1}; // one element
   for (int d = lo; d <= hi; ++d)
-    if (in[d - pad] == 1 && out[d] != 1) return std::nullopt;  // not one contiguous block
+    if (in[d - pad] == 1 && out[d] != 1) return std::nullopt; // not one contiguous block
   int64_t outer = 1, inner = 1;
   for (int d = lo; d <= hi; ++d) outer *= out[d];
   for (int d = hi + 1; d < r; ++d) inner *= out[d];
@@ -46,7 +46,7 @@ std::vector<ElementwiseGroup> FindElementwiseGroups(const ir::Graph& graph, cons
   for (size_t i = 0; i < n_nodes; ++i)
     if (live[i])
       for (const ir::Value* v : graph.nodes()[i]->inputs()) ++uses[v->id()];
-  for (const ir::Value* v : graph.outputs()) uses[v->id()] += 2;  // an output is always materialized
+  for (const ir::Value* v : graph.outputs()) uses[v->id()] += 2; // an output is always materialized
   std::vector<int> group_of(n_nodes, -1);
   std::vector<ElementwiseGroup> groups;
   auto operands_ok = [](const ir::Node& n, const Shape& shape) {
@@ -69,8 +69,9 @@ std::vector<ElementwiseGroup> FindElementwiseGroups(const ir::Graph& graph, cons
         group_of[j] = static_cast<int>(groups.size());
         groups.push_back({{static_cast<int>(j)}});
       }
-      if (join < 0) join = group_of[j];
-      else if (join != group_of[j]) {  // two producer groups: merge the second into the first
+      if (join < 0)
+        join = group_of[j];
+      else if (join != group_of[j]) { // two producer groups: merge the second into the first
         ElementwiseGroup& other = groups[static_cast<size_t>(group_of[j])];
         int gone = group_of[j];
         for (int m : other.members) group_of[static_cast<size_t>(m)] = join;
@@ -89,4 +90,20 @@ std::vector<ElementwiseGroup> FindElementwiseGroups(const ir::Graph& graph, cons
   return groups;
 }
 
-}  // namespace kiln::passes
+bool RunElementwiseFusion(ir::Graph& graph) {
+  const auto& nodes = graph.nodes();
+  std::vector<bool> live(nodes.size(), true), claimed(nodes.size(), false);
+  int next = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    claimed[i] = nodes[i]->note().group >= 0;
+    next = std::max(next, nodes[i]->note().group + 1);
+  }
+  const std::vector<ElementwiseGroup> groups = FindElementwiseGroups(graph, live, claimed);
+  for (const ElementwiseGroup& grp : groups) {
+    for (int m : grp.members) nodes[static_cast<size_t>(m)]->note().group = next;
+    ++next;
+  }
+  return !groups.empty();
+}
+
+} // namespace kiln::passes

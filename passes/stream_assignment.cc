@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kiln/passes/graph_steps.h"
+#include "kiln/runtime/dtype.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::passes {
@@ -12,8 +14,8 @@ StreamSchedule AssignStreams(std::span<const StreamStep> steps, int max_streams)
   size_t n = steps.size();
   std::vector<int> stream(n, 0);
   std::vector<double> finish(n, 0);
-  std::vector<double> free_at;  // per stream: when its last step ends
-  std::vector<int> tail;        // per stream: its last step
+  std::vector<double> free_at; // per stream: when its last step ends
+  std::vector<int> tail;       // per stream: its last step
   max_streams = std::max(1, max_streams);
   for (size_t i = 0; i < n; ++i) {
     double ready = 0;
@@ -83,7 +85,7 @@ void AddReuseDeps(std::span<const ArenaBlock> blocks, std::vector<StreamStep>& s
     std::vector<int>& deps = steps[static_cast<size_t>(later.writer)].deps;
     for (const ArenaBlock& earlier : blocks) {
       if (&earlier == &later || earlier.writer < 0 || earlier.writer >= later.writer) continue;
-      if (earlier.end <= later.begin || later.end <= earlier.begin) continue;  // no overlap
+      if (earlier.end <= later.begin || later.end <= earlier.begin) continue; // no overlap
       auto add = [&](int d) {
         if (d < later.writer && std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
       };
@@ -102,4 +104,52 @@ double& MinConcurrentWork() {
   return bytes;
 }
 
-}  // namespace kiln::passes
+bool RunStreamAssignment(ir::Graph& graph, int max_streams) {
+  const auto& nodes = graph.nodes();
+  const std::vector<int> roots = GroupRoots(graph);
+  std::vector<int> step_of(nodes.size(), -1), order;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (roots[i] == static_cast<int>(i)) {
+      step_of[i] = static_cast<int>(order.size());
+      order.push_back(static_cast<int>(i));
+    }
+  auto bytes = [](const ir::Value* v) {
+    return static_cast<double>(v->shape().numel()) * static_cast<double>(DTypeSize(v->dtype()));
+  };
+  std::vector<StreamStep> steps(order.size(), StreamStep{{}, 0.0});
+  std::vector<bool> library(order.size(), false);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int k = step_of[static_cast<size_t>(roots[i])];
+    StreamStep& st = steps[static_cast<size_t>(k)];
+    for (const ir::Value* v : nodes[i]->inputs()) {
+      const int d =
+          v->node() ? step_of[static_cast<size_t>(roots[static_cast<size_t>(v->node()->id())])] : -1;
+      if (d == k) continue; // computed inside the group
+      st.cost += bytes(v);
+      if (d >= 0 && std::find(st.deps.begin(), st.deps.end(), d) == st.deps.end()) st.deps.push_back(d);
+    }
+    if (roots[i] == static_cast<int>(i))
+      for (const ir::Value* o : nodes[i]->outputs()) st.cost += bytes(o);
+    library[static_cast<size_t>(k)] =
+        library[static_cast<size_t>(k)] || nodes[i]->def().fusion == ir::FusionKind::kOutEwiseFusable;
+  }
+  for (size_t k = 0; k < steps.size(); ++k)
+    if (library[k]) steps[k].cost *= 4;
+  const StreamSchedule s = AssignStreams(steps, max_streams);
+  bool changed = false;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    ir::NodeNote note = nodes[i]->note();
+    note.stream = -1;
+    note.waits.clear();
+    if (const int k = step_of[i]; k >= 0 && s.num_streams > 1) {
+      note.stream = s.stream[static_cast<size_t>(k)];
+      for (int w : s.waits[static_cast<size_t>(k)])
+        note.waits.push_back(nodes[static_cast<size_t>(order[static_cast<size_t>(w)])].get());
+    }
+    changed |= !(note == nodes[i]->note());
+    nodes[i]->note() = std::move(note);
+  }
+  return changed;
+}
+
+} // namespace kiln::passes

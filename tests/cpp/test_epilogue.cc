@@ -1,4 +1,4 @@
-// Epilogue groups (frontend/fuse_epilogue.cc): a conv2d or matmul with its bias add, activation
+// Epilogue groups (codegen/plan/fuse_epilogue.cc): a conv2d or matmul with its bias add, activation
 // and residual add runs as one oneDNN call with post-ops, with the results of the unfused ops, on
 // plain, channels-last, hand-written (one input channel) and few-row kernels alike; a value read
 // outside the chain ends the group there; KILN_DISABLE_PASS=epilogue turns the step off. The

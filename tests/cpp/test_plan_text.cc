@@ -1,4 +1,4 @@
-// Golden text of compiled plans (frontend/plan.h, PlanText): graphs written as IR text are planned
+// Golden text of compiled plans (codegen/plan.h, PlanText): graphs written as IR text are planned
 // and printed with each node's decisions: memory planning (arena offsets, in place), fusion
 // (elementwise and row groups) and stream assignment (streams, waits, the per-stream layout).
 // Planning the printed text again gives the same text (the decisions are a function of the graph);
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "../../frontend/plan.h"
+#include "kiln/codegen/plan.h"
 #include "kiln/ir/text.h"
 #include "test_util.h"
 

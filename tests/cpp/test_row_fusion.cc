@@ -1,4 +1,4 @@
-// Row groups of the fusion step (frontend/fuse_rows.cc): softmax, log-softmax and x - logsumexp(x)
+// Row groups of the fusion step (codegen/plan/fuse_rows.cc): softmax, log-softmax and x - logsumexp(x)
 // over the last axis compile to one row kernel and match eager execution on odd row lengths and
 // on NaN and -inf; an intermediate that is also an output is written by the kernel; a value read
 // outside the group before its end, a reduction over another axis and KILN_DISABLE_PASS=fusion

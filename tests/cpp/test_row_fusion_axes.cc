@@ -1,4 +1,4 @@
-// Row groups beyond the trailing axes (frontend/fuse_rows.cc, codegen/row.cc): strided rows
+// Row groups beyond the trailing axes (codegen/plan/fuse_rows.cc, codegen/row.cc): strided rows
 // (reductions over leading and trailing axes around a kept block, batch-norm statistics over
 // (0, 2, 3)), columns (reductions over leading axes only: (0,), (0, 1)) and cross-entropy's
 // one_hot read as labels. Fused results match eager execution and the unfused plan on odd sizes

@@ -121,7 +121,7 @@ def test_dead_rank_ends_the_job_with_a_clear_message(how):
 @needs_mpirun
 def test_gpu_allreduce_over_nccl():
     if kiln.num_gpus() == 0:
-        pytest.skip("no GPU on this machine: the NCCL allreduce did not run")
+        pytest.skip("needs a real GPU (NCCL between processes; simulated GPUs live in one process): did not run")
     if not kiln._C.distributed.nccl_available():
         pytest.skip("kiln was built without NCCL")
     # One rank per GPU (NCCL refuses two ranks on one GPU); one GPU still runs a 1-rank NCCL world.

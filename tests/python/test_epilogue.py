@@ -1,4 +1,4 @@
-"""Epilogue groups (frontend/fuse_epilogue.cc): a hybridized Conv2D or Dense with its bias and
+"""Epilogue groups (codegen/plan/fuse_epilogue.cc): a hybridized Conv2D or Dense with its bias and
 activation runs as one oneDNN call with post-ops, with the same outputs and gradients as eager;
 the compile report lists the group by its ops, and KILN_DISABLE_PASS=epilogue turns it off."""
 import os

@@ -130,3 +130,16 @@ def test_naive_engine_on_simulated_gpus():
     """)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_split_and_load_onto_simulated_gpus():
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import utils
+        x = np.arange(12, dtype=np.float32).reshape(6, 2)
+        parts = utils.split_and_load(x, [kiln.cpu(), kiln.gpu(0), kiln.gpu(1)])
+        assert [p.device for p in parts] == [kiln.cpu(), kiln.gpu(0), kiln.gpu(1)]
+        np.testing.assert_array_equal(np.concatenate([p.asnumpy() for p in parts]), x)
+        print("ok")
+    """)
+    assert "ok" in out

@@ -60,12 +60,6 @@ def test_split_and_load_one_and_many_devices():
         utils.split_and_load(x, [])
 
 
-@pytest.mark.skipif(kiln.num_gpus() == 0, reason="needs a GPU")
-def test_split_and_load_onto_gpus():
-    parts = utils.split_and_load(np.ones((4, 2), np.float32), [kiln.cpu(), kiln.gpu(0)])
-    assert parts[1].device == kiln.gpu(0) and parts[1].asnumpy().sum() == 4
-
-
 def test_progress_bar_off_the_terminal_prints_one_final_line():
     out = io.StringIO()
     bar = utils.ProgressBar(range(7), desc="epoch 1", file=out)

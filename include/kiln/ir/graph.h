@@ -16,6 +16,22 @@ namespace kiln::ir {
 
 class Node;
 
+/// What the planning passes decided about a value (passes/memory_planning.h), printed in the text
+/// form after its node's types as `@arena+256` (its byte offset in the plan's arena).
+struct ValueNote {
+  int64_t offset = -1;  ///< byte offset in the arena; -1: not placed there
+  bool operator==(const ValueNote&) const = default;
+};
+
+/// What the planning passes decided about a node, printed after its types as
+/// `#group=3 #stream=1 #wait=%5,%7` (fields left unset print nothing).
+struct NodeNote {
+  int group = -1;                  ///< fusion group; the group's last member runs it
+  int stream = -1;                 ///< the stream (executor lane) it runs on
+  std::vector<const Node*> waits;  ///< nodes of other streams it waits for
+  bool operator==(const NodeNote&) const = default;
+};
+
 class Value {
  public:
   Node* node() const { return node_; }  ///< producer; nullptr for a graph input
@@ -25,6 +41,9 @@ class Value {
   const Shape& shape() const { return type_.shape; }
   DType dtype() const { return type_.dtype; }
   const std::string& name() const { return name_; }
+  /// Planning decisions (typed annotations; a graph copy does not carry them).
+  const ValueNote& note() const { return note_; }
+  ValueNote& note() { return note_; }
 
  private:
   friend class Graph;
@@ -33,6 +52,7 @@ class Value {
   int id_ = 0;
   TensorType type_;
   std::string name_;
+  ValueNote note_;
 };
 
 class Node {
@@ -45,6 +65,9 @@ class Node {
   Value* input(int i) const { return inputs_[i]; }
   Value* output(int i = 0) const { return outputs_[i]; }
   int id() const { return id_; }
+  /// Planning decisions (typed annotations; a graph copy does not carry them).
+  const NodeNote& note() const { return note_; }
+  NodeNote& note() { return note_; }
 
  private:
   friend class Graph;
@@ -53,6 +76,7 @@ class Node {
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
   int id_ = 0;
+  NodeNote note_;
 };
 
 class Graph {
@@ -96,7 +120,8 @@ using ValueMap = std::unordered_map<const Value*, Value*>;
 /// Appends a copy of `src`'s nodes [begin, end) (end 0: to the last) to `dst`, in order. Every
 /// value a copied node reads must be in `map` already (a graph input mapped by the caller, or the
 /// output of a node copied before); `map` gains the copies' outputs. Attributes are copied as
-/// resolved and output types inferred again (they match: same op, same input types).
+/// resolved and output types inferred again (they match: same op, same input types). Planning
+/// notes (NodeNote, ValueNote) are not copied.
 void CopyNodes(const Graph& src, Graph& dst, ValueMap& map, size_t begin = 0, size_t end = 0);
 
 /// A whole copy of `src`: its inputs (same names and types, same order), nodes and outputs.

@@ -3,11 +3,15 @@
 // It is not the exchange format (that is NAME-symbol.json) and carries no parameters.
 //
 // Grammar (one statement per line; blank lines and `#` comments to the end of a line are skipped;
-// spaces and tabs separate tokens anywhere within a line):
+// spaces and tabs separate tokens anywhere within a line; `#group=`, `#stream=` and `#wait=` are
+// planning notes, not comments):
 //
 //   graph     := { input | node } return
 //   input     := VALUE '=' 'input' STRING ':' type
 //   node      := VALUE { ',' VALUE } '=' OP '(' [ VALUE { ',' VALUE } ] ')' [ attrs ] ':' type { ',' type }
+//                { note } [ place { place } ]
+//   note      := '#group=' INT | '#stream=' INT | '#wait=' VALUE { ',' VALUE }
+//   place     := '@arena+' INT | '@-'        one per result, in order
 //   return    := 'return' [ VALUE { ',' VALUE } ]
 //   attrs     := '{' [ NAME '=' attr { ',' NAME '=' attr } ] '}'
 //   attr      := INT | FLOAT | 'true' | 'false' | DTYPE | '[' [ INT { ',' INT } ] ']'
@@ -16,6 +20,10 @@
 //   INT       := -?[0-9]+                     (64-bit)
 //   FLOAT     := a number with '.', an exponent, 'inf', '-inf' or 'nan'   e.g. 1.0  -2.5e-07
 //   STRING    := '"' with \" \\ \n \r \t \xHH escapes '"'
+//
+// Notes and places are the typed planning annotations of ir/graph.h (NodeNote, ValueNote): a node's
+// fusion group, stream and the nodes of other streams it waits for (named by their first result),
+// and where each result lives in the plan's arena. The printer writes them only when set.
 //
 // The printer writes the canonical form: graph inputs first, then nodes in order, values renumbered
 // %0, %1, ... in that order; every attribute of the op's schema in schema order (defaults

@@ -1,9 +1,8 @@
 // Fusion decisions (DESIGN.md sections 8 and 9): which ops may join a generated kernel, how an
 // operand is read along a group's output, and the elementwise groups of a graph. These are
 // decisions over the graph alone; turning a group into a kernel (and dropping a group the code
-// generator cannot take) is the plan builder's, through codegen/. Row groups and epilogue groups
-// are found while their kernels are built (frontend/fuse_rows.cc, fuse_epilogue.cc), and claim
-// their members before elementwise groups are formed.
+// generator cannot take) is the plan builder's, through codegen/. Row groups (row_fusion.h) and
+// epilogue groups (epilogue_fusion.h) claim their members before elementwise groups are formed.
 #pragma once
 
 #include <cstdint>
@@ -40,4 +39,9 @@ struct ElementwiseGroup {
 std::vector<ElementwiseGroup> FindElementwiseGroups(const ir::Graph& graph, const std::vector<bool>& live,
                                                     const std::vector<bool>& claimed);
 
-}  // namespace kiln::passes
+/// The pass over a graph: the elementwise groups among the nodes with no `#group=` note yet
+/// (row and epilogue groups claim theirs first), each recorded on its members as a `#group=` note
+/// numbered after the graph's highest group. True when a group was formed (a second run forms none).
+bool RunElementwiseFusion(ir::Graph& graph);
+
+} // namespace kiln::passes

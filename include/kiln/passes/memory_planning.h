@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "kiln/ir/graph.h"
 #include "kiln/runtime/dtype.h"
 
 namespace kiln::passes {
@@ -34,22 +35,22 @@ struct MemoryValue {
 /// One step: the values it reads and writes, whether its output may take a dying input's block,
 /// and its stream.
 struct MemoryStep {
-  std::vector<int> reads, writes;  ///< value indices
+  std::vector<int> reads, writes; ///< value indices
   bool elementwise = false;
   int stream = 0;
 };
 
 struct MemoryOptions {
-  bool in_place = true;     ///< KILN_DISABLE_PASS=inplace turns it off
-  bool per_stream = false;  ///< reuse a freed block only on the stream that freed it
+  bool in_place = true;    ///< KILN_DISABLE_PASS=inplace turns it off
+  bool per_stream = false; ///< reuse a freed block only on the stream that freed it
 };
 
 struct MemoryPlan {
-  std::vector<int64_t> offset;  ///< per value: byte offset in the arena, -1 when not planned
+  std::vector<int64_t> offset; ///< per value: byte offset in the arena, -1 when not planned
   size_t arena_bytes = 0;
-  int intermediates = 0;        ///< values placed
-  int in_place = 0;             ///< of those, written over an input that dies there
-  size_t unshared_bytes = 0;    ///< their blocks summed, as if none shared memory
+  int intermediates = 0;     ///< values placed
+  int in_place = 0;          ///< of those, written over an input that dies there
+  size_t unshared_bytes = 0; ///< their blocks summed, as if none shared memory
 };
 
 /// A value's block: its bytes rounded up to 64.
@@ -59,4 +60,13 @@ size_t BlockBytes(DType dtype, int64_t numel);
 MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryValue> values,
                       const MemoryOptions& options);
 
-}  // namespace kiln::passes
+/// The pass over a graph: lays out its values as a plan runs it, one step per node that runs, in
+/// order (a node with a `#group=` note runs only as its group's last member, reading every operand
+/// the group takes from outside; a group of elementwise ops only is elementwise), on the stream of
+/// its `#stream=` note (0 when unset), and records each value's byte offset in its ValueNote
+/// (printed `@arena+N`; -1 for graph inputs and outputs and the values a group computes inside;
+/// a member's value read outside its group is written by the group's step, as a row group does).
+/// Returns true when an offset changed; `arena_bytes`, when given, receives the arena's size.
+bool RunMemoryPlanning(ir::Graph& graph, const MemoryOptions& options, size_t* arena_bytes = nullptr);
+
+} // namespace kiln::passes

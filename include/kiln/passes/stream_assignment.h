@@ -18,6 +18,8 @@
 #include <span>
 #include <vector>
 
+#include "kiln/ir/graph.h"
+
 namespace kiln::passes {
 
 /// One step of a plan: the earlier steps it must wait for, and its estimated cost (any unit).
@@ -28,11 +30,11 @@ struct StreamStep {
 
 struct StreamSchedule {
   int num_streams = 1;
-  std::vector<int> stream;              ///< per step
-  std::vector<std::vector<int>> waits;  ///< per step: the latest step of each other stream it needs
-  std::vector<std::vector<int>> lists;  ///< per stream: its steps in plan order
-  double critical = 0;                  ///< estimated time with the streams concurrent
-  double total = 0;                     ///< estimated time one after another
+  std::vector<int> stream;             ///< per step
+  std::vector<std::vector<int>> waits; ///< per step: the latest step of each other stream it needs
+  std::vector<std::vector<int>> lists; ///< per stream: its steps in plan order
+  double critical = 0;                 ///< estimated time with the streams concurrent
+  double total = 0;                    ///< estimated time one after another
 };
 
 /// Splits `steps` (in a valid order: every dep is an earlier step) into at most `max_streams`.
@@ -60,4 +62,12 @@ bool WorthConcurrent(const StreamSchedule& s, double min_work);
 /// The default `min_work` of plans (cost unit: bytes moved): 4 MB. Tests set it to 0.
 double& MinConcurrentWork();
 
-}  // namespace kiln::passes
+/// The pass over a graph: assigns its steps (passes/graph_steps.h: a node, or a `#group=` group at
+/// its last member) to at most `max_streams` streams by AssignStreams, with the plan's estimate
+/// of cost (bytes read and written; four times that for a matmul or convolution), and records
+/// each step's stream and the steps of other streams it waits for as `#stream=` and `#wait=`
+/// notes. With one stream there is nothing to record (the notes are cleared). True when a note
+/// changed.
+bool RunStreamAssignment(ir::Graph& graph, int max_streams);
+
+} // namespace kiln::passes

@@ -1,10 +1,11 @@
-// Row groups of the fusion step (DESIGN.md section 9): a float32 reduction (sum, mean, max, min;
+// Row fusion (DESIGN.md section 9; the decisions only, over the graph: building and compiling a
+// group's kernel is the plan builder's, codegen/plan/fuse_rows.cc): a float32 reduction (sum, mean, max, min;
 // ops of fusion kind kReduce) over the trailing axes of a tensor, or over leading and trailing
 // axes around one kept block (batch-norm statistics over (0, 2, 3) of NCHW: one row per channel;
 // a sum over (0,) of a matrix: one row per column),
 // grown backwards by its elementwise producers and forwards by its elementwise consumers, per-row
 // ops on reduced values and chained reductions over the same rows, becomes one
-// codegen::RowKernel. Softmax and log-softmax over the last axis are one group each: max -> sub ->
+// row kernel. Softmax and log-softmax over the last axis are one group each: max -> sub ->
 // exp -> sum -> log/div -> sub; cross-entropy adds its one_hot (read as labels), mul, sum and neg;
 // batch norm's mean -> sub -> square -> mean -> rsqrt -> mul (and its backward's sums) are one
 // strided group. broadcast_to to the whole shape is elementwise here, and reshapes of reduced
@@ -20,42 +21,31 @@
 //
 // Not here: reductions over axes that are not leading and trailing around one block, or whose
 // trailing reduced axes hold 2 to 7 elements (they run unfused), column groups that would only
-// save the re-read of a value written anyway (OnePassOverWrittenValues), the final reduction over
+// save the re-read of a value written anyway (the plan builder refuses them through
+// RowFusionOptions::accept, as it does groups codegen cannot compile), the final reduction over
 // the rows of a loss (another kernel), and GPUs (the caller fuses only on CPU). Very long rows in
 // few rows stay unfused: the kernel splits work by rows only.
+#include "kiln/passes/row_fusion.h"
+
 #include <algorithm>
-#include <functional>
-#include <map>
 #include <memory>
-#include <set>
 #include <unordered_map>
 
-#include "kiln/runtime/cpu/loops.h"
-#include "plan.h"
+#include "kiln/ir/op.h"
+#include "kiln/passes/fusion.h"
+#include "kiln/runtime/error.h"
 
-#if KILN_WITH_CODEGEN
-
-namespace kiln::fusion {
+namespace kiln::passes {
 namespace {
-
-using codegen::Expr;
-using codegen::RowProgram;
-
-enum class Level : uint8_t { kElement, kRow };
+using Level = RowLevel;
 
 // A strided row is read in stretches of `inner` contiguous floats, vectorized within a stretch;
 // with no trailing axis reduced (inner 1) the rows are columns, vectorized across adjacent rows
-// instead (RowProgram::kColumns). Between the two, stretches of 2 to 7 floats run slower fused
+// instead (RowLayout::kColumns). Between the two, stretches of 2 to 7 floats run slower fused
 // than unfused (measured: (0, 2) of (4096, 64, 4) 1.1x slower, of (2048, 64, 8) 1.8x faster).
 constexpr int64_t kMinStretch = 8;
 
-// How a reduction's input is viewed as rows: `len` elements per row, `rows` rows, laid out as
-// RowProgram::Layout says (kStrided: stretches of `inner` contiguous elements).
-struct RowShape {
-  RowProgram::StepKind kind = RowProgram::kSum;
-  RowProgram::Layout layout = RowProgram::kContiguous;
-  int64_t len = 0, inner = 0;
-};
+} // namespace
 
 // The reduction a node computes, when it is one a row kernel can take: a float32 sum, mean, max
 // or min (keepdims, or not unless to a scalar) over the trailing axes (contiguous rows), or over
@@ -64,13 +54,13 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
   const ir::OpDef& d = n.def();
   if (d.fusion != ir::FusionKind::kReduce || n.inputs().size() != 1 || n.outputs().size() != 1)
     return std::nullopt;
-  std::optional<RowProgram::StepKind> kind;
+  std::optional<RowReduce> kind;
   switch (n.op()) {
-    case op::kSum: kind = RowProgram::kSum; break;
-    case op::kMean: kind = RowProgram::kMean; break;
-    case op::kMax: kind = RowProgram::kMax; break;
-    case op::kMin: kind = RowProgram::kMin; break;
-    default: return std::nullopt;
+  case op::kSum: kind = RowReduce::kSum; break;
+  case op::kMean: kind = RowReduce::kMean; break;
+  case op::kMax: kind = RowReduce::kMax; break;
+  case op::kMin: kind = RowReduce::kMin; break;
+  default: return std::nullopt;
   }
   const ir::Value* x = n.input(0);
   const Shape& s = x->shape();
@@ -103,47 +93,96 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
   } else if (outer == 1) { // no leading axis left to reduce: contiguous rows
     r.len = r.inner = inner;
   } else if (inner == 1) { // only leading axes: columns
-    r.layout = RowProgram::kColumns;
+    r.layout = RowLayout::kColumns;
     r.len = outer;
     r.inner = 1;
   } else if (inner < kMinStretch) {
     return std::nullopt; // the kernel would read a few floats per stretch
   } else {
-    r.layout = RowProgram::kStrided;
+    r.layout = RowLayout::kStrided;
     r.len = outer * inner;
     r.inner = inner;
   }
   return r;
 }
 
+namespace {
 // The element values of `one_hot` over the rows: a float32 one-hot (1 on, 0 off) of depth len whose
-// indices are one per row, read by a contiguous row kernel as labels (RowProgram::kOneHot).
-std::optional<RowProgram::InputKind> OneHotLabels(const ir::Node& n, const Shape& full, int64_t rows,
-                                                  int64_t len, RowProgram::Layout layout) {
-  if (n.op() != op::kOneHot || layout != RowProgram::kContiguous || n.output()->shape() != full ||
+// indices are one per row, read by a contiguous row kernel as labels (RowRead::kOneHot).
+std::optional<RowRead> OneHotLabels(const ir::Node& n, const Shape& full, int64_t rows, int64_t len,
+                                    RowLayout layout) {
+  if (n.op() != op::kOneHot || layout != RowLayout::kContiguous || n.output()->shape() != full ||
       n.output()->dtype() != DType::kFloat32 || n.attrs().Int("depth") != len ||
       n.attrs().Float("on_value") != 1.0 || n.attrs().Float("off_value") != 0.0 ||
       n.input(0)->shape().numel() != rows)
     return std::nullopt;
-  if (n.input(0)->dtype() == DType::kInt64) return RowProgram::kOneHot;
-  if (n.input(0)->dtype() == DType::kInt32) return RowProgram::kOneHot32;
+  if (n.input(0)->dtype() == DType::kInt64) return RowRead::kOneHot;
+  if (n.input(0)->dtype() == DType::kInt32) return RowRead::kOneHot32;
   return std::nullopt;
 }
 
+} // namespace
+
 // Ops that keep their input's elements in order (a row value keeps its rows through them).
-bool KeepsOrder(const ir::Node& n) {
+bool KeepsRowOrder(const ir::Node& n) {
   const ir::OpId id = n.op();
   return (id == op::kReshape || id == op::kExpandDims || id == op::kSqueeze) && n.inputs().size() == 1 &&
          n.outputs().size() == 1;
 }
 
+bool RowGroup::IsMember(int i) const { return std::binary_search(members.begin(), members.end(), i); }
+
+bool RowGroup::IsMemberValue(const ir::Value* v) const { return v->node() && IsMember(v->node()->id()); }
+
+RowLevel RowGroup::LevelOf(const ir::Value* v) const {
+  auto it = std::lower_bound(members.begin(), members.end(), v->node()->id());
+  KILN_CHECK(it != members.end() && *it == v->node()->id())
+      << "LevelOf: %" << v->id() << " is no member value";
+  return levels[static_cast<size_t>(it - members.begin())];
+}
+
+std::optional<RowReduce> RowGroup::ReductionOf(int i) const {
+  auto it = std::lower_bound(members.begin(), members.end(), i);
+  if (it == members.end() || *it != i) return std::nullopt;
+  return reduce[static_cast<size_t>(it - members.begin())];
+}
+
+std::optional<RowRead> RowGroup::OneHot(const ir::Node& n) const {
+  return OneHotLabels(n, full, rows, len, layout);
+}
+
+bool RowGroup::IsBroadcast(const ir::Node& n) const {
+  return n.op() == op::kBroadcastTo && n.inputs().size() == 1 && n.outputs().size() == 1 &&
+         n.output()->shape() == full && n.output()->dtype() == DType::kFloat32 &&
+         n.input(0)->dtype() == DType::kFloat32;
+}
+
+std::optional<RowRead> RowGroup::ExternalRead(const ir::Value* w, RowLevel level, const Shape& out) const {
+  if (w->dtype() != DType::kFloat32) return std::nullopt;
+  if (w->shape().numel() == 1) return RowRead::kScalar;
+  if (level == RowLevel::kRow) {
+    if (w->shape().numel() == rows && BroadcastIndex(w->shape(), out)) return RowRead::kRow;
+    return std::nullopt;
+  }
+  // A row value broadcast along the tensor repeats every `stride` elements: len (contiguous) or
+  // inner (strided).
+  const int64_t stride = layout == RowLayout::kContiguous ? len : inner;
+  auto b = BroadcastIndex(w->shape(), full);
+  if (!b) return std::nullopt;
+  if (b->second == 0) return RowRead::kElement;
+  if (b->first == stride && b->second == rows) return RowRead::kRow;
+  if (layout == RowLayout::kContiguous && b->first == 1 && b->second == len) return RowRead::kColumn;
+  return std::nullopt;
+}
+
+namespace {
 class RowGroupBuilder {
 public:
   /// `wide`: also sibling reductions and consumers before the seed (what may close a cycle through
   /// outside nodes; the caller then grows again without).
   RowGroupBuilder(const ir::Graph& g, const std::vector<bool>& live, const std::vector<bool>& claimed,
-                  const std::vector<std::vector<int>>& readers, bool wide)
-      : g_(g), live_(live), claimed_(claimed), readers_(readers), wide_(wide),
+                  const std::vector<std::vector<int>>& readers, bool wide, int num_threads)
+      : g_(g), live_(live), claimed_(claimed), readers_(readers), wide_(wide), num_threads_(num_threads),
         member_(g.nodes().size(), false), tainted_(g.nodes().size(), false), leaf_(g.nodes().size(), false) {}
 
   /// Grows the group of reduction node `seed`; returns its members in order (empty: no group).
@@ -154,10 +193,12 @@ public:
     len_ = shape.len;
     // A row value broadcast along the tensor repeats every `stride_` elements: len (contiguous)
     // or inner (strided).
-    stride_ = shape.layout == RowProgram::kContiguous ? len_ : shape.inner;
+    stride_ = shape.layout == RowLayout::kContiguous ? len_ : shape.inner;
     rows_ = len_ == 0 ? 0 : full_.numel() / len_;
+    geo_.layout = shape.layout, geo_.full = full_, geo_.rows = rows_, geo_.len = len_,
+    geo_.inner = shape.inner;
     // Empty, or too few rows to split long ones across threads: the kernel splits by rows only.
-    if (rows_ == 0 || (len_ > (1 << 16) && rows_ < std::min(64, 4 * host::NumThreads()))) return {};
+    if (rows_ == 0 || (len_ > (1 << 16) && rows_ < std::min(64, 4 * num_threads_))) return {};
     Admit(seed, Level::kRow);
     reduction_[seed] = shape.kind;
     GrowProducers(red.input(0));
@@ -198,36 +239,25 @@ public:
   bool IsMemberValue(const ir::Value* v) const {
     return v->node() && member_[static_cast<size_t>(v->node()->id())];
   }
-  std::optional<RowProgram::StepKind> ReductionOf(int i) const {
+  std::optional<RowReduce> ReductionOf(int i) const {
     auto it = reduction_.find(i);
     return it == reduction_.end() ? std::nullopt : std::optional(it->second);
   }
-  /// How a one_hot node's labels are read, if `n` is one the kernel computes.
-  std::optional<RowProgram::InputKind> OneHot(const ir::Node& n) const {
-    return OneHotLabels(n, full_, rows_, len_, shape_.layout);
-  }
-  /// broadcast_to of a value the kernel reads per element, to the whole shape.
-  bool IsBroadcast(const ir::Node& n) const {
-    return n.op() == op::kBroadcastTo && n.inputs().size() == 1 && n.outputs().size() == 1 &&
-           n.output()->shape() == full_ && n.output()->dtype() == DType::kFloat32 &&
-           n.input(0)->dtype() == DType::kFloat32;
+  std::optional<RowRead> OneHot(const ir::Node& n) const { return geo_.OneHot(n); }
+  bool IsBroadcast(const ir::Node& n) const { return geo_.IsBroadcast(n); }
+  std::optional<RowRead> ExternalKind(const ir::Value* w, Level level, const Shape& out) const {
+    return geo_.ExternalRead(w, level, out);
   }
 
-  /// How an external operand `w` of a node at `level` is read, or nullopt when it cannot be.
-  std::optional<RowProgram::InputKind> ExternalKind(const ir::Value* w, Level level, const Shape& out) const {
-    if (w->dtype() != DType::kFloat32) return std::nullopt;
-    if (w->shape().numel() == 1) return RowProgram::kScalar;
-    if (level == Level::kRow) {
-      if (w->shape().numel() == rows_ && BroadcastIndex(w->shape(), out)) return RowProgram::kRow;
-      return std::nullopt;
+  /// The group of `members` (what Grow returned), with each member's level and reduction.
+  RowGroup Result(const std::vector<int>& members) const {
+    RowGroup r = geo_;
+    r.members = members;
+    for (int m : members) {
+      r.levels.push_back(level_.at(g_.nodes()[static_cast<size_t>(m)]->output()));
+      r.reduce.push_back(ReductionOf(m));
     }
-    auto b = BroadcastIndex(w->shape(), full_);
-    if (!b) return std::nullopt;
-    if (b->second == 0) return RowProgram::kElement;
-    if (b->first == stride_ && b->second == rows_) return RowProgram::kRow;
-    if (shape_.layout == RowProgram::kContiguous && b->first == 1 && b->second == len_)
-      return RowProgram::kColumn;
-    return std::nullopt;
+    return r;
   }
 
 private:
@@ -313,8 +343,7 @@ private:
         // once for both. Its elementwise producers come in when they can.
         if (x->node() && tainted_[static_cast<size_t>(x->node()->id())]) return false;
         GrowProducers(x);
-        if (!IsMemberValue(x) && ExternalKind(x, Level::kElement, full_) != RowProgram::kElement)
-          return false;
+        if (!IsMemberValue(x) && ExternalKind(x, Level::kElement, full_) != RowRead::kElement) return false;
       } else if (level_.at(x) != Level::kElement) {
         return false;
       }
@@ -322,7 +351,7 @@ private:
       reduction_[i] = r->kind;
       return true;
     }
-    if (KeepsOrder(n)) { // a row value in another shape
+    if (KeepsRowOrder(n)) { // a row value in another shape
       const ir::Value* x = n.input(0);
       if (!IsMemberValue(x) || level_.at(x) != Level::kRow || n.output()->shape().numel() != rows_ ||
           n.output()->dtype() != DType::kFloat32)
@@ -409,232 +438,63 @@ private:
   const std::vector<bool>& claimed_;
   const std::vector<std::vector<int>>& readers_;
   const bool wide_;
+  const int num_threads_;
+  RowGroup geo_; // the geometry of the group being grown (no members)
   bool cyclic_ = false;
   std::vector<bool> member_, tainted_, leaf_;
   std::vector<int> members_;
   std::unordered_map<const ir::Value*, Level> level_;
-  std::unordered_map<int, RowProgram::StepKind> reduction_;
+  std::unordered_map<int, RowReduce> reduction_;
   Shape full_;
   RowShape shape_;
   int64_t rows_ = 0, len_ = 0, stride_ = 0;
 };
-
-// A column group that reads the elements once and computes no element value it does not write
-// anyway (the bias gradient's sum of a relu-masked gradient the weight gradient also reads) saves
-// only the reduce kernel's re-read, and runs slower fused: its loop across a few columns costs
-// more per element (measured: the sum over (0,) of a written x * m, (4096, 64) 0.85x, (256, 10)
-// 0.95x).
-bool OnePassOverWrittenValues(const RowProgram& p, const std::vector<int>& members,
-                              const std::vector<int>& materialized,
-                              const std::function<Level(int)>& level_of) {
-  int passes = 0;
-  for (const RowProgram::Step& s : p.steps) passes += s.kind != RowProgram::kPerRow;
-  for (size_t k = 0; k < p.outputs.size(); ++k) {
-    const RowProgram::Output& o = p.outputs[k];
-    const bool own_stash = o.expr.nodes.size() == 1 && o.expr.nodes[0].kind == codegen::Expr::Kind::kInput &&
-                           o.expr.nodes[0].input == static_cast<int>(p.inputs.size() + p.steps.size() + k);
-    if (o.row_value < 0 && !own_stash) { // a pass that writes element values (row.cc skips own stashes)
-      ++passes;
-      break;
-    }
-  }
-  if (passes > 1) return false;
-  for (int m : members)
-    if (level_of(m) == Level::kElement && !std::count(materialized.begin(), materialized.end(), m))
-      return false;
-  return true;
-}
-
 } // namespace
 
-void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed) {
+std::vector<RowGroup> FindRowGroups(const ir::Graph& graph, const std::vector<bool>& live,
+                                    std::vector<bool>* claimed, const RowFusionOptions& options) {
   const size_t n_nodes = graph.nodes().size();
   std::vector<std::vector<int>> readers(n_nodes);
   for (size_t i = 0; i < n_nodes; ++i)
     if (live[i])
       for (const ir::Value* v : graph.nodes()[i]->inputs())
         if (v->node()) readers[static_cast<size_t>(v->node()->id())].push_back(static_cast<int>(i));
-  std::vector<bool> is_output(n_nodes, false);
-  for (const ir::Value* v : graph.outputs())
-    if (v->node()) is_output[static_cast<size_t>(v->node()->id())] = true;
-
+  std::vector<RowGroup> groups;
   for (size_t seed = 0; seed < n_nodes; ++seed) {
     if (!live[seed] || (*claimed)[seed]) continue;
     auto seed_shape = RowReduction(*graph.nodes()[seed]);
     if (!seed_shape) continue;
-    auto builder = std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/true);
+    auto builder =
+        std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/true, options.num_threads);
     std::vector<int> members = builder->Grow(static_cast<int>(seed), *seed_shape);
     if (members.empty() && builder->cyclic()) {
-      builder = std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/false);
+      builder = std::make_unique<RowGroupBuilder>(graph, live, *claimed, readers, /*wide=*/false,
+                                                  options.num_threads);
       members = builder->Grow(static_cast<int>(seed), *seed_shape);
     }
     if (members.empty()) continue;
-    const RowGroupBuilder& b = *builder;
-
-    // The program: operands first (arrays, by value and how they are read), then one step per row
-    // value in graph order, element values inlined into the expressions that read them.
-    RowProgram prog;
-    prog.layout = b.shape().layout;
-    auto fused = std::make_unique<Plan::Fused>();
-    std::map<std::pair<const ir::Value*, RowProgram::InputKind>, int> array;
-    std::unordered_map<const ir::Value*, int> step_of;
-    auto level_of = [&](int i) {
-      const ir::Value* o = graph.nodes()[static_cast<size_t>(i)]->output();
-      return b.LevelOf(o);
-    };
-    for (int m : members) {
-      const ir::Node& n = *graph.nodes()[static_cast<size_t>(m)];
-      Level level = b.ReductionOf(m) ? Level::kElement : level_of(m); // a reduction reads elements
-      if (auto kind = b.OneHot(n)) {                                  // its labels
-        if (array.emplace(std::pair(n.input(0), *kind), static_cast<int>(fused->inputs.size())).second) {
-          fused->inputs.push_back(n.input(0));
-          prog.inputs.push_back(*kind);
-        }
-        continue;
-      }
-      for (const ir::Value* w : n.inputs()) {
-        if (b.IsMemberValue(w) || ScalarConst(w)) continue;
-        auto kind = *b.ExternalKind(w, level, level == Level::kElement ? b.full() : n.output()->shape());
-        if (array.emplace(std::pair(w, kind), static_cast<int>(fused->inputs.size())).second) {
-          fused->inputs.push_back(w);
-          prog.inputs.push_back(kind);
-        }
-      }
-    }
-    const int n_in = static_cast<int>(prog.inputs.size());
-    // The element value stashed by the last reduction into an output's array (its own, when it is
-    // materialized): outputs then read it instead of computing it again. Set once the steps are.
-    const ir::Value* stashed = nullptr;
-    int stash_input = -1;
-    // Emits value v into e (memoized per expression) as read at `level`.
-    std::function<int(Expr&, std::unordered_map<const ir::Value*, int>&, const ir::Value*, Level)> emit =
-        [&](Expr& e, std::unordered_map<const ir::Value*, int>& at, const ir::Value* v, Level level) -> int {
-      if (auto it = at.find(v); it != at.end()) return it->second;
-      int k;
-      if (auto c = ScalarConst(v)) {
-        k = e.Const(*c);
-      } else if (v == stashed) {
-        k = e.Input(stash_input);
-      } else if (!b.IsMemberValue(v)) {
-        auto kind = *b.ExternalKind(v, level, level == Level::kElement ? b.full() : v->shape());
-        k = e.Input(array.at({v, kind}));
-      } else if (b.LevelOf(v) == Level::kRow) {
-        k = e.Input(n_in + step_of.at(v));
-      } else if (auto kind = b.OneHot(*v->node())) {
-        k = e.Input(array.at({v->node()->input(0), *kind}));
-      } else if (b.IsBroadcast(*v->node())) {
-        k = emit(e, at, v->node()->input(0), level);
-      } else {
-        const ir::Node& n = *v->node();
-        const ir::OpDef& d = n.def();
-        k = d.unary_fn
-                ? e.Unary(*d.unary_fn, emit(e, at, n.input(0), level))
-                : e.Binary(*d.binary_fn, emit(e, at, n.input(0), level), emit(e, at, n.input(1), level));
-      }
-      at.emplace(v, k);
-      return k;
-    };
-    // Row values in graph order: reductions, and per-row ops on them.
-    for (int m : members) {
-      const ir::Node& n = *graph.nodes()[static_cast<size_t>(m)];
-      if (level_of(m) != Level::kRow) continue;
-      Expr e;
-      std::unordered_map<const ir::Value*, int> at;
-      RowProgram::StepKind kind = RowProgram::kPerRow;
-      if (auto r = b.ReductionOf(m)) {
-        kind = *r;
-        emit(e, at, n.input(0), Level::kElement);
-      } else if ((n.def().unary_fn == UnaryFn::kIdentity || KeepsOrder(n)) && b.IsMemberValue(n.input(0))) {
-        step_of[n.output()] = step_of.at(n.input(0)); // stop_gradient, reshape: the same row value
-        continue;
-      } else {
-        const ir::OpDef& d = n.def();
-        // Row values and kRow arrays read in a per-row step: the same index r whatever their shape.
-        auto operand = [&](const ir::Value* w) {
-          if (auto it = at.find(w); it != at.end()) return it->second;
-          int k;
-          if (auto c = ScalarConst(w))
-            k = e.Const(*c);
-          else if (b.IsMemberValue(w))
-            k = e.Input(n_in + step_of.at(w));
-          else
-            k = e.Input(array.at({w, *b.ExternalKind(w, Level::kRow, n.output()->shape())}));
-          at.emplace(w, k);
-          return k;
-        };
-        if (d.unary_fn)
-          e.Unary(*d.unary_fn, operand(n.input(0)));
-        else
-          e.Binary(*d.binary_fn, operand(n.input(0)), operand(n.input(1)));
-      }
-      step_of[n.output()] = static_cast<int>(prog.steps.size());
-      prog.AddReduce(kind, std::move(e));
-    }
-    std::vector<int> materialized; // graph outputs and values read outside
-    for (int m : members) {
-      bool outside = is_output[static_cast<size_t>(m)];
-      for (int r : readers[static_cast<size_t>(m)])
-        outside |= !std::binary_search(members.begin(), members.end(), r);
-      if (outside) materialized.push_back(m);
-    }
-    // The stash: the operand of the last reduction whose operand is an element member read by
-    // other members or outside (cross-entropy's exp(x - max), also saved for the backward).
-    for (auto it = members.rbegin(); it != members.rend() && !stashed; ++it) {
-      if (!b.ReductionOf(*it)) continue;
-      const ir::Value* x = graph.nodes()[static_cast<size_t>(*it)]->input(0);
-      const size_t xi = static_cast<size_t>(x->node() ? x->node()->id() : 0);
-      if (!b.IsMemberValue(x) || b.LevelOf(x) != Level::kElement ||
-          (readers[xi].size() < 2 && !is_output[xi]))
-        continue;
-      int into = -1;
-      for (size_t k = 0; k < materialized.size(); ++k) {
-        if (level_of(materialized[k]) != Level::kElement) continue;
-        if (into < 0 || materialized[k] == x->node()->id()) into = static_cast<int>(k);
-      }
-      if (into < 0) break;
-      stashed = x;
-      stash_input = n_in + static_cast<int>(prog.steps.size()) + into;
-      prog.steps[static_cast<size_t>(step_of.at(graph.nodes()[static_cast<size_t>(*it)]->output()))].stash =
-          into;
-    }
-    for (int m : materialized) {
-      const ir::Value* v = graph.nodes()[static_cast<size_t>(m)]->output();
-      fused->outputs.push_back(v);
-      if (level_of(m) == Level::kRow) {
-        prog.AddRowOutput(step_of.at(v));
-      } else {
-        Expr e;
-        std::unordered_map<const ir::Value*, int> at;
-        emit(e, at, v, Level::kElement);
-        prog.AddOutput(std::move(e));
-      }
-    }
-    if (prog.layout == RowProgram::kColumns &&
-        OnePassOverWrittenValues(prog, members, materialized, level_of))
-      continue; // runs unfused
-    try {
-      fused->row_kernel = codegen::CompileRow(prog);
-    } catch (const codegen::UnsupportedError&) {
-      continue; // runs unfused
-    }
-    if (prog.layout == RowProgram::kStrided) fused->row_kernel = fused->row_kernel->Bind(b.shape().inner);
-    fused->rows = b.rows(), fused->len = b.len();
-    p->report.codegen_ms += fused->row_kernel->compile_ms();
-    CompileReport::Group& r = p->report.groups.emplace_back();
-    for (int m : members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
-    r.num_inputs = static_cast<int>(fused->inputs.size());
-    r.expr = fused->row_kernel->text() + "  (rows " + std::to_string(b.rows()) + " x " +
-             std::to_string(b.len()) + ")";
-    r.compile_ms = fused->row_kernel->compile_ms();
-    fused->members.assign(members.begin(), members.end());
-    p->fused[static_cast<size_t>(members.back())] = std::move(fused);
+    RowGroup group = builder->Result(members);
+    if (options.accept && !options.accept(group)) continue; // runs unfused
     for (int m : members) (*claimed)[static_cast<size_t>(m)] = true;
-    for (size_t k = 0; k + 1 < members.size(); ++k) p->fused_member[static_cast<size_t>(members[k])] = true;
-    ++p->num_fused_groups;
-    p->num_fused_nodes += static_cast<int>(members.size());
+    groups.push_back(std::move(group));
   }
+  return groups;
 }
 
-} // namespace kiln::fusion
+bool RunRowFusion(ir::Graph& graph, const RowFusionOptions& options) {
+  const auto& nodes = graph.nodes();
+  std::vector<bool> live(nodes.size(), true), claimed(nodes.size(), false);
+  int next = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    claimed[i] = nodes[i]->note().group >= 0;
+    next = std::max(next, nodes[i]->note().group + 1);
+  }
+  const std::vector<RowGroup> groups = FindRowGroups(graph, live, &claimed, options);
+  for (const RowGroup& grp : groups) {
+    for (int m : grp.members) nodes[static_cast<size_t>(m)]->note().group = next;
+    ++next;
+  }
+  return !groups.empty();
+}
 
-#endif // KILN_WITH_CODEGEN
+} // namespace kiln::passes

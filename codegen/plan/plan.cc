@@ -4,7 +4,7 @@
 // (passes/stream_assignment.h), kernel lookup, memory (passes/memory_planning.h), and binding the
 // steps for the executor (runtime/executor.h), which runs them. Not here: the compile report's
 // text (compile_report.cc), graph ids, backward and training variants, tracing (cached_graph.cc).
-#include "plan.h"
+#include "fuse.h"
 
 #include <algorithm>
 #include <chrono>
@@ -78,7 +78,7 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vect
     }
     p->report.codegen_ms += MsSince(t0);
     if (!fused->kernel) continue;  // runs unfused
-    CompileReport::Group& r = p->report.groups.emplace_back();
+    PlanReport::Group& r = p->report.groups.emplace_back();
     for (int m : g.members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
     r.num_inputs = static_cast<int>(fused->inputs.size());
     r.expr = fused->kernel->expr();
@@ -182,7 +182,7 @@ std::vector<passes::StreamStep> PlanSteps(const ir::Graph& graph, const std::vec
 template <class Reads, class Writes>
 void FinishStreams(const ir::Graph& graph, std::vector<passes::StreamStep> steps, const Reads& reads,
                    const Writes& writes, Plan* p) {
-  CompileReport::PlanReport& r = p->report;
+  PlanReport& r = p->report;
   r.streams = p->schedule.num_streams;
   if (p->concurrent) {
     std::vector<passes::ArenaBlock> buffers;
@@ -261,7 +261,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   const Clock::time_point t0 = Clock::now();
   auto p = std::make_unique<Plan>();
   p->device = device;
-  CompileReport::PlanReport& r = p->report;
+  PlanReport& r = p->report;
   r.name = std::move(name);
   const auto cache_before = CodegenCounters();
   const ir::Graph& graph = *g;
@@ -414,7 +414,7 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
   p->report.pipeline_ms = ms;
   // KILN_DISABLE_PASS=freeze_fold: the graph is as traced, no report of freezing, `frozen` untouched.
   if (freeze && p->report.pipeline.passes.back().ran) {
-    p->report.freeze = CompileReport::Freeze{result.inputs_frozen, result.nodes_folded,
+    p->report.freeze = PlanReport::Freeze{result.inputs_frozen, result.nodes_folded,
                                              static_cast<int>(result.constants.size()), result.constant_bytes};
     if (frozen) *frozen = std::move(result);
   }

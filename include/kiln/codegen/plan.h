@@ -1,9 +1,12 @@
-// Compiled plans (internal to frontend/): a graph made ready to run, with its kernels, fused groups
-// and memory placed, bound into steps that the executor (runtime/executor.h) runs. The decisions
-// are made by functions of passes/ (fusion.h, epilogue_fusion.h, stream_assignment.h,
-// memory_planning.h); row groups are still found while their kernels are built (fuse_rows.cc).
-// The machinery around it (graph ids, backward and training variants, tracing) is
-// cached_graph.cc's; this file does not know where graphs come from or when they run.
+// Compiled plans (codegen/plan/, DESIGN.md section 10): a graph made ready to run, with its kernels,
+// fused groups and memory placed, bound into steps that the executor (runtime/executor.h) runs.
+// The decisions are made by passes/ (fusion.h, row_fusion.h, epilogue_fusion.h,
+// stream_assignment.h, memory_planning.h); codegen/plan/ builds what they decided: fuse_rows.cc
+// the row groups' kernels, fuse_epilogue.cc the epilogue calls, plan.cc the elementwise kernels,
+// kernel lookup, layouts and the executor's steps. Built without LLVM too (then nothing fuses
+// into generated kernels). The machinery around it (graph ids, backward and training variants,
+// tracing) is frontend/cached_graph.cc's; this file does not know where graphs come from or when
+// they run.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/frontend/cached_graph.h"
-#include "kiln/frontend/dispatch.h"
+#include "kiln/codegen/plan_report.h"
 #include "kiln/ir/graph.h"
 #include "kiln/passes/freeze_fold.h"
 #include "kiln/passes/fusion.h"
@@ -77,31 +79,8 @@ struct Plan {
   std::vector<std::unique_ptr<Fused>> fused;   ///< per node: set at a group's root
   std::vector<bool> fused_member;              ///< per node: a non-root member of a group
   int num_fused_groups = 0, num_fused_nodes = 0;
-  CompileReport::PlanReport report;            ///< what building it did
+  PlanReport report;            ///< what building it did
 };
-
-/// The fusion step's shared vocabulary (plan.cc, fuse_rows.cc, fuse_epilogue.cc): the decisions
-/// of passes/fusion.h.
-namespace fusion {
-using passes::BroadcastIndex;
-using passes::Fusable;
-using passes::ScalarConst;
-/// Epilogue groups (fuse_epilogue.cc, DESIGN.md section 9): the chains passes::FindEpilogueChains
-/// finds among the nodes not `claimed` (a matmul/conv2d and the elementwise consumers oneDNN
-/// post-ops express), each bound to one oneDNN call set at the chain's last node in `p`, members
-/// marked in `claimed`. Returns the number of groups.
-int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
-}  // namespace fusion
-
-#if KILN_WITH_CODEGEN
-namespace fusion {
-/// Row groups (fuse_rows.cc): each float32 reduction over trailing axes with keepdims, grown by
-/// its elementwise producers and consumers (and chained reductions over the same rows) into one
-/// row kernel, set at the group's last node in `p`. Marks members in `claimed` (the elementwise
-/// groups formed afterwards leave them alone). A group that fails to compile is not formed.
-void FuseRows(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
-}  // namespace fusion
-#endif
 
 /// Fusion, kernel lookup and memory placement of `g` (no graph passes); `name` names the plan in
 /// the report.
@@ -118,6 +97,13 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
 /// (its step, group, stream, waits, and where the values it writes live: `%5@128` is 128 bytes
 /// into the arena, `/256` the per-stream layout's offset); KILN_DUMP_IR=<plan step> prints it.
 std::string PlanText(const Plan& p);
+
+/// A copy of the plan's graph (its own: the plan's graph itself is also the cached graph that
+/// graph_text() prints and export writes, and stays plain) carrying the plan's decisions as typed
+/// notes (ir/graph.h): each fused node's group (numbered as PlanText does), with several streams
+/// each step's stream and the nodes it waits for, and each value placed in the arena its offset in
+/// the serial layout. Its IR text parses back with the notes.
+std::unique_ptr<ir::Graph> AnnotatedGraph(const Plan& p);
 
 /// Runs `p` on the call's inputs and outputs (a call_graph kernel's arguments) through the
 /// executor (runtime/executor.h).

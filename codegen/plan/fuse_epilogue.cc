@@ -10,7 +10,7 @@
 #include "kiln/passes/epilogue_fusion.h"
 #include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/error.h"
-#include "plan.h"
+#include "fuse.h"
 
 namespace kiln {
 
@@ -97,7 +97,7 @@ int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p
     fused->inputs.assign(anchor.inputs().begin(), anchor.inputs().end());
     const int first_operand = static_cast<int>(fused->inputs.size());
     fused->inputs.insert(fused->inputs.end(), chain.operands.begin(), chain.operands.end());
-    CompileReport::Group& r = p->report.groups.emplace_back();
+    PlanReport::Group& r = p->report.groups.emplace_back();
     r.expr = "oneDNN " + anchor.def().name + "(in0, in1)";
     for (size_t k = 0; k < call.epilogue.steps.size(); ++k) {
       const host::EpilogueStep& s = call.epilogue.steps[k];
