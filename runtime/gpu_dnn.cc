@@ -199,9 +199,11 @@ void PoolingForwardOutputDim(const DnnPoolingDesc& p, const DnnTensorDesc& x, in
 
 namespace {
 
+// The legacy API's documented status for a null argument is plain BAD_PARAM (cuDNN 9.19 gives 2000,
+// not BAD_PARAM_NULL_POINTER, for a null handle too).
 void NotNull(const void* p, const char* what, const char* call) {
   if (!p)
-    FailDnn(kDnnBadParamNullPointer, call,
+    FailDnn(kDnnBadParam, call,
             std::string(what) + " is null; pass device memory of the stream's device");
 }
 

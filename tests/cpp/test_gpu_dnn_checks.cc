@@ -59,7 +59,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
        "pad the input more"},
       {"bad convolution mode", [](A& a) { a.conv.mode = static_cast<gpurt::DnnConvMode>(5); },
        gpurt::kDnnBadParam, "CUDNN_CROSS_CORRELATION"},
-      {"null input", [](A& a) { a.x_data = nullptr; }, gpurt::kDnnBadParamNullPointer, "pass device memory"},
+      {"null input", [](A& a) { a.x_data = nullptr; }, gpurt::kDnnBadParam, "pass device memory"},
       {"double data", [](A& a) { a.x.dtype = a.y.dtype = a.w.dtype = gpurt::DnnDataType::kDouble; },
        gpurt::kDnnNotSupportedDataType, "convert the tensor to float32"},
       {"mixed data types", [](A& a) { a.w.dtype = gpurt::DnnDataType::kHalf; }, gpurt::kDnnBadParam,
@@ -101,7 +101,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
        gpurt::kDnnBadParam, "gives [2, 3, 4, 3]"},
       {"output with other channels", [](PA& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 4, 3); },
        gpurt::kDnnBadParam, "must match"},
-      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParamNullPointer,
+      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParam,
        "y (the output) is null"},
   };
   for (const PoolCase& c : pool_cases) {
@@ -141,7 +141,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
        gpurt::kDnnBadParam, "lies in [0, 1]"},
       {"output of another shape", [](B& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 5); },
        gpurt::kDnnBadParam, "keeps the shape"},
-      {"null scale", [](B& a) { a.scale = nullptr; }, gpurt::kDnnBadParamNullPointer, "bnScale is null"},
+      {"null scale", [](B& a) { a.scale = nullptr; }, gpurt::kDnnBadParam, "bnScale is null"},
       {"bad mode", [](B& a) { a.mode = static_cast<gpurt::DnnBatchNormMode>(7); }, gpurt::kDnnBadParam,
        "CUDNN_BATCHNORM_PER_ACTIVATION (0)"},
   };
@@ -164,7 +164,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
   a.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 1, 1);
   a.x_data = x, a.y_data = y, a.scale = w, a.bias = w;
   CHECK(DnnOutcome([&] { p.DnnBatchNormForwardInference(h, s, a); }).status ==
-        gpurt::kDnnBadParamNullPointer);
+        gpurt::kDnnBadParam);
   p.StreamSynchronize(s);
   for (void* d : {x, w, y}) p.Free(d);
   p.StreamDestroy(s);

@@ -19,7 +19,7 @@ enum DnnStatus : int {
   kDnnSuccess = 0,
   kDnnNotInitialized = 1001,            ///< CUDNN_STATUS_NOT_INITIALIZED (no handle, or not a cuDNN one)
   kDnnBadParam = 2000,                  ///< CUDNN_STATUS_BAD_PARAM
-  kDnnBadParamNullPointer = 2002,       ///< CUDNN_STATUS_BAD_PARAM_NULL_POINTER
+  kDnnBadParamNullPointer = 2002,       ///< CUDNN_STATUS_BAD_PARAM_NULL_POINTER (cuDNN may report it)
   kDnnBadParamMisalignedPointer = 2003, ///< CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
   kDnnBadParamStreamMismatch = 2007,    ///< CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH
   kDnnNotSupported = 3000,              ///< CUDNN_STATUS_NOT_SUPPORTED
