@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>  // gpu_sim_util.h uses it
 #include <cmath>
 #include <random>
 #include <string>
