@@ -57,6 +57,15 @@ void Platform::DnnBatchNormForwardInference(void*, Stream, const BatchNormArgs&)
           std::string("the ") + Name() + " platform has no cuDNN");
 }
 
+void Platform::DnnPoolingBackward(void*, Stream, const PoolingBackwardArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnPoolingBackward",
+          std::string("the ") + Name() + " platform has no cuDNN");
+}
+void Platform::DnnBatchNormBackward(void*, Stream, const BatchNormBackwardArgs&) {
+  FailDnn(kDnnNotInitialized, "cudnnBatchNormalizationBackward",
+          std::string("the ") + Name() + " platform has no cuDNN");
+}
+
 // ---- descriptors ----
 namespace {
 
@@ -203,8 +212,7 @@ namespace {
 // not BAD_PARAM_NULL_POINTER, for a null handle too).
 void NotNull(const void* p, const char* what, const char* call) {
   if (!p)
-    FailDnn(kDnnBadParam, call,
-            std::string(what) + " is null; pass device memory of the stream's device");
+    FailDnn(kDnnBadParam, call, std::string(what) + " is null; pass device memory of the stream's device");
 }
 
 // cuDNN rejects negative strides as NOT_SUPPORTED (CheckTensorDesc rejects them earlier, as BAD_PARAM);
@@ -226,6 +234,29 @@ void NotOverlapping(const DnnTensorDesc& t, const char* what, const char* call) 
                   "W*C, C])");
     reach = stride * size;
   }
+}
+
+// The parameter descriptor of batch norm over x in `mode`: 1 x C x 1 x 1 or 1 x C x H x W, packed.
+void CheckBatchNormParam(DnnBatchNormMode mode, const DnnTensorDesc& x, const DnnTensorDesc& q,
+                         const char* what, const char* call) {
+  const int m = static_cast<int>(mode);
+  if (m < 0 || m > 2)
+    FailDnn(kDnnBadParam, call,
+            "the batch-norm mode is " + std::to_string(m) +
+                "; it is CUDNN_BATCHNORM_PER_ACTIVATION (0), _SPATIAL (1) or _SPATIAL_PERSISTENT (2)");
+  CheckTensorDesc(q, what, call);
+  const bool per_activation = mode == DnnBatchNormMode::kPerActivation;
+  const int ph = per_activation ? x.h : 1, pw = per_activation ? x.w : 1;
+  if (q.n != 1 || q.c != x.c || q.h != ph || q.w != pw)
+    FailDnn(kDnnBadParam, call,
+            std::string(what) + " is " + Dims(q.n, q.c, q.h, q.w) + " but " +
+                (per_activation ? "per-activation" : "spatial") + " batch norm of " + x.ToString() +
+                " needs " + Dims(1, x.c, ph, pw) + " (cudnnDeriveBNTensorDescriptor makes it)");
+  if ((q.w > 1 && q.w_stride != 1) || (q.h > 1 && q.h_stride != q.w) ||
+      (q.c > 1 && q.c_stride != int64_t{q.h} * q.w))
+    FailDnn(kDnnBadParam, call,
+            std::string(what) + " is " + q.ToString() +
+                "; the parameters must be packed (strides [C*H*W, H*W, W, 1])");
 }
 
 void SameType(const DnnTensorDesc& x, const DnnTensorDesc& y, const char* call) {
@@ -362,27 +393,67 @@ void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* ca
     FailDnn(kDnnBadParam, call,
             "the input is " + a.x.ToString() + " but the output " + a.y.ToString() +
                 "; batch normalization keeps the shape, so they must match");
-  const int m = static_cast<int>(a.mode);
-  if (m < 0 || m > 2)
-    FailDnn(kDnnBadParam, call,
-            "the batch-norm mode is " + std::to_string(m) +
-                "; it is CUDNN_BATCHNORM_PER_ACTIVATION (0), _SPATIAL (1) or _SPATIAL_PERSISTENT (2)");
-  CheckTensorDesc(a.param, "bnScaleBiasMeanVarDesc", call);
-  const bool per_activation = a.mode == DnnBatchNormMode::kPerActivation;
-  const int ph = per_activation ? a.x.h : 1, pw = per_activation ? a.x.w : 1;
-  if (a.param.n != 1 || a.param.c != a.x.c || a.param.h != ph || a.param.w != pw)
-    FailDnn(kDnnBadParam, call,
-            "bnScaleBiasMeanVarDesc is " + Dims(a.param.n, a.param.c, a.param.h, a.param.w) + " but " +
-                (per_activation ? "per-activation" : "spatial") + " batch norm of " + a.x.ToString() +
-                " needs " + Dims(1, a.x.c, ph, pw) + " (cudnnDeriveBNTensorDescriptor makes it)");
-  const DnnTensorDesc& q = a.param;
-  if ((q.w > 1 && q.w_stride != 1) || (q.h > 1 && q.h_stride != q.w) ||
-      (q.c > 1 && q.c_stride != int64_t{q.h} * q.w))
-    FailDnn(kDnnBadParam, call,
-            "bnScaleBiasMeanVarDesc is " + a.param.ToString() +
-                "; the parameters must be packed (strides [C*H*W, "
-                "H*W, W, 1])");
+  CheckBatchNormParam(a.mode, a.x, a.param, "bnScaleBiasMeanVarDesc", call);
   if (!(a.epsilon >= 0.0)) // CUDNN_BN_MIN_EPSILON is 0 in cuDNN 9
+    FailDnn(kDnnBadParam, call,
+            "epsilon is " + std::to_string(a.epsilon) + "; it must be >= CUDNN_BN_MIN_EPSILON (0)");
+}
+
+namespace {
+
+bool SameLayout(const DnnTensorDesc& a, const DnnTensorDesc& b) {
+  return a.n == b.n && a.c == b.c && a.h == b.h && a.w == b.w && a.n_stride == b.n_stride &&
+         a.c_stride == b.c_stride && a.h_stride == b.h_stride && a.w_stride == b.w_stride &&
+         a.dtype == b.dtype;
+}
+
+} // namespace
+
+void CheckPoolingBackward(const PoolingBackwardArgs& a, const char* call) {
+  NotNull(a.y_data, "y (the forward output)", call);
+  NotNull(a.dy_data, "dy (the output's gradient)", call);
+  NotNull(a.x_data, "x (the forward input)", call);
+  NotNull(a.dx_data, "dx (the input's gradient)", call);
+  CheckTensorDesc(a.x, "the input x", call);
+  CheckTensorDesc(a.y, "the output y", call);
+  if (!SameLayout(a.y, a.dy))
+    FailDnn(kDnnBadParam, call,
+            "y is " + a.y.ToString() + " but dy " + a.dy.ToString() +
+                "; cuDNN needs the output and its gradient with the same sizes, strides and type");
+  if (!SameLayout(a.x, a.dx))
+    FailDnn(kDnnBadParam, call,
+            "x is " + a.x.ToString() + " but dx " + a.dx.ToString() +
+                "; cuDNN needs the input and its gradient with the same sizes, strides and type");
+  NotOverlapping(a.dx, "dx (the input's gradient)", call);
+  // The forward call's checks, so that y is what pooling x gives.
+  PoolingForwardArgs f;
+  f.pool = a.pool, f.x = a.x, f.x_data = a.x_data, f.y = a.y, f.y_data = const_cast<void*>(a.y_data);  // only checked
+  CheckPoolingForward(f, call);
+}
+
+void CheckBatchNormBackward(const BatchNormBackwardArgs& a, const char* call) {
+  NotNull(a.x_data, "x (the forward input)", call);
+  NotNull(a.dy_data, "dy (the output's gradient)", call);
+  NotNull(a.dx_data, "dx (the input's gradient)", call);
+  NotNull(a.scale, "bnScale", call);
+  NotNull(a.dscale, "dBnScaleResult", call);
+  NotNull(a.dbias, "dBnBiasResult", call);
+  if (!a.saved_mean != !a.saved_inv_variance)
+    FailDnn(kDnnBadParam, call,
+            std::string("savedMean is ") + (a.saved_mean ? "given" : "null") + " but savedInvVariance " +
+                (a.saved_inv_variance ? "is given" : "is null") +
+                "; pass both (from the training forward pass) or neither (to recompute them from x)");
+  CheckTensorDesc(a.x, "the input x", call);
+  CheckTensorDesc(a.dy, "dy (the output's gradient)", call);
+  CheckTensorDesc(a.dx, "dx (the input's gradient)", call);
+  for (const DnnTensorDesc* t : {&a.dy, &a.dx})
+    if (t->n != a.x.n || t->c != a.x.c || t->h != a.x.h || t->w != a.x.w || t->dtype != a.x.dtype)
+      FailDnn(kDnnBadParam, call,
+              std::string(t == &a.dy ? "dy" : "dx") + " is " + t->ToString() + " but x " + a.x.ToString() +
+                  "; batch normalization keeps the shape, so x, dy and dx must match");
+  NotOverlapping(a.dx, "dx (the input's gradient)", call);
+  CheckBatchNormParam(a.mode, a.x, a.param, "dBnScaleBiasDesc", call);
+  if (!(a.epsilon >= 0.0))
     FailDnn(kDnnBadParam, call,
             "epsilon is " + std::to_string(a.epsilon) + "; it must be >= CUDNN_BN_MIN_EPSILON (0)");
 }

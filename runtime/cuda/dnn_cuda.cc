@@ -1,10 +1,10 @@
 // cuDNN on real GPUs (dnn_cuda.h): one cudnnHandle_t per device bound to the caller's stream;
 // convolution forward, backward data and backward filter with the algorithm cuDNN's heuristics
 // (cudnnGet*Algorithm_v7) rank first among those that run, cached per shape, and a per-device
-// workspace from the platform's allocation;
-// pooling and batch norm through their cuDNN functions. Every call first makes the checks of
-// gpu_dnn.h (the simulator makes the same ones), so a mistake fails identically on both; cuDNN's
-// own status is reported as it is where it rejects something more.
+// workspace from the platform's allocation; pooling and batch norm (forward and backward) through
+// their cuDNN functions. Every call first makes the checks of gpu_dnn.h (the simulator makes the
+// same ones), so a mistake fails identically on both; cuDNN's own status is reported as it is
+// where it rejects something more.
 // Also the descriptor probes gpu_dnn.h declares (CudnnConvForwardOutputDim...), which work
 // without a driver, so CI compares kiln's checks with cuDNN's own answers.
 // cuDNN 9 marks its legacy (non-graph) API deprecated; it is the API these calls use.
@@ -303,6 +303,38 @@ void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormAr
           call);
 }
 
+void DnnPoolingBackward(void* handle, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a) {
+  const char* call = "cudnnPoolingBackward";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  gpurt::CheckPoolingBackward(a, call);
+  Tensor y, dy, x, dx;
+  Pool p;
+  Check(y.Set(a.y), "cudnnSetTensor4dDescriptorEx");
+  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+  Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
+  Check(dx.Set(a.dx), "cudnnSetTensor4dDescriptorEx");
+  Check(p.Set(a.pool), "cudnnSetPooling2dDescriptor");
+  Check(cudnnPoolingBackward(h, p.d, &a.alpha, y.d, a.y_data, dy.d, a.dy_data, x.d, a.x_data, &a.beta, dx.d,
+                             a.dx_data),
+        call);
+}
+
+void DnnBatchNormBackward(void* handle, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a) {
+  const char* call = "cudnnBatchNormalizationBackward";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  gpurt::CheckBatchNormBackward(a, call);
+  Tensor x, dy, dx, bn;
+  Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
+  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+  Check(dx.Set(a.dx), "cudnnSetTensor4dDescriptorEx");
+  Check(bn.Set(a.param), "cudnnSetTensor4dDescriptorEx");
+  Check(cudnnBatchNormalizationBackward(h, static_cast<cudnnBatchNormMode_t>(a.mode), &a.alpha_data,
+                                        &a.beta_data, &a.alpha_param, &a.beta_param, x.d, a.x_data, dy.d,
+                                        a.dy_data, dx.d, a.dx_data, bn.d, a.scale, a.dscale, a.dbias,
+                                        a.epsilon, a.saved_mean, a.saved_inv_variance),
+        call);
+}
+
 } // namespace cuda
 
 namespace gpurt {
@@ -355,6 +387,12 @@ void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream,
 }
 void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) {
   NoCudnn("cudnnPoolingForward");
+}
+void DnnPoolingBackward(void*, gpurt::Stream, const gpurt::PoolingBackwardArgs&) {
+  NoCudnn("cudnnPoolingBackward");
+}
+void DnnBatchNormBackward(void*, gpurt::Stream, const gpurt::BatchNormBackwardArgs&) {
+  NoCudnn("cudnnBatchNormalizationBackward");
 }
 void DnnBatchNormForward(void*, gpurt::Stream, const gpurt::BatchNormArgs&, bool) {
   NoCudnn("cudnnBatchNormalizationForward");

@@ -237,6 +237,12 @@ class CudaPlatform final : public gpurt::Platform {
   void DnnBatchNormForwardInference(void* dnn, gpurt::Stream s, const gpurt::BatchNormArgs& a) override {
     cuda::DnnBatchNormForward(dnn, s, a, false);
   }
+  void DnnPoolingBackward(void* dnn, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a) override {
+    cuda::DnnPoolingBackward(dnn, s, a);
+  }
+  void DnnBatchNormBackward(void* dnn, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a) override {
+    cuda::DnnBatchNormBackward(dnn, s, a);
+  }
 
   void AllReduce(std::span<const Device> devs, const coll::BufferSet& b, coll::ReduceOp op) override {
     coll::NcclAllReduceImpl(devs, b, op);

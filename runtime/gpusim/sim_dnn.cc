@@ -153,6 +153,36 @@ TensorView Packed(std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_
   return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
 }
 
+// Batch norm's parameter j covers channel c (spatial) or element (c, hw) (per activation) of
+// packed NCHW data, over `count` values.
+struct BnLayout {
+  BnLayout(const gpurt::DnnTensorDesc& x, gpurt::DnnBatchNormMode mode)
+      : N(x.n), C(x.c), HW(int64_t{x.h} * x.w),
+        per_activation(mode == gpurt::DnnBatchNormMode::kPerActivation), count(per_activation ? N : N * HW),
+        params(per_activation ? C * HW : C) {}
+  int64_t Param(int64_t c, int64_t hw) const { return per_activation ? c * HW + hw : c; }
+  int64_t N, C, HW;
+  bool per_activation;
+  int64_t count, params;
+};
+
+// The batch's mean and biased variance (what normalizes it) per parameter.
+void BatchStats(const std::vector<float>& xs, const BnLayout& l, std::vector<double>& mean,
+                std::vector<double>& var) {
+  mean.assign(static_cast<size_t>(l.params), 0.0), var.assign(static_cast<size_t>(l.params), 0.0);
+  for (int64_t n = 0; n < l.N; ++n)
+    for (int64_t c = 0; c < l.C; ++c)
+      for (int64_t i = 0; i < l.HW; ++i) mean[l.Param(c, i)] += xs[(n * l.C + c) * l.HW + i];
+  for (double& v : mean) v /= static_cast<double>(l.count);
+  for (int64_t n = 0; n < l.N; ++n)
+    for (int64_t c = 0; c < l.C; ++c)
+      for (int64_t i = 0; i < l.HW; ++i) {
+        double d = xs[(n * l.C + c) * l.HW + i] - mean[l.Param(c, i)];
+        var[l.Param(c, i)] += d * d;
+      }
+  for (double& v : var) v /= static_cast<double>(l.count);
+}
+
 } // namespace
 
 void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
@@ -295,26 +325,14 @@ void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s
         *sinv = training ? alias(a.save_inv_variance) : nullptr;
   Issue(s, call, fault, [=] {
     std::vector<float> xs = Gather(x, a.x);
-    const int64_t N = a.x.n, C = a.x.c, HW = int64_t{a.x.h} * a.x.w;
-    const bool per_activation = a.mode == gpurt::DnnBatchNormMode::kPerActivation;
-    // Parameter j covers channel c (spatial) or element (c, hw) (per activation) over the batch.
-    auto param = [&](int64_t c, int64_t hw) { return per_activation ? c * HW + hw : c; };
-    const int64_t count = per_activation ? N : N * HW; // values per parameter
-    std::vector<double> mean(static_cast<size_t>(np)), var(static_cast<size_t>(np));
+    const BnLayout l(a.x, a.mode);
+    const int64_t N = l.N, C = l.C, HW = l.HW, count = l.count;
+    auto param = [&l](int64_t c, int64_t hw) { return l.Param(c, hw); };
+    std::vector<double> mean, var;
     if (training) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t i = 0; i < HW; ++i) mean[param(c, i)] += xs[(n * C + c) * HW + i];
-      for (double& v : mean) v /= static_cast<double>(count);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t i = 0; i < HW; ++i) {
-            double d = xs[(n * C + c) * HW + i] - mean[param(c, i)];
-            var[param(c, i)] += d * d;
-          }
-      for (double& v : var) v /= static_cast<double>(count); // biased: what normalizes the batch
+      BatchStats(xs, l, mean, var);
     } else {
-      for (int64_t j = 0; j < np; ++j) mean[j] = rmean[j], var[j] = rvar[j];
+      mean.assign(rmean, rmean + np), var.assign(rvar, rvar + np);
     }
     std::vector<double> inv(static_cast<size_t>(np));
     for (int64_t j = 0; j < np; ++j) inv[j] = 1.0 / std::sqrt(var[j] + a.epsilon);
@@ -335,6 +353,108 @@ void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s
         rvar[j] = static_cast<float>((1.0 - f) * rvar[j] + f * var[j] * unbias);
       }
       if (smean) smean[j] = static_cast<float>(mean[j]), sinv[j] = static_cast<float>(inv[j]);
+    }
+  });
+}
+
+void DnnPoolingBackward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                        const gpurt::PoolingBackwardArgs& a) {
+  const char* call = "cudnnPoolingBackward";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckPoolingBackward(a, call);
+  Aligned(a.y_data, "y", call), Aligned(a.dy_data, "dy", call), Aligned(a.x_data, "x", call);
+  Aligned(a.dx_data, "dx", call);
+  const int dev = s->device()->index;
+  std::string fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the forward output)");
+  if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
+  if (fault.empty()) fault = Fault(m, dev, a.x_data, a.x.Span(), "x (the forward input)");
+  if (fault.empty()) fault = Fault(m, dev, a.dx_data, a.dx.Span(), "dx (the input's gradient)");
+  auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
+  auto* x = static_cast<const float*>(m.Alias(a.x_data));
+  auto* dx = static_cast<float*>(m.Alias(a.dx_data));
+  Issue(s, call, fault, [a, dy, x, dx] {
+    std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
+    std::vector<float> dxs(xs.size());
+    host::Pool2dParams p;
+    p.kernel[0] = a.pool.window_h, p.kernel[1] = a.pool.window_w;
+    p.stride[0] = a.pool.stride_h, p.stride[1] = a.pool.stride_w;
+    p.padding[0] = a.pool.pad_h, p.padding[1] = a.pool.pad_w;
+    p.count_include_pad = a.pool.mode == gpurt::DnnPoolingMode::kAverageCountIncludePadding;
+    TensorView xv = Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), dxv = Packed(dxs, a.x.n, a.x.c, a.x.h, a.x.w);
+    TensorView dyv = Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w);
+    const bool max =
+        a.pool.mode == gpurt::DnnPoolingMode::kMax || a.pool.mode == gpurt::DnnPoolingMode::kMaxDeterministic;
+    if (max)
+      host::MaxPool2dGrad(dyv, xv, dxv, p);
+    else
+      host::AvgPool2dGrad(dyv, dxv, p);
+    Blend(dx, a.dx, dxs, a.alpha, a.beta);
+  });
+}
+
+void DnnBatchNormBackward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                          const gpurt::BatchNormBackwardArgs& a) {
+  const char* call = "cudnnBatchNormalizationBackward";
+  CheckHandle(handle, h, s, call);
+  gpurt::CheckBatchNormBackward(a, call);
+  const int dev = s->device()->index;
+  const int64_t np = int64_t{a.param.c} * a.param.h * a.param.w;
+  struct Operand {
+    const void* p;
+    int64_t elements;
+    const char* what;
+  };
+  std::vector<Operand> ops{{a.x_data, a.x.Span(), "x (the forward input)"},
+                           {a.dy_data, a.dy.Span(), "dy (the output's gradient)"},
+                           {a.dx_data, a.dx.Span(), "dx (the input's gradient)"},
+                           {a.scale, np, "bnScale"},
+                           {a.dscale, np, "dBnScaleResult"},
+                           {a.dbias, np, "dBnBiasResult"}};
+  if (a.saved_mean)
+    ops.push_back({a.saved_mean, np, "savedMean"}),
+        ops.push_back({a.saved_inv_variance, np, "savedInvVariance"});
+  std::string fault;
+  for (const Operand& o : ops) {
+    Aligned(o.p, o.what, call);
+    if (fault.empty()) fault = Fault(m, dev, o.p, o.elements, o.what);
+  }
+  auto alias = [&m](const void* p) { return p ? static_cast<float*>(m.Alias(p)) : nullptr; };
+  float *x = alias(a.x_data), *dy = alias(a.dy_data), *dx = alias(a.dx_data), *scale = alias(a.scale);
+  float *dscale = alias(a.dscale), *dbias = alias(a.dbias);
+  float *smean = alias(a.saved_mean), *sinv = alias(a.saved_inv_variance);
+  Issue(s, call, fault, [=] {
+    std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
+    const BnLayout l(a.x, a.mode);
+    std::vector<double> mean, inv;
+    if (smean) {
+      mean.assign(smean, smean + np), inv.assign(sinv, sinv + np);
+    } else {
+      BatchStats(xs, l, mean, inv);
+      for (double& v : inv) v = 1.0 / std::sqrt(v + a.epsilon);
+    }
+    std::vector<double> sum_dy(static_cast<size_t>(np)), sum_dy_xhat(static_cast<size_t>(np));
+    for (int64_t n = 0; n < l.N; ++n)
+      for (int64_t c = 0; c < l.C; ++c)
+        for (int64_t i = 0; i < l.HW; ++i) {
+          const int64_t j = l.Param(c, i), at = (n * l.C + c) * l.HW + i;
+          sum_dy[j] += dys[at];
+          sum_dy_xhat[j] += dys[at] * (xs[at] - mean[j]) * inv[j];
+        }
+    std::vector<float> dxs(xs.size());
+    const double M = static_cast<double>(l.count);
+    for (int64_t n = 0; n < l.N; ++n)
+      for (int64_t c = 0; c < l.C; ++c)
+        for (int64_t i = 0; i < l.HW; ++i) {
+          const int64_t j = l.Param(c, i), at = (n * l.C + c) * l.HW + i;
+          const double xhat = (xs[at] - mean[j]) * inv[j];
+          dxs[at] =
+              static_cast<float>(scale[j] * inv[j] / M * (M * dys[at] - sum_dy[j] - xhat * sum_dy_xhat[j]));
+        }
+    Blend(dx, a.dx, dxs, a.alpha_data, a.beta_data);
+    for (int64_t j = 0; j < np; ++j) {
+      const float ds = static_cast<float>(sum_dy_xhat[j]), db = static_cast<float>(sum_dy[j]);
+      dscale[j] = a.beta_param == 0.0f ? a.alpha_param * ds : a.alpha_param * ds + a.beta_param * dscale[j];
+      dbias[j] = a.beta_param == 0.0f ? a.alpha_param * db : a.alpha_param * db + a.beta_param * dbias[j];
     }
   });
 }

@@ -23,6 +23,10 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
                                   const gpurt::ConvBackwardFilterArgs& a);
 void DnnPoolingForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
                        const gpurt::PoolingForwardArgs& a);
+void DnnPoolingBackward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                        const gpurt::PoolingBackwardArgs& a);
+void DnnBatchNormBackward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
+                          const gpurt::BatchNormBackwardArgs& a);
 void DnnBatchNormForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
                          const gpurt::BatchNormArgs& a, bool training);
 

@@ -376,6 +376,12 @@ class SimPlatform final : public gpurt::Platform {
   void DnnBatchNormForwardInference(void* dnn, gpurt::Stream h, const gpurt::BatchNormArgs& a) override {
     gpusim::DnnBatchNormForward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationForwardInference"), a, false);
   }
+  void DnnPoolingBackward(void* dnn, gpurt::Stream h, const gpurt::PoolingBackwardArgs& a) override {
+    gpusim::DnnPoolingBackward(memory_, dnn, h, Stream(h, "cudnnPoolingBackward"), a);
+  }
+  void DnnBatchNormBackward(void* dnn, gpurt::Stream h, const gpurt::BatchNormBackwardArgs& a) override {
+    gpusim::DnnBatchNormBackward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationBackward"), a);
+  }
 
   // ---- collectives: in-process, over the alias of each device's memory ----
   void AllReduce(std::span<const kiln::Device>, const coll::BufferSet& b, coll::ReduceOp op) override {

@@ -1,7 +1,8 @@
 // The platform's cuDNN calls on simulated GPUs (runtime/gpusim/sim_dnn.cc), their numbers:
 // convolution forward and backward (data, filter) against plain loops (strides, pads, dilations,
-// groups, both modes, NHWC strides, alpha/beta), pooling, batch norm's statistics and running
-// averages; and their order: device 1, queued behind the stream's earlier work, captured in graphs.
+// groups, both modes, NHWC strides, alpha/beta), pooling forward and backward, batch norm's
+// statistics and running averages, its backward against finite differences; and their order:
+// device 1, queued behind the stream's earlier work, captured in graphs.
 // The argument checks are tested in test_gpu_dnn_checks.cc.
 #include <doctest/doctest.h>
 
@@ -297,6 +298,159 @@ TEST_CASE(
     CHECK(worst < 1e-4);
     for (const void* d : {a.x_data, a.scale, a.bias}) p.Free(const_cast<void*>(d));
     for (void* d : {a.y_data, a.running_mean, a.running_var, a.save_mean, a.save_inv_variance}) p.Free(d);
+  }
+  p.StreamDestroy(s);
+}
+
+TEST_CASE("gpu dnn: pooling backward routes dy to the window's maximum or spreads it over the window") {
+  gpurt::Platform& p = Sim();
+  gpurt::DeviceGuard guard(0, p);
+  gpurt::Stream s = p.StreamCreate();
+  void* h = p.LibraryHandle(gpurt::Library::kDnn, s);
+  for (auto mode : {gpurt::DnnPoolingMode::kMax, gpurt::DnnPoolingMode::kAverageCountIncludePadding,
+                    gpurt::DnnPoolingMode::kAverageCountExcludePadding}) {
+    for (DnnFormat fmt : {DnnFormat::kNCHW, DnnFormat::kNHWC}) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(static_cast<int>(fmt));
+      gpurt::PoolingForwardArgs f;
+      f.pool = {mode, 3, 2, 1, 1, 2, 1};
+      f.x = DnnTensorDesc::Packed(fmt, 2, 3, 7, 6);
+      f.y = DnnTensorDesc::Packed(fmt, 2, 3, 4, 7);
+      std::vector<float> x = Random(static_cast<size_t>(f.x.Span()), 31), dy = Random(f.y.Span(), 32);
+      std::vector<float> dx0 = Random(x.size(), 33);
+      f.x_data = Upload(p, x, s);
+      f.y_data = p.Malloc(dy.size() * sizeof(float));
+      p.DnnPoolingForward(h, s, f);
+      gpurt::PoolingBackwardArgs b;
+      b.pool = f.pool, b.alpha = 1.5f, b.beta = 0.25f;
+      b.y = b.dy = f.y, b.x = b.dx = f.x;
+      b.y_data = f.y_data, b.dy_data = Upload(p, dy, s), b.x_data = f.x_data, b.dx_data = Upload(p, dx0, s);
+      p.DnnPoolingBackward(h, s, b);
+      std::vector<float> dx = Download(p, b.dx_data, x.size(), s);
+      std::vector<double> ref(x.size());
+      for (int n = 0; n < 2; ++n)
+        for (int c = 0; c < 3; ++c)
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 7; ++j) {
+              const double g = At(dy, f.y, n, c, i, j);
+              int inside = 0;
+              size_t arg = 0;
+              float mx = -INFINITY;
+              for (int r = 0; r < 3; ++r)
+                for (int q = 0; q < 2; ++q) {
+                  int hh = i * 2 - 1 + r, ww = j - 1 + q;
+                  if (hh < 0 || hh >= 7 || ww < 0 || ww >= 6) continue;
+                  ++inside;
+                  size_t at = n * f.x.n_stride + c * f.x.c_stride + hh * f.x.h_stride + ww * f.x.w_stride;
+                  if (x[at] > mx) mx = x[at], arg = at;
+                }
+              if (mode == gpurt::DnnPoolingMode::kMax) {
+                ref[arg] += g;
+                continue;
+              }
+              const double share =
+                  g / (mode == gpurt::DnnPoolingMode::kAverageCountIncludePadding ? 6 : inside);
+              for (int r = 0; r < 3; ++r)
+                for (int q = 0; q < 2; ++q) {
+                  int hh = i * 2 - 1 + r, ww = j - 1 + q;
+                  if (hh < 0 || hh >= 7 || ww < 0 || ww >= 6) continue;
+                  ref[n * f.x.n_stride + c * f.x.c_stride + hh * f.x.h_stride + ww * f.x.w_stride] += share;
+                }
+            }
+      double worst = 0;
+      for (size_t i = 0; i < x.size(); ++i)
+        worst = std::max(worst, std::fabs(dx[i] - (1.5 * ref[i] + 0.25 * dx0[i])));
+      CHECK(worst < 1e-5);
+      for (const void* d : {f.x_data, b.dy_data}) p.Free(const_cast<void*>(d));
+      for (void* d : {f.y_data, b.dx_data}) p.Free(d);
+    }
+  }
+  p.StreamDestroy(s);
+}
+
+namespace {
+// Batch norm's training forward in double, for finite differences: sum(y * g).
+double BnLoss(const std::vector<double>& x, const std::vector<double>& scale, const std::vector<double>& bias,
+              const std::vector<float>& g, int N, int C, int HW, bool spatial, double eps) {
+  const int np = spatial ? C : C * HW, count = spatial ? N * HW : N;
+  auto param = [&](int c, int i) { return spatial ? c : c * HW + i; };
+  std::vector<double> mean(np), var(np);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < HW; ++i) mean[param(c, i)] += x[(n * C + c) * HW + i] / count;
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < HW; ++i) {
+        double d = x[(n * C + c) * HW + i] - mean[param(c, i)];
+        var[param(c, i)] += d * d / count;
+      }
+  double loss = 0;
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < HW; ++i) {
+        int j = param(c, i), at = (n * C + c) * HW + i;
+        loss += g[at] * (scale[j] * (x[at] - mean[j]) / std::sqrt(var[j] + eps) + bias[j]);
+      }
+  return loss;
+}
+} // namespace
+
+TEST_CASE("gpu dnn: batch norm backward gives the gradients of the training forward (finite differences)") {
+  gpurt::Platform& p = Sim();
+  gpurt::DeviceGuard guard(0, p);
+  gpurt::Stream s = p.StreamCreate();
+  void* h = p.LibraryHandle(gpurt::Library::kDnn, s);
+  const int N = 3, C = 2, H = 2, W = 3, HW = H * W;
+  for (auto mode : {gpurt::DnnBatchNormMode::kSpatial, gpurt::DnnBatchNormMode::kPerActivation}) {
+    for (bool saved : {true, false}) {
+      const bool spatial = mode == gpurt::DnnBatchNormMode::kSpatial;
+      CAPTURE(spatial);
+      CAPTURE(saved);
+      const int np = spatial ? C : C * HW;
+      std::vector<float> x = Random(N * C * HW, 41), g = Random(N * C * HW, 42), scale = Random(np, 43),
+                         bias = Random(np, 44);
+      gpurt::BatchNormArgs f;
+      f.mode = mode;
+      f.x = f.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, N, C, H, W);
+      f.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, C, spatial ? 1 : H, spatial ? 1 : W);
+      f.x_data = Upload(p, x, s), f.y_data = p.Malloc(x.size() * sizeof(float));
+      f.scale = Upload(p, scale, s), f.bias = Upload(p, bias, s);
+      f.save_mean = p.Malloc(np * sizeof(float)), f.save_inv_variance = p.Malloc(np * sizeof(float));
+      f.epsilon = 1e-3;
+      p.DnnBatchNormForwardTraining(h, s, f);
+      gpurt::BatchNormBackwardArgs b;
+      b.mode = mode;
+      b.x = b.dy = b.dx = f.x;
+      b.param = f.param;
+      b.x_data = f.x_data, b.dy_data = Upload(p, g, s), b.dx_data = p.Malloc(x.size() * sizeof(float));
+      b.scale = f.scale, b.dscale = p.Malloc(np * sizeof(float)), b.dbias = p.Malloc(np * sizeof(float));
+      b.epsilon = f.epsilon;
+      if (saved) b.saved_mean = f.save_mean, b.saved_inv_variance = f.save_inv_variance;
+      p.DnnBatchNormBackward(h, s, b);
+      std::vector<float> dx = Download(p, b.dx_data, x.size(), s), ds = Download(p, b.dscale, np, s),
+                         db = Download(p, b.dbias, np, s);
+      std::vector<double> xd(x.begin(), x.end()), sd(scale.begin(), scale.end()),
+          bd(bias.begin(), bias.end());
+      auto loss = [&] { return BnLoss(xd, sd, bd, g, N, C, HW, spatial, 1e-3); };
+      const double e = 1e-5;
+      auto numeric = [&](double& v) {
+        double keep = v;
+        v = keep + e;
+        double up = loss();
+        v = keep - e;
+        double down = loss();
+        v = keep;
+        return (up - down) / (2 * e);
+      };
+      for (size_t i = 0; i < xd.size(); ++i)
+        CHECK(dx[i] == doctest::Approx(numeric(xd[i])).epsilon(1e-3).scale(1));
+      for (int j = 0; j < np; ++j) {
+        CHECK(ds[j] == doctest::Approx(numeric(sd[j])).epsilon(1e-3).scale(1));
+        CHECK(db[j] == doctest::Approx(numeric(bd[j])).epsilon(1e-3).scale(1));
+      }
+      for (const void* d : {f.x_data, f.scale, f.bias, b.dy_data}) p.Free(const_cast<void*>(d));
+      for (void* d : {f.y_data, f.save_mean, f.save_inv_variance, b.dx_data, b.dscale, b.dbias}) p.Free(d);
+    }
   }
   p.StreamDestroy(s);
 }

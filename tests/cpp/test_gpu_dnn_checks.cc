@@ -101,8 +101,7 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
        gpurt::kDnnBadParam, "gives [2, 3, 4, 3]"},
       {"output with other channels", [](PA& a) { a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 4, 4, 3); },
        gpurt::kDnnBadParam, "must match"},
-      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParam,
-       "y (the output) is null"},
+      {"null output", [](PA& a) { a.y_data = nullptr; }, gpurt::kDnnBadParam, "y (the output) is null"},
   };
   for (const PoolCase& c : pool_cases) {
     CAPTURE(std::string(c.name));
@@ -163,8 +162,73 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
   a.x = a.y = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 4);
   a.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 1, 1);
   a.x_data = x, a.y_data = y, a.scale = w, a.bias = w;
-  CHECK(DnnOutcome([&] { p.DnnBatchNormForwardInference(h, s, a); }).status ==
-        gpurt::kDnnBadParam);
+  CHECK(DnnOutcome([&] { p.DnnBatchNormForwardInference(h, s, a); }).status == gpurt::kDnnBadParam);
+
+  // The backward calls: pooling's gradients share their tensors' layouts, batch norm's its shape.
+  using PB = gpurt::PoolingBackwardArgs;
+  struct PoolBackCase {
+    const char* name;
+    std::function<void(PB&)> mutate;
+    int status;
+    const char* says;
+  };
+  const PoolBackCase pool_back[] = {
+      {"valid", [](PB&) {}, 0, ""},
+      {"dy in NHWC, y in NCHW", [](PB& b) { b.dy = DnnTensorDesc::Packed(DnnFormat::kNHWC, 2, 3, 4, 3); },
+       gpurt::kDnnBadParam, "the output and its gradient with the same sizes, strides and type"},
+      {"dx of another shape", [](PB& b) { b.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 8, 5); },
+       gpurt::kDnnBadParam, "the input and its gradient with the same sizes, strides and type"},
+      {"y not what pooling x gives",
+       [](PB& b) { b.y = b.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 3, 3); }, gpurt::kDnnBadParam,
+       "gives [2, 3, 4, 3]"},
+      {"null dx", [](PB& b) { b.dx_data = nullptr; }, gpurt::kDnnBadParam,
+       "dx (the input's gradient) is null"},
+  };
+  for (const PoolBackCase& c : pool_back) {
+    CAPTURE(std::string(c.name));
+    PB b;
+    b.pool = {gpurt::DnnPoolingMode::kMax, 3, 3, 1, 1, 2, 2};
+    b.x = b.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 8, 6);
+    b.y = b.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 3);
+    b.x_data = x, b.y_data = y, b.dy_data = y, b.dx_data = w;
+    c.mutate(b);
+    Outcome o = DnnOutcome([&] { p.DnnPoolingBackward(h, s, b); });
+    CHECK(o.status == c.status);
+    CHECK(o.message.find(c.says) != std::string::npos);
+    if (c.status) CHECK(o.message.find("cudnnPoolingBackward: ") == 0);
+  }
+  using BB = gpurt::BatchNormBackwardArgs;
+  struct BnBackCase {
+    const char* name;
+    std::function<void(BB&)> mutate;
+    int status;
+    const char* says;
+  };
+  const BnBackCase bn_back[] = {
+      {"valid", [](BB&) {}, 0, ""},
+      {"recomputing the statistics", [](BB& b) { b.saved_mean = b.saved_inv_variance = nullptr; }, 0, ""},
+      {"only one saved statistic", [](BB& b) { b.saved_mean = nullptr; }, gpurt::kDnnBadParam,
+       "pass both (from the training forward pass) or neither"},
+      {"dy of another shape", [](BB& b) { b.dy = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 2); },
+       gpurt::kDnnBadParam, "x, dy and dx must match"},
+      {"per-activation parameters in spatial mode",
+       [](BB& b) { b.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 4, 4); }, gpurt::kDnnBadParam,
+       "dBnScaleBiasDesc is [1, 3, 4, 4]"},
+      {"null dscale", [](BB& b) { b.dscale = nullptr; }, gpurt::kDnnBadParam, "dBnScaleResult is null"},
+  };
+  for (const BnBackCase& c : bn_back) {
+    CAPTURE(std::string(c.name));
+    BB b;
+    b.x = b.dy = b.dx = DnnTensorDesc::Packed(DnnFormat::kNCHW, 2, 3, 4, 4);
+    b.param = DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, 3, 1, 1);
+    b.x_data = x, b.dy_data = x, b.dx_data = y, b.scale = w;
+    b.dscale = static_cast<float*>(w) + 8, b.dbias = static_cast<float*>(w) + 16;
+    b.saved_mean = static_cast<float*>(w) + 24, b.saved_inv_variance = static_cast<float*>(w) + 32;
+    c.mutate(b);
+    Outcome o = DnnOutcome([&] { p.DnnBatchNormBackward(h, s, b); });
+    CHECK(o.status == c.status);
+    CHECK(o.message.find(c.says) != std::string::npos);
+  }
   p.StreamSynchronize(s);
   for (void* d : {x, w, y}) p.Free(d);
   p.StreamDestroy(s);

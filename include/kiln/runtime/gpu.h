@@ -103,7 +103,9 @@ struct ConvForwardArgs;
 struct ConvBackwardDataArgs;
 struct ConvBackwardFilterArgs;
 struct PoolingForwardArgs;
+struct PoolingBackwardArgs;
 struct BatchNormArgs;
+struct BatchNormBackwardArgs;
 
 /// One kernel module in both forms kiln generates: CUDA loads the PTX, the simulator the NVPTX
 /// LLVM IR it was made from. Either may be empty where that platform is not used.
@@ -209,6 +211,8 @@ class Platform {
   virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
   virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
   virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);
+  virtual void DnnPoolingBackward(void* dnn, Stream s, const PoolingBackwardArgs& a);
+  virtual void DnnBatchNormBackward(void* dnn, Stream s, const BatchNormBackwardArgs& a);
 
   // ---- collectives among this process's GPUs (NCCL on CUDA, in-process on the simulator) ----
   // Each runs on the calling thread over `devices` (distinct, in device order) and returns when

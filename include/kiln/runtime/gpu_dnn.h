@@ -1,7 +1,7 @@
 // The types of the platform's cuDNN calls (gpu.h, "cuDNN" methods): cuDNN's status codes, its
 // descriptors as plain values (tensor, filter, convolution, pooling), the arguments of convolution
-// (forward, backward data, backward filter), pooling forward and batch-norm forward (training and
-// inference), and the argument checks
+// (forward, backward data, backward filter), pooling and batch norm (forward for training and
+// inference, backward), and the argument checks
 // cuDNN makes, shared by every platform so that the simulator rejects what a real GPU rejects, with
 // the same status. Only float32 is run; tensors may have any positive strides (NCHW, NHWC, padded).
 // Numbering follows cudnn_graph.h / cudnn_ops.h / cudnn_cnn.h of cuDNN 9; CUDA's headers stay out.
@@ -173,6 +173,47 @@ struct BatchNormArgs {
   void* save_inv_variance = nullptr; ///< training only
 };
 
+/// cudnnPoolingBackward: dx = alpha * (dy routed back through the pooling of x, which gave y) +
+/// beta * dx. Max pooling sends each dy to its window's first maximum (as CUDNN_POOLING_MAX_
+/// DETERMINISTIC does; CUDNN_POOLING_MAX may pick another of equal maxima); average pooling
+/// spreads it over the window. y and dy share one shape and strides, as x and dx do.
+struct PoolingBackwardArgs {
+  DnnPoolingDesc pool;
+  float alpha = 1.0f, beta = 0.0f;
+  DnnTensorDesc y;
+  const void* y_data = nullptr;
+  DnnTensorDesc dy;
+  const void* dy_data = nullptr;
+  DnnTensorDesc x;
+  const void* x_data = nullptr;
+  DnnTensorDesc dx;
+  void* dx_data = nullptr;
+};
+
+/// cudnnBatchNormalizationBackward, with the batch statistics of the training forward pass
+/// (save_mean / save_inv_variance from it, or both null to recompute them from x):
+///   dx     = alpha_data * scale * inv_std / m * (m * dy - sum(dy) - xhat * sum(dy * xhat)) + beta_data * dx,
+///   dscale = alpha_param * sum(dy * xhat) + beta_param * dscale,
+///   dbias  = alpha_param * sum(dy) + beta_param * dbias,
+/// with xhat = (x - mean) * inv_std and sums over the m values of each parameter.
+struct BatchNormBackwardArgs {
+  DnnBatchNormMode mode = DnnBatchNormMode::kSpatial;
+  float alpha_data = 1.0f, beta_data = 0.0f, alpha_param = 1.0f, beta_param = 0.0f;
+  DnnTensorDesc x;
+  const void* x_data = nullptr;
+  DnnTensorDesc dy;
+  const void* dy_data = nullptr;
+  DnnTensorDesc dx;
+  void* dx_data = nullptr;
+  DnnTensorDesc param; ///< dBnScaleBiasDesc: scale, dscale, dbias and the saved statistics
+  const void* scale = nullptr;
+  void* dscale = nullptr;
+  void* dbias = nullptr;
+  double epsilon = 1e-5; ///< the forward pass's
+  const void* saved_mean = nullptr;
+  const void* saved_inv_variance = nullptr;
+};
+
 // ---- cuDNN's argument checks, shared by every platform ----
 // Each throws DnnError with cuDNN's status and a message naming what was expected, what was found
 // and what to do; `call` is the cuDNN function named in it.
@@ -201,6 +242,9 @@ void CheckConvBackwardFilter(const ConvBackwardFilterArgs& a,
 void CheckPoolingForward(const PoolingForwardArgs& a, const char* call = "cudnnPoolingForward");
 /// `training`: cudnnBatchNormalizationForwardTraining, else ...ForwardInference.
 void CheckBatchNormForward(const BatchNormArgs& a, bool training, const char* call);
+void CheckPoolingBackward(const PoolingBackwardArgs& a, const char* call = "cudnnPoolingBackward");
+void CheckBatchNormBackward(const BatchNormBackwardArgs& a,
+                            const char* call = "cudnnBatchNormalizationBackward");
 
 /// The status cuDNN's own descriptor functions give for these descriptors, and the output dims
 /// they compute: CUDA builds only (runtime/cuda/dnn_cuda.cc), where tests compare them with the
