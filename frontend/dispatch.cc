@@ -2,6 +2,7 @@
 #include "kiln/frontend/dispatch.h"
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/gpu_emulator.h"
+#include "kiln/codegen/gpu_kernels.h"
 #endif
 
 #include <atomic>
@@ -27,6 +28,8 @@ const bool kGraphKernelsAdded = KernelTable::AddBinder(&BindGraphKernels);
 // Simulated GPUs (KILN_GPU_SIM) run kernels' NVPTX IR through codegen's emulator. This file is
 // linked into every program that dispatches an op, so the hook is always in place.
 const bool kGpuEmulatorInstalled = (codegen::InstallGpuEmulator(), true);
+// The GPU kernels codegen generates (the elementwise ops).
+const bool kGpuElementwiseAdded = KernelTable::AddBinder(&codegen::BindGpuElementwiseKernels);
 #endif
 }  // namespace
 

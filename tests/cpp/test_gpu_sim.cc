@@ -155,11 +155,22 @@ TEST_CASE("gpu sim: events order streams, and are used across devices only as CU
   gpurt::Stream a = p.StreamCreate(), b = p.StreamCreate();
   gpurt::Event start = p.EventCreate(true), done = p.EventCreate(true), plain = p.EventCreate(false);
   CHECK(p.EventQuery(done));  // never recorded: complete, as in CUDA
-  std::atomic<bool> go{false};
+  struct Gate {
+    std::atomic<bool> go{false};
+    std::atomic<int64_t> spin_start_ns{0};  // when stream a began to wait, after `start`
+  } gate;
   std::atomic<int> order{0}, b_saw{-1};
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   p.EventRecord(start, a);
-  p.LaunchHostFunc(a, [](void* x) { while (!static_cast<std::atomic<bool>*>(x)->load()) std::this_thread::yield(); },
-                   &go);
+  p.LaunchHostFunc(a, [](void* x) {
+    auto* g = static_cast<Gate*>(x);
+    g->spin_start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    while (!g->go.load()) std::this_thread::yield();
+  }, &gate);
   struct Step {
     std::atomic<int>* order;
     std::atomic<int>* saw;
@@ -172,10 +183,14 @@ TEST_CASE("gpu sim: events order streams, and are used across devices only as CU
   CHECK_FALSE(p.EventQuery(done));
   CHECK_FALSE(p.StreamQuery(b));
   CHECK(CodeOf([&] { p.EventElapsedMs(start, done); }) == gpurt::kNotReady);
-  go = true;
+  while (gate.spin_start_ns.load() == 0) std::this_thread::yield();  // a busy machine may start it late
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double held_ms = static_cast<double>(now_ns() - gate.spin_start_ns.load()) / 1e6;
+  gate.go = true;
   p.StreamSynchronize(b);
   CHECK(b_saw.load() == 1);
-  CHECK(p.EventElapsedMs(start, done) >= 15.0f);
+  // `done` was recorded after the wait that `start` preceded: at least as long apart as it lasted.
+  CHECK(p.EventElapsedMs(start, done) >= held_ms - 0.5);
   p.EventRecord(plain, a);
   p.EventSynchronize(plain);
   CHECK(CodeOf([&] { p.EventElapsedMs(start, plain); }) == gpurt::kInvalidHandle);  // timing disabled

@@ -143,3 +143,70 @@ def test_split_and_load_onto_simulated_gpus():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_elementwise_ops_on_simulated_gpus_match_the_cpu():
+    # Every unary and binary elementwise op runs on a GPU as a kernel kiln generates (NVPTX; the
+    # simulator runs its IR); float32 results match the CPU's, broadcasting scalars and biases.
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd, autograd
+        rng = np.random.default_rng(0)
+        x = rng.uniform(0.1, 2, (4, 257)).astype(np.float32)
+        y = rng.uniform(-2, 2, (4, 257)).astype(np.float32)
+        bias = rng.uniform(-1, 1, (257,)).astype(np.float32)
+        column = rng.uniform(-1, 1, (4, 1)).astype(np.float32)
+        unary = ["negative", "abs", "sign", "square", "sqrt", "rsqrt", "reciprocal", "exp", "log", "log1p",
+                 "expm1", "sin", "cos", "tanh", "erf", "relu", "floor", "ceil", "round", "softplus", "mish"]
+        binary = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
+        for dev in (kiln.gpu(0), kiln.gpu(1)):
+            gx, gy, gb, gc = (nd.array(v).as_in_context(dev) for v in (x, y, bias, column))
+            for name in unary:
+                f = getattr(nd, name)
+                got, want = f(gx), f(nd.array(x)).asnumpy()
+                assert got.device == dev, (name, got.device)
+                np.testing.assert_allclose(got.asnumpy(), want, rtol=2e-6, atol=1e-6, err_msg=name)
+            for name in binary:
+                f = getattr(nd, name)
+                for b, cb in ((gy, y), (gb, bias), (gc, column)):
+                    got = f(gx, b).asnumpy()
+                    want = f(nd.array(x), nd.array(cb)).asnumpy()
+                    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(((gx * 2.0 - 1.0) / gy).asnumpy(), (x * 2 - 1) / y, rtol=1e-6)
+            # Autograd through GPU ops: the backward runs on the GPU too.
+            gx.attach_grad()
+            with autograd.record():
+                z = (gx * gx + gb).exp()
+            z.backward()
+            np.testing.assert_allclose(gx.grad.asnumpy(), 2 * x * np.exp(x * x + bias), rtol=1e-5)
+            assert gx.grad.device == dev
+            o = nd.ones((3, 5), device=dev)
+            assert o.device == dev and o.asnumpy().tolist() == [[1.0] * 5] * 3
+            np.testing.assert_array_equal(gx.reshape((257, 4)).asnumpy(), x.reshape(257, 4))
+        print("ok")
+    """)
+    assert "ok" in out
+
+
+def test_gpu_ops_without_a_kernel_yet_say_so():
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd
+        g = kiln.gpu(0)
+        i = nd.array(np.arange(6, dtype=np.int32)).as_in_context(g)
+        f = nd.array(np.ones((2, 3), np.float32)).as_in_context(g)
+        for fn, err, words in [
+                (lambda: (i + i).asnumpy(), kiln.DTypeError, "float32"),
+                (lambda: (nd.array(np.ones((2, 1, 3), np.float32)).as_in_context(g)
+                          + nd.array(np.ones((2, 4, 3), np.float32)).as_in_context(g)).asnumpy(),
+                 kiln.DeviceError, "broadcast"),
+                (lambda: nd.sum(f).asnumpy(), kiln.DeviceError, "no kernel for GPU")]:
+            try:
+                fn()
+            except err as e:
+                assert words in str(e), str(e)
+            else:
+                raise AssertionError("expected " + err.__name__)
+        print("ok")
+    """)
+    assert "ok" in out
