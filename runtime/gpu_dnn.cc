@@ -116,9 +116,12 @@ void CheckTensorDesc(const DnnTensorDesc& t, const char* what, const char* call)
     FailDnn(kDnnBadParam, call,
             std::string(what) + " has sizes " + Dims(t.n, t.c, t.h, t.w) +
                 "; every size of a 4-d tensor descriptor must be at least 1 (an empty tensor needs no call)");
-  if (t.n_stride <= 0 || t.c_stride <= 0 || t.h_stride <= 0 || t.w_stride <= 0)
+  // cudnnSetTensor4dDescriptorEx rejects a zero stride; a negative one it takes, and the calls
+  // then refuse it as NOT_SUPPORTED.
+  const bool negative = t.n_stride < 0 || t.c_stride < 0 || t.h_stride < 0 || t.w_stride < 0;
+  if (negative || t.n_stride == 0 || t.c_stride == 0 || t.h_stride == 0 || t.w_stride == 0)
     FailDnn(
-        kDnnBadParam, call,
+        negative ? kDnnNotSupported : kDnnBadParam, call,
         std::string(what) + " is " + t.ToString() +
             "; strides must be at least 1 (elements, not bytes): a packed NCHW tensor has strides [C*H*W, "
             "H*W, W, 1], a packed NHWC one [H*W*C, 1, W*C, C]");
@@ -215,9 +218,9 @@ void NotNull(const void* p, const char* what, const char* call) {
     FailDnn(kDnnBadParam, call, std::string(what) + " is null; pass device memory of the stream's device");
 }
 
-// cuDNN rejects negative strides as NOT_SUPPORTED (CheckTensorDesc rejects them earlier, as BAD_PARAM);
-// an output whose strides make two elements share an address is kiln's check: on a GPU the threads
-// writing them race and the result is silently wrong.
+// An output whose strides make two elements share an address is kiln's check (strides are positive
+// here, CheckTensorDesc came first): on a GPU the threads writing them race and the result is
+// silently wrong.
 void NotOverlapping(const DnnTensorDesc& t, const char* what, const char* call) {
   std::array<std::pair<int64_t, int64_t>, 4> d{
       {{t.n_stride, t.n}, {t.c_stride, t.c}, {t.h_stride, t.h}, {t.w_stride, t.w}}};
@@ -427,7 +430,8 @@ void CheckPoolingBackward(const PoolingBackwardArgs& a, const char* call) {
   NotOverlapping(a.dx, "dx (the input's gradient)", call);
   // The forward call's checks, so that y is what pooling x gives.
   PoolingForwardArgs f;
-  f.pool = a.pool, f.x = a.x, f.x_data = a.x_data, f.y = a.y, f.y_data = const_cast<void*>(a.y_data);  // only checked
+  f.pool = a.pool, f.x = a.x, f.x_data = a.x_data, f.y = a.y,
+  f.y_data = const_cast<void*>(a.y_data); // only checked
   CheckPoolingForward(f, call);
 }
 

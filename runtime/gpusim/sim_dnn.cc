@@ -9,6 +9,7 @@
 #include "sim_dnn.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>

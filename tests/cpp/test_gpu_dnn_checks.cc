@@ -65,6 +65,8 @@ TEST_CASE("gpu dnn: every argument check fails with cuDNN's status and says what
       {"mixed data types", [](A& a) { a.w.dtype = gpurt::DnnDataType::kHalf; }, gpurt::kDnnBadParam,
        "cuDNN needs them to match"},
       {"zero stride", [](A& a) { a.x.w_stride = 0; }, gpurt::kDnnBadParam, "strides must be at least 1"},
+      {"negative stride (a flipped view)", [](A& a) { a.x.h_stride = -7; }, gpurt::kDnnNotSupported,
+       "strides must be at least 1"},
       {"output strides that overlap", [](A& a) { a.y.h_stride = 1; }, gpurt::kDnnBadParam,
        "share an address"},
       {"empty input", [](A& a) { a.x.n = 0; }, gpurt::kDnnBadParam, "at least 1"},

@@ -218,8 +218,9 @@ struct BatchNormBackwardArgs {
 // Each throws DnnError with cuDNN's status and a message naming what was expected, what was found
 // and what to do; `call` is the cuDNN function named in it.
 
-/// cudnnSetTensor4dDescriptorEx: sizes and strides >= 1 (BAD_PARAM), under 2^31 elements
-/// (NOT_SUPPORTED); kiln runs float32 only (NOT_SUPPORTED_DATA_TYPE).
+/// cudnnSetTensor4dDescriptorEx and the calls: sizes >= 1 and strides != 0 (BAD_PARAM), strides
+/// not negative and under 2^31 elements (NOT_SUPPORTED); kiln runs float32 only
+/// (NOT_SUPPORTED_DATA_TYPE).
 void CheckTensorDesc(const DnnTensorDesc& t, const char* what, const char* call);
 /// cudnnSetFilter4dDescriptor: sizes >= 1 and a format of NCHW or NHWC (BAD_PARAM).
 void CheckFilterDesc(const DnnFilterDesc& f, const char* call);
