@@ -9,6 +9,7 @@
 #include <string>
 
 #include "blas_cuda.h"
+#include "dnn_cuda.h"
 #include "driver.h"
 #include "kiln/runtime/gpu.h"
 #include "nccl_coll.h"
@@ -204,9 +205,8 @@ class CudaPlatform final : public gpurt::Platform {
   void GraphDestroy(gpurt::Graph g) override { cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g)); }
   void GraphExecDestroy(gpurt::GraphExec g) override { cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(g)); }
 
-  void* LibraryHandle(gpurt::Library lib, gpurt::Stream) override {
-    if (lib != gpurt::Library::kBlasLt)
-      gpurt::Fail(gpurt::kNotSupported, "cudnnCreate", "this kiln is not linked with cuDNN yet");
+  void* LibraryHandle(gpurt::Library lib, gpurt::Stream s) override {
+    if (lib == gpurt::Library::kDnn) return cuda::DnnHandle(s);
     // cuBLASLt takes the stream with each call; the handle itself is per device.
     std::lock_guard<std::mutex> g(mu_);
     int d = GetDevice();
@@ -223,6 +223,32 @@ class CudaPlatform final : public gpurt::Platform {
   void Gemm(void* blas, gpurt::Stream s, const gpurt::GemmArgs& g) override {
     gpurt::CheckGemm(g, "cublasLtMatmul");
     LtGemm(blas, S(s), g);
+  }
+
+  // cuDNN: dnn_cuda.cc.
+  void DnnConvolutionForward(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
+    cuda::DnnConvolutionForward(*this, dnn, s, a);
+  }
+  void DnnConvolutionBackwardData(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardDataArgs& a) override {
+    cuda::DnnConvolutionBackwardData(*this, dnn, s, a);
+  }
+  void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardFilterArgs& a) override {
+    cuda::DnnConvolutionBackwardFilter(*this, dnn, s, a);
+  }
+  void DnnPoolingForward(void* dnn, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) override {
+    cuda::DnnPoolingForward(dnn, s, a);
+  }
+  void DnnBatchNormForwardTraining(void* dnn, gpurt::Stream s, const gpurt::BatchNormArgs& a) override {
+    cuda::DnnBatchNormForward(dnn, s, a, true);
+  }
+  void DnnBatchNormForwardInference(void* dnn, gpurt::Stream s, const gpurt::BatchNormArgs& a) override {
+    cuda::DnnBatchNormForward(dnn, s, a, false);
+  }
+  void DnnPoolingBackward(void* dnn, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a) override {
+    cuda::DnnPoolingBackward(dnn, s, a);
+  }
+  void DnnBatchNormBackward(void* dnn, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a) override {
+    cuda::DnnBatchNormBackward(dnn, s, a);
   }
 
   void AllReduce(std::span<const Device> devs, const coll::BufferSet& b, coll::ReduceOp op) override {

@@ -11,6 +11,7 @@
 #include "kiln/runtime/gpusim/emulator.h"
 #include "kiln/runtime/gpusim/seam_internal.h"
 #include "sim.h"
+#include "sim_dnn.h"
 
 namespace kiln::gpusim {
 
@@ -357,6 +358,31 @@ class SimPlatform final : public gpurt::Platform {
 
   void* LibraryHandle(gpurt::Library lib, gpurt::Stream h) override;
   void Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) override;
+  // cuDNN: sim_dnn.cc.
+  void DnnConvolutionForward(void* dnn, gpurt::Stream h, const gpurt::ConvForwardArgs& a) override {
+    gpusim::DnnConvolutionForward(memory_, dnn, h, Stream(h, "cudnnConvolutionForward"), a);
+  }
+  void DnnConvolutionBackwardData(void* dnn, gpurt::Stream h, const gpurt::ConvBackwardDataArgs& a) override {
+    gpusim::DnnConvolutionBackwardData(memory_, dnn, h, Stream(h, "cudnnConvolutionBackwardData"), a);
+  }
+  void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream h, const gpurt::ConvBackwardFilterArgs& a) override {
+    gpusim::DnnConvolutionBackwardFilter(memory_, dnn, h, Stream(h, "cudnnConvolutionBackwardFilter"), a);
+  }
+  void DnnPoolingForward(void* dnn, gpurt::Stream h, const gpurt::PoolingForwardArgs& a) override {
+    gpusim::DnnPoolingForward(memory_, dnn, h, Stream(h, "cudnnPoolingForward"), a);
+  }
+  void DnnBatchNormForwardTraining(void* dnn, gpurt::Stream h, const gpurt::BatchNormArgs& a) override {
+    gpusim::DnnBatchNormForward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationForwardTraining"), a, true);
+  }
+  void DnnBatchNormForwardInference(void* dnn, gpurt::Stream h, const gpurt::BatchNormArgs& a) override {
+    gpusim::DnnBatchNormForward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationForwardInference"), a, false);
+  }
+  void DnnPoolingBackward(void* dnn, gpurt::Stream h, const gpurt::PoolingBackwardArgs& a) override {
+    gpusim::DnnPoolingBackward(memory_, dnn, h, Stream(h, "cudnnPoolingBackward"), a);
+  }
+  void DnnBatchNormBackward(void* dnn, gpurt::Stream h, const gpurt::BatchNormBackwardArgs& a) override {
+    gpusim::DnnBatchNormBackward(memory_, dnn, h, Stream(h, "cudnnBatchNormalizationBackward"), a);
+  }
 
   // ---- collectives: in-process, over the alias of each device's memory ----
   void AllReduce(std::span<const kiln::Device>, const coll::BufferSet& b, coll::ReduceOp op) override {

@@ -98,6 +98,15 @@ using Function = FunctionRec*;  ///< CUfunction
 using Graph = GraphRec*;        ///< cudaGraph_t
 using GraphExec = GraphExecRec*;  ///< cudaGraphExec_t
 
+// The arguments of the cuDNN calls (kiln/runtime/gpu_dnn.h).
+struct ConvForwardArgs;
+struct ConvBackwardDataArgs;
+struct ConvBackwardFilterArgs;
+struct PoolingForwardArgs;
+struct PoolingBackwardArgs;
+struct BatchNormArgs;
+struct BatchNormBackwardArgs;
+
 /// One kernel module in both forms kiln generates: CUDA loads the PTX, the simulator the NVPTX
 /// LLVM IR it was made from. Either may be empty where that platform is not used.
 struct ModuleImage {
@@ -246,6 +255,20 @@ class Platform {
   /// outside live memory of the stream's device (a real GPU's kernel faults there later).
   /// The default implementation fails with kNotSupported (no GPU library).
   virtual void Gemm(void* blas, Stream s, const GemmArgs& g);
+
+  // ---- cuDNN ----
+  // Each runs on `s` through `dnn` = LibraryHandle(Library::kDnn, s), which must be bound to `s`
+  // (else CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH); data pointers are device memory of the stream's
+  // device. cuDNN's argument checks (gpu_dnn.h) fail with a DnnError carrying cuDNN's status.
+  // Stream-ordered: each returns once queued. The defaults fail (no GPU library).
+  virtual void DnnConvolutionForward(void* dnn, Stream s, const ConvForwardArgs& a);
+  virtual void DnnConvolutionBackwardData(void* dnn, Stream s, const ConvBackwardDataArgs& a);
+  virtual void DnnConvolutionBackwardFilter(void* dnn, Stream s, const ConvBackwardFilterArgs& a);
+  virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
+  virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
+  virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);
+  virtual void DnnPoolingBackward(void* dnn, Stream s, const PoolingBackwardArgs& a);
+  virtual void DnnBatchNormBackward(void* dnn, Stream s, const BatchNormBackwardArgs& a);
 
   // ---- collectives among this process's GPUs (NCCL on CUDA, in-process on the simulator) ----
   // Each runs on the calling thread over `devices` (distinct, in device order) and returns when

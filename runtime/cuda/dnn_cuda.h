@@ -1,0 +1,25 @@
+// cuDNN on real GPUs (internal to runtime/cuda/; dnn_cuda.cc): the handles the CUDA platform
+// keeps per device and the calls its cuDNN methods make.
+#pragma once
+
+#include "kiln/runtime/gpu_dnn.h"
+
+namespace kiln::cuda {
+
+/// The cuDNN handle of the current device (created on first use), bound to `s` (cudnnSetStream).
+void* DnnHandle(gpurt::Stream s);
+
+// Each checks that `handle` is bound to `s`, makes the shared checks of gpu_dnn.h, then calls
+// cuDNN; `p` allocates the convolution's workspace.
+void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                           const gpurt::ConvForwardArgs& a);
+void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                const gpurt::ConvBackwardDataArgs& a);
+void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                  const gpurt::ConvBackwardFilterArgs& a);
+void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a);
+void DnnPoolingBackward(void* handle, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a);
+void DnnBatchNormBackward(void* handle, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a);
+void DnnBatchNormForward(void* handle, gpurt::Stream s, const gpurt::BatchNormArgs& a, bool training);
+
+} // namespace kiln::cuda
