@@ -47,6 +47,7 @@ const KernelTable& KernelTable::Get() {
     BindMovementKernels(*t);
     BindNNKernels(*t);
     BindCreationKernels(*t);
+    BindGpuBlasKernels(*t);
     Binders& b = GetBinders();
     std::lock_guard<std::mutex> lock(b.mu);
     b.built = true;

@@ -86,5 +86,7 @@ void BindReduceKernels(KernelTable& t);
 void BindMovementKernels(KernelTable& t);
 void BindNNKernels(KernelTable& t);
 void BindCreationKernels(KernelTable& t);
+/// GPU kernels on the platform's BLAS (runtime/gpu_kernels_blas.cc): matmul.
+void BindGpuBlasKernels(KernelTable& t);
 
 }  // namespace kiln
