@@ -90,7 +90,7 @@ void GpuMatmulKernel(const KernelArgs& k) {
 }  // namespace
 
 void BindGpuBlasKernels(KernelTable& t) {
-  t.Bind(op::kMatmul, DeviceType::kGPU, {GpuMatmulKernel, /*contiguous_inputs=*/true});
+  t.Bind(op::kMatmul, DeviceType::kGPU, {GpuMatmulKernel, /*contiguous_inputs=*/true, nullptr, DTypeBit(DType::kFloat32)});
 }
 
 }  // namespace kiln
