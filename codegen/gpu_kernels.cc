@@ -26,6 +26,9 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/kernel.h"
+#include "kiln/runtime/cpu/copy.h"
+#include "kernel_cache.h"
+#include "lower.h"
 
 namespace kiln::codegen {
 namespace {
@@ -33,8 +36,13 @@ namespace {
 /// The PTX target for device `d`: its compute capability, at most sm_90 (the newest LLVM 19's
 /// NVPTX backend emits; PTX is forward compatible, the driver compiles it for newer GPUs).
 std::string ArchOf(const Device& d) {
-  const int cc = std::min(cuda::ComputeCapability(d), 90);
-  return "sm_" + std::to_string(cc);
+  static std::mutex mu;
+  static std::unordered_map<int, std::string> arch;  // per device: the query is not free on a GPU
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = arch.find(d.index);
+  if (it == arch.end())
+    it = arch.emplace(d.index, "sm_" + std::to_string(std::min(cuda::ComputeCapability(d), 90))).first;
+  return it->second;
 }
 
 /// How operand `in` of an output of shape `out` is read: (inner, outer) of Expr::InputBroadcast,
@@ -45,8 +53,9 @@ std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const
   KILN_THROW(DeviceError) << op.name << ": an operand of shape " << in.shape.str()
                           << " broadcasts to " << out.str()
                           << " in a way the GPU elementwise kernels do not read yet (they take equal "
-                             "shapes, scalars and operands that broadcast along leading axes); "
-                             "broadcast it first (broadcast_to) or run the op on kiln.cpu()";
+                             "shapes, scalars, and operands whose non-1 dims are one adjacent block); "
+                             "broadcast it first (broadcast_to, which takes any broadcast) or run the op on "
+                             "kiln.cpu()";
 }
 
 /// The loaded kernel of an expression on a device: generated and loaded once per (expression,
@@ -54,7 +63,7 @@ std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const
 void* KernelFor(const Expr& e, const Device& d, int* num_inputs) {
   static std::mutex mu;
   static std::unordered_map<std::string, void*> loaded;
-  const std::string key = e.ToString() + "@" + std::to_string(d.index);
+  const std::string key = detail::ExactForm(e) + "@" + std::to_string(d.index);  // ToString rounds constants
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = loaded.find(key); it != loaded.end()) return it->second;
@@ -148,27 +157,25 @@ void BinaryGpu(const KernelArgs& a) {
   Launch(a, e);
 }
 
-/// copy and stop_gradient on a GPU, any dtype: a device-to-device copy on the stream, or for a
-/// strided view the strided copy kernel.
-void CopyGpu(const KernelArgs& a) {
-  const TensorView& x = a.in[0];
-  KILN_CHECK(x.dtype == a.out[0].dtype) << a.op.name << " changes no dtype";
+/// out = `src` (out's shape, any strides, 0 for a broadcast dim), any dtype: a device-to-device
+/// copy on the stream when contiguous, else the strided copy kernel.
+void CopyStrided(const KernelArgs& a, const TensorView& src) {
   const int64_t n = a.out[0].shape.numel();
   if (n == 0) return;
-  const size_t bytes = DTypeSize(x.dtype);
-  if (x.is_contiguous()) {
-    cuda::CopyAsync(a.out[0].data, x.data, static_cast<size_t>(n) * bytes, cuda::CopyKind::kDeviceToDevice);
+  const size_t bytes = DTypeSize(src.dtype);
+  if (src.is_contiguous()) {
+    cuda::CopyAsync(a.out[0].data, src.data, static_cast<size_t>(n) * bytes, cuda::CopyKind::kDeviceToDevice);
     return;
   }
-  std::vector<int> dims(static_cast<size_t>(x.rank()));
-  for (int i = 0; i < x.rank(); ++i) dims[static_cast<size_t>(i)] = i;
+  std::vector<int> dims(static_cast<size_t>(src.rank()));
+  for (int i = 0; i < src.rank(); ++i) dims[static_cast<size_t>(i)] = i;
   int64_t index[2 * kGpuIndexDims];
-  IndexArgs(a.op, x, dims, index);
-  const std::string arch = ArchOf(a.device);
+  IndexArgs(a.op, src, dims, index);
   const int eb = static_cast<int>(bytes);
-  void* fn = LoadedOnce("copy" + std::to_string(eb), a.device, [&] { return GenerateStridedCopyPtx(eb, arch); });
+  void* fn = LoadedOnce("copy" + std::to_string(eb), a.device,
+                        [&] { return GenerateStridedCopyPtx(eb, ArchOf(a.device)); });
   void* out = a.out[0].data;
-  void* in = x.data;
+  void* in = src.data;
   int64_t count = n;
   void* args[3 + 2 * kGpuIndexDims] = {&out, &in, &count};
   for (int k = 0; k < 2 * kGpuIndexDims; ++k) args[3 + k] = &index[k];
@@ -176,14 +183,40 @@ void CopyGpu(const KernelArgs& a) {
   cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), 256, 0, args);
 }
 
-/// full (float32) on a GPU: a kernel with the value built in, no inputs.
+/// copy and stop_gradient on a GPU, any dtype (a strided view becomes contiguous).
+void CopyGpu(const KernelArgs& a) {
+  KILN_CHECK(a.in[0].dtype == a.out[0].dtype) << a.op.name << " changes no dtype";
+  CopyStrided(a, a.in[0]);
+}
+
+/// broadcast_to on a GPU, any dtype: the input read with stride 0 along the broadcast dims.
+void BroadcastToGpu(const KernelArgs& a) {
+  const TensorView& x = a.in[0];
+  TensorView src = x;
+  src.shape = a.out[0].shape;
+  src.strides = Strides(std::vector<int64_t>(static_cast<size_t>(src.shape.rank()), 0));
+  const int lead = src.shape.rank() - x.rank();
+  for (int d = lead; d < src.shape.rank(); ++d)
+    if (x.shape[d - lead] != 1) src.strides[d] = x.strides[d - lead];
+  CopyStrided(a, src);
+}
+
+/// full on a GPU, any dtype: the value converted on the host (as the CPU kernel converts it),
+/// its bits written by the fill kernel.
 void FullGpu(const KernelArgs& a) {
-  if (a.out[0].dtype != DType::kFloat32)
-    KILN_THROW(DTypeError) << "full: on GPUs only float32 tensors can be created yet; found "
-                           << DTypeName(a.out[0].dtype) << ". Create it on kiln.cpu() and copy it over";
-  Expr e;
-  e.Const(a.attrs.Float("value"));
-  Launch(a, e);
+  const TensorView& out = a.out[0];
+  const int64_t n = out.shape.numel();
+  if (n == 0) return;
+  int64_t bits = 0;
+  TensorView one{&bits, out.dtype, Shape({1}), Strides(std::vector<int64_t>{1})};
+  host::Fill(one, a.attrs.Float("value"));
+  const int eb = static_cast<int>(DTypeSize(out.dtype));
+  void* fn = LoadedOnce("fill" + std::to_string(eb), a.device, [&] { return GenerateFillPtx(eb, ArchOf(a.device)); });
+  void* dst = out.data;
+  int64_t count = n;
+  void* args[] = {&dst, &count, &bits};
+  const int64_t blocks = std::clamp<int64_t>((n + 255) / 256, 1, 4096);
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), 256, 0, args);
 }
 
 /// sum, mean, max and min of float32 over any axes (all by default) of a strided tensor.
@@ -203,9 +236,8 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   int64_t index[4 * kGpuIndexDims];
   IndexArgs(a.op, x, kept_dims, index);
   IndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
-  const std::string arch = ArchOf(a.device);
   void* fn = LoadedOnce("reduce" + std::to_string(static_cast<int>(kKind)), a.device,
-                        [&] { return GenerateReducePtx(kKind, arch); });
+                        [&] { return GenerateReducePtx(kKind, ArchOf(a.device)); });
   void* out = a.out[0].data;
   void* in = x.data;
   float scale = kMean ? static_cast<float>(1.0 / static_cast<double>(len)) : 1.0f;
@@ -214,16 +246,6 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   for (int k = 0; k < 4 * kGpuIndexDims; ++k) args[5 + k] = &index[k];
   const int64_t blocks = std::clamp<int64_t>(rows, 1, 4096);  // enough to fill a GPU; more rows loop
   cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kReduceThreads, 0, args);
-}
-
-/// broadcast_to of float32: the input read as a broadcasting operand.
-void BroadcastToGpu(const KernelArgs& a) {
-  CheckFloat32(a);
-  const Shape& out = a.out[0].shape;
-  Expr e;
-  auto [inner, outer] = ReadOf(a.op, a.in[0], out);
-  e.Mul(outer == 0 ? e.Input(0) : e.InputBroadcast(0, inner, outer), e.Const(1.0));
-  Launch(a, e);
 }
 
 }  // namespace
@@ -236,12 +258,12 @@ void BindGpuElementwiseKernels(KernelTable& t) {
   // Copies take strided inputs themselves (dispatch makes inputs contiguous through `copy`).
   t.Bind(op::kCopy, DeviceType::kGPU, {CopyGpu});
   t.Bind(op::kStopGradient, DeviceType::kGPU, {CopyGpu});
-  t.Bind(op::kFull, DeviceType::kGPU, {FullGpu, false, nullptr, kF32});
+  t.Bind(op::kFull, DeviceType::kGPU, {FullGpu});
   t.Bind(op::kSum, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, false>, false, nullptr, kF32});
   t.Bind(op::kMean, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, true>, false, nullptr, kF32});
   t.Bind(op::kMax, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMax, false>, false, nullptr, kF32});
   t.Bind(op::kMin, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMin, false>, false, nullptr, kF32});
-  t.Bind(op::kBroadcastTo, DeviceType::kGPU, {BroadcastToGpu, true, nullptr, kF32});
+  t.Bind(op::kBroadcastTo, DeviceType::kGPU, {BroadcastToGpu});
   // Shape-only views: the CPU's layout functions (device-neutral); a view that needs a copy
   // copies a contiguous input as it is.
   for (OpId id : {op::kReshape, op::kExpandDims, op::kSqueeze})

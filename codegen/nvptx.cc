@@ -274,6 +274,43 @@ void BuildStridedCopyKernel(llvm::Module& m, int bytes, const std::string& name)
   m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
 }
 
+/// Builds `name`(out, n, bits): out[i] = bits (the low 8 * `bytes` bits) for i < n, a grid-stride
+/// loop.
+void BuildFillKernel(llvm::Module& m, int bytes, const std::string& name) {
+  llvm::LLVMContext& ctx = m.getContext();
+  llvm::IRBuilder<> b(ctx);
+  auto* i64 = b.getInt64Ty();
+  llvm::Type* elem = b.getIntNTy(static_cast<unsigned>(8 * bytes));
+  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), i64, i64}, false),
+                                    llvm::Function::ExternalLinkage, name, m);
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  llvm::Value *out = fn->getArg(0), *n = fn->getArg(1);
+  auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
+  auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
+  auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
+  b.SetInsertPoint(entry);
+  llvm::Value* value = b.CreateTrunc(fn->getArg(2), elem);
+  auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
+  llvm::Value* first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x),
+                                               sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x)),
+                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
+  llvm::Value* stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x),
+                                    sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x));
+  b.CreateCondBr(b.CreateICmpSLT(first, n), loop, exit);
+  b.SetInsertPoint(loop);
+  auto* i = b.CreatePHI(i64, 2, "i");
+  i->addIncoming(first, entry);
+  b.CreateStore(value, b.CreateInBoundsGEP(elem, out, i));
+  llvm::Value* next = b.CreateAdd(i, stride, "next", true, true);
+  i->addIncoming(next, loop);
+  b.CreateCondBr(b.CreateICmpSLT(next, n), loop, exit);
+  b.SetInsertPoint(exit);
+  b.CreateRetVoid();
+  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
+                          llvm::ValueAsMetadata::get(b.getInt32(1))};
+  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
+}
+
 /// Links the libdevice functions `m` calls; everything but the kernel becomes internal so that O3
 /// inlines what it uses and drops the rest.
 void LinkLibdevice(llvm::Module& m, const std::string& kernel) {
@@ -455,6 +492,30 @@ PtxKernel GenerateStridedCopyPtx(int element_bytes, const std::string& arch) {
   r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
   r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
     return FromArtifact(artifact, name, arch, 1, how.ms);
+  };
+  return *detail::GetOrBuildAs<PtxKernel>(r);
+}
+
+PtxKernel GenerateFillPtx(int element_bytes, const std::string& arch) {
+  CheckArch(arch, "GenerateFillPtx");
+  KILN_CHECK(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8)
+      << "GenerateFillPtx: elements of " << element_bytes << " bytes";
+  const std::string what = std::to_string(element_bytes);
+  detail::KernelRequest r;
+  r.kind = KernelKind::kPtx;
+  r.form = "fill " + what;
+  r.target = std::string(kTriple) + "; " + arch;
+  r.unique_symbols = false;
+  r.symbol = "kiln_fill_" + what;
+  r.build = [&](const std::string& name, std::string* ir) {
+    ir->clear();
+    std::string ptx = Compile([&](llvm::Module& m) { BuildFillKernel(m, element_bytes, name); }, "the GPU fill",
+                              arch, name, ir);
+    return ptx + std::string(1, '\0') + *ir;
+  };
+  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
+  r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
+    return FromArtifact(artifact, name, arch, 0, how.ms);
   };
   return *detail::GetOrBuildAs<PtxKernel>(r);
 }

@@ -240,8 +240,9 @@ void CheckKernelDTypes(const ir::OpDef& def, const KernelBinding& kb, Device dev
     for (int d = 0; d < 32; ++d)
       if (kb.dtypes & (uint32_t{1} << d)) takes += (takes.empty() ? "" : ", ") + std::string(DTypeName(static_cast<DType>(d)));
     KILN_THROW(DTypeError) << def.name << ": the " << (device.is_cpu() ? "CPU" : "GPU") << " kernel takes " << takes
-                           << " only; " << what << " " << i << " is " << DTypeName(t) << ". Cast it (astype) or run "
-                           << "the op on " << (device.is_cpu() ? "a GPU" : "kiln.cpu()");
+                           << " only; " << what << " " << i << " is " << DTypeName(t) << ". "
+                           << (std::string(what) == "input" ? "Cast it (astype) or run" : "Run") << " the op on "
+                           << (device.is_cpu() ? "a GPU" : "kiln.cpu()");
   };
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!(kb.dtypes & DTypeBit(inputs[i].dtype()))) refuse("input", i, inputs[i].dtype());

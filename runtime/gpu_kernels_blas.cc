@@ -68,6 +68,7 @@ void GpuMatmulKernel(const KernelArgs& k) {
   g.ldc = std::max<int64_t>(1, N);
   g.stride_c = M * N;
 
+  if (out.numel() == 0) return;  // an empty batch (or M, N of 0): nothing to write
   gpurt::Platform& p = gpurt::Get();
   auto s = static_cast<gpurt::Stream>(cuda::CurrentStream());  // nullptr (naive engine): the default stream
   void* blas = p.LibraryHandle(gpurt::Library::kBlasLt, s);

@@ -272,12 +272,12 @@ std::string CompareOutput(const Run& run, int k, const Tensor& out, const HostTe
   return err.str();
 }
 
-/// Runs the case once; returns "" on success, else what went wrong. Checkers report through
-/// their own doctest CHECKs (with the run in INFO).
 /// RunForward's result for a GPU kernel that declares it does not take the run's dtypes and
 /// refused them with a DTypeError, as it should (reported, not failed).
 const char* const kRefusedDType = "refused: dtypes the GPU kernel does not take";
 
+/// Runs the case once; returns "" on success, else what went wrong. Checkers report through
+/// their own doctest CHECKs (with the run in INFO).
 std::string RunForward(const Run& run) {
   const OpCase& c = run.c;
   try {

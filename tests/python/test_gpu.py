@@ -249,3 +249,34 @@ def test_reductions_on_simulated_gpus_match_numpy_and_carry_gradients():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_full_broadcast_to_and_empty_matmul_on_simulated_gpus():
+    # full and broadcast_to take every dtype on a GPU; full's value is exact (two values that
+    # print alike are two fills); broadcast_to takes any broadcast, so the gradient of a sum over a
+    # middle axis runs on the GPU; an empty matmul writes nothing.
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd, autograd
+        g = kiln.gpu(1)
+        a = nd.full((3,), 0.1, device=g).asnumpy()
+        b = nd.full((3,), 0.1000001, device=g).asnumpy()
+        assert a[0] == np.float32(0.1) and b[0] == np.float32(0.1000001) and a[0] != b[0], (a, b)
+        for dt in ("int32", "int64", "float64", "float16", "bool", "uint8"):
+            v = nd.full((2, 3), 7, dtype=dt, device=g)
+            np.testing.assert_array_equal(v.asnumpy(), np.full((2, 3), 7, dtype=dt))
+        x = np.arange(6, dtype=np.float64).reshape(2, 1, 3)
+        y = nd.broadcast_to(nd.array(x, dtype="float64").as_in_context(g), (2, 4, 3))
+        np.testing.assert_array_equal(y.asnumpy(), np.broadcast_to(x, (2, 4, 3)))
+        x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32)
+        gx = nd.array(x).as_in_context(g); gx.attach_grad()
+        with autograd.record():
+            l = (nd.sum(gx, axis=1) * nd.array(np.arange(6, dtype=np.float32).reshape(2, 3)).as_in_context(g)).sum()
+        l.backward()
+        np.testing.assert_allclose(gx.grad.asnumpy(), np.broadcast_to(np.arange(6, dtype=np.float32).reshape(2, 1, 3),
+                                                                      (2, 5, 3)))
+        e = nd.matmul(nd.zeros((0, 4, 5), device=g), nd.zeros((0, 5, 2), device=g))
+        assert e.shape == (0, 4, 2) and e.asnumpy().shape == (0, 4, 2)
+        print("ok")
+    """)
+    assert "ok" in out

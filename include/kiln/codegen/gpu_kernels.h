@@ -7,9 +7,9 @@
 
 namespace kiln::codegen {
 
-/// Binds the GPU kernels of the unary and binary elementwise ops, copy, stop_gradient, full
-/// (float32), reshape views, sum/mean/max/min and broadcast_to into `t`; nothing in
-/// a build without CUDA.
+/// Binds the GPU kernels into `t`: the unary and binary elementwise ops and sum/mean/max/min
+/// (float32), copy, stop_gradient, full and broadcast_to (any dtype), reshape/expand_dims/squeeze
+/// views; nothing in a build without CUDA.
 void BindGpuElementwiseKernels(KernelTable& t);
 
 }  // namespace kiln::codegen

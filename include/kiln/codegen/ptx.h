@@ -57,6 +57,10 @@ PtxKernel GenerateReducePtx(GpuReduce kind, const std::string& arch);
 /// 4 or 8) bytes, offsets in elements; a strided view made contiguous.
 PtxKernel GenerateStridedCopyPtx(int element_bytes, const std::string& arch);
 
+/// The PTX kernel `kiln_fill_<bytes>`(void* out, int64_t n, int64_t bits): every one of the n
+/// elements of `element_bytes` (1, 2, 4 or 8) bytes set to the low bits of `bits`.
+PtxKernel GenerateFillPtx(int element_bytes, const std::string& arch);
+
 /// libdevice (libdevice.10.bc) of the CUDA toolkit under $CUDA_HOME, $CUDA_PATH or
 /// /usr/local/cuda; "" when none is found.
 std::string FindLibdevice();
