@@ -9,7 +9,7 @@ namespace kiln::codegen {
 
 /// Binds the GPU kernels into `t`: the unary and binary elementwise ops and sum/mean/max/min
 /// (float32), copy, stop_gradient, full and broadcast_to (any dtype), reshape/expand_dims/squeeze
-/// views; nothing in a build without CUDA.
+/// views. Also in a build without CUDA: simulated GPUs (KILN_GPU_SIM) run them there too.
 void BindGpuElementwiseKernels(KernelTable& t);
 
 }  // namespace kiln::codegen
