@@ -26,6 +26,7 @@
 #include <llvm/Target/TargetMachine.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kiln::codegen::detail {
@@ -91,6 +92,14 @@ Jit& GetJit() {
   static Jit* jit = new Jit;
   return *jit;
 }
+
+/// The thread PrewarmJit starts, joined when the process exits (the Jit itself stays).
+struct Prewarm {
+  std::thread thread;
+  ~Prewarm() {
+    if (thread.joinable()) thread.join();
+  }
+};
 
 /// Builds the host kernel function `name` in `m`: a loop over [begin, end) computing EmitExpr.
 ///
@@ -253,3 +262,16 @@ CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name) 
 const std::string& TargetKey() { return GetJit().key; }
 
 }  // namespace kiln::codegen::detail
+
+namespace kiln::codegen {
+
+void PrewarmJit() {
+  static detail::Prewarm prewarm{std::thread([] {
+    try {
+      (void)detail::GetJit();
+    } catch (...) {  // the first kernel's own GetJit reports the error
+    }
+  })};
+}
+
+}  // namespace kiln::codegen

@@ -3,6 +3,10 @@
 // cache or run graphs (cached_graph.cc does).
 #include "kiln/frontend/tracer.h"
 
+#if KILN_WITH_CODEGEN
+#include "kiln/codegen/elementwise.h"
+#endif
+
 #include <atomic>
 #include <unordered_map>
 
@@ -106,6 +110,9 @@ TraceScope::TraceScope() : state_(std::make_unique<State>()), prev_(tls_state) {
   if (prev_) KILN_THROW(StateError) << "hybridize: a trace is already active on this thread";
   state_->id = ++g_trace_ids;
   tls_state = state_.get();
+#if KILN_WITH_CODEGEN
+  codegen::PrewarmJit();  // a trace is compiled next: LLVM's setup overlaps tracing and the passes
+#endif
 }
 
 TraceScope::~TraceScope() { tls_state = prev_; }

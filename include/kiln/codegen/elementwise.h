@@ -120,6 +120,11 @@ class CompiledKernel {
 /// cannot lower.
 std::shared_ptr<CompiledKernel> CompileElementwise(const Expr& e);
 
+/// Starts creating the process-wide JIT on a background thread, once per process, so that it is
+/// ready when the first kernel is linked (about 0.7 ms of LLVM setup, overlapped with tracing
+/// and the passes). The tracer calls it when a trace begins; harmless when never needed.
+void PrewarmJit();
+
 /// Counters of the elementwise kernels in the kernel cache (kernel_cache.h has every kind's).
 CodegenStats GetCodegenStats();
 
