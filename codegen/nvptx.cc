@@ -53,49 +53,66 @@ std::vector<std::filesystem::path> CudaRoots() {
   return roots;
 }
 
-/// Builds `name`(out, in0.., n) computing `e` with a grid-stride loop, marked as a kernel.
-void BuildKernel(llvm::Module& m, const Expr& e, const std::string& name) {
+/// A kernel function `name`(params) in `m`: external, nounwind, listed as a kernel (the NVPTX
+/// backend emits an .entry for functions in nvvm.annotations).
+llvm::Function* NewKernel(llvm::Module& m, const std::string& name, const std::vector<llvm::Type*>& params) {
   llvm::LLVMContext& ctx = m.getContext();
-  llvm::IRBuilder<> b(ctx);
-  auto* ptr = b.getPtrTy();
-  auto* i64 = b.getInt64Ty();
-  std::vector<llvm::Type*> params(1 + static_cast<size_t>(e.NumInputs()), ptr);
-  params.push_back(i64);
-  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false),
+  auto* fn = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), params, false),
                                     llvm::Function::ExternalLinkage, name, m);
   fn->addFnAttr(llvm::Attribute::NoUnwind);
-  llvm::Value* out = fn->getArg(0);
-  std::vector<detail::InputRead> ins;
-  for (int k = 0; k < e.NumInputs(); ++k) ins.push_back({.ptr = fn->getArg(static_cast<unsigned>(1 + k))});
-  llvm::Value* n = fn->getArg(static_cast<unsigned>(1 + e.NumInputs()));
+  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
+                          llvm::ValueAsMetadata::get(llvm::ConstantInt::get(llvm::Type::getInt32Ty(ctx), 1))};
+  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
+  return fn;
+}
 
+/// A special register (threadIdx.x, ...) as an i64.
+llvm::Value* Sreg(llvm::IRBuilder<>& b, llvm::Intrinsic::ID id) {
+  return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), b.getInt64Ty());
+}
+
+/// Fills `fn` with a grid-stride loop over i < n: i = blockIdx.x * blockDim.x + threadIdx.x,
+/// then + gridDim.x * blockDim.x; `body` emits the work of one i. `prologue` (optional) emits
+/// values computed once, before the loop.
+void GridStrideLoop(llvm::IRBuilder<>& b, llvm::Function* fn, llvm::Value* n,
+                    const std::function<void(llvm::Value* i)>& body,
+                    const std::function<void()>& prologue = nullptr) {
+  llvm::LLVMContext& ctx = fn->getContext();
   auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
   auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
   auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
   b.SetInsertPoint(entry);
-  auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
-  llvm::Value* first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x),
-                                               sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x)),
-                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
-  llvm::Value* stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x),
-                                    sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x));
+  if (prologue) prologue();
+  llvm::Value* first = b.CreateAdd(b.CreateMul(Sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x),
+                                               Sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x)),
+                                   Sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
+  llvm::Value* stride = b.CreateMul(Sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x),
+                                    Sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x));
+  auto* from = b.GetInsertBlock();
   b.CreateCondBr(b.CreateICmpSLT(first, n), loop, exit);
-
   b.SetInsertPoint(loop);
-  auto* i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(first, entry);
-  llvm::Value* result = detail::EmitExpr(b, m, e, detail::MathLib::kLibdevice, i, ins);
-  b.CreateStore(result, b.CreateInBoundsGEP(b.getFloatTy(), out, i));
+  auto* i = b.CreatePHI(b.getInt64Ty(), 2, "i");
+  i->addIncoming(first, from);
+  body(i);
   llvm::Value* next = b.CreateAdd(i, stride, "next", /*HasNUW=*/true, /*HasNSW=*/true);
-  i->addIncoming(next, loop);
+  i->addIncoming(next, b.GetInsertBlock());
   b.CreateCondBr(b.CreateICmpSLT(next, n), loop, exit);
   b.SetInsertPoint(exit);
   b.CreateRetVoid();
+}
 
-  // The NVPTX backend emits an .entry (a kernel) for functions listed as kernels here.
-  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
-                          llvm::ValueAsMetadata::get(b.getInt32(1))};
-  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
+/// Builds `name`(out, in0.., n) computing `e` with a grid-stride loop.
+void BuildKernel(llvm::Module& m, const Expr& e, const std::string& name) {
+  llvm::IRBuilder<> b(m.getContext());
+  std::vector<llvm::Type*> params(1 + static_cast<size_t>(e.NumInputs()), b.getPtrTy());
+  params.push_back(b.getInt64Ty());
+  llvm::Function* fn = NewKernel(m, name, params);
+  std::vector<detail::InputRead> ins;
+  for (int k = 0; k < e.NumInputs(); ++k) ins.push_back({.ptr = fn->getArg(static_cast<unsigned>(1 + k))});
+  GridStrideLoop(b, fn, fn->getArg(static_cast<unsigned>(1 + e.NumInputs())), [&](llvm::Value* i) {
+    llvm::Value* result = detail::EmitExpr(b, m, e, detail::MathLib::kLibdevice, i, ins);
+    b.CreateStore(result, b.CreateInBoundsGEP(b.getFloatTy(), fn->getArg(0), i));
+  });
 }
 
 /// `offset` += the element offset of linear index `i` over kGpuIndexDims dims (row-major, the last
@@ -126,9 +143,7 @@ void BuildReduceKernel(llvm::Module& m, GpuReduce kind, const std::string& name)
   auto* f32 = b.getFloatTy();
   std::vector<llvm::Type*> params = {ptr, ptr, i64, i64, f32};
   params.insert(params.end(), 4 * kGpuIndexDims, i64);
-  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false),
-                                    llvm::Function::ExternalLinkage, name, m);
-  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  llvm::Function* fn = NewKernel(m, name, params);
   llvm::Value *out = fn->getArg(0), *in = fn->getArg(1), *rows = fn->getArg(2), *len = fn->getArg(3),
               *scale = fn->getArg(4);
   const unsigned kept_args = 5, reduced_args = 5 + 2 * kGpuIndexDims;
@@ -146,7 +161,7 @@ void BuildReduceKernel(llvm::Module& m, GpuReduce kind, const std::string& name)
     llvm::Value* better = is_max ? b.CreateFCmpUGT(x, a) : b.CreateFCmpULT(x, a);  // or x is NaN
     return b.CreateSelect(b.CreateFCmpUNO(a, a), a, b.CreateSelect(better, x, a));
   };
-  auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
+  auto sreg = [&](llvm::Intrinsic::ID id) { return Sreg(b, id); };
   auto slot = [&](llvm::Value* t) { return b.CreateInBoundsGEP(smem_ty, smem, {b.getInt64(0), t}); };
   auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
   auto* row_loop = llvm::BasicBlock::Create(ctx, "row", fn);
@@ -228,87 +243,31 @@ void BuildReduceKernel(llvm::Module& m, GpuReduce kind, const std::string& name)
   b.CreateCondBr(b.CreateICmpSLT(r_next, rows), row_loop, exit);
   b.SetInsertPoint(exit);
   b.CreateRetVoid();
-
-  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
-                          llvm::ValueAsMetadata::get(b.getInt32(1))};
-  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
 }
 
-/// Builds `name`(out, in, n, sizes, strides): out[i] = in[offset of i] for i < n (a grid-stride
-/// loop), elements of `bytes` bytes moved as integers.
+/// Builds `name`(out, in, n, sizes, strides): out[i] = in[offset of i] for i < n, elements of
+/// `bytes` bytes moved as integers.
 void BuildStridedCopyKernel(llvm::Module& m, int bytes, const std::string& name) {
-  llvm::LLVMContext& ctx = m.getContext();
-  llvm::IRBuilder<> b(ctx);
-  auto* ptr = b.getPtrTy();
-  auto* i64 = b.getInt64Ty();
+  llvm::IRBuilder<> b(m.getContext());
   llvm::Type* elem = b.getIntNTy(static_cast<unsigned>(8 * bytes));
-  std::vector<llvm::Type*> params = {ptr, ptr, i64};
-  params.insert(params.end(), 2 * kGpuIndexDims, i64);
-  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false),
-                                    llvm::Function::ExternalLinkage, name, m);
-  fn->addFnAttr(llvm::Attribute::NoUnwind);
-  llvm::Value *out = fn->getArg(0), *in = fn->getArg(1), *n = fn->getArg(2);
-  auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
-  auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
-  auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
-  b.SetInsertPoint(entry);
-  auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
-  llvm::Value* first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x),
-                                               sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x)),
-                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
-  llvm::Value* stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x),
-                                    sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x));
-  b.CreateCondBr(b.CreateICmpSLT(first, n), loop, exit);
-  b.SetInsertPoint(loop);
-  auto* i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(first, entry);
-  llvm::Value* x = b.CreateLoad(elem, b.CreateInBoundsGEP(elem, in, EmitOffset(b, fn, 3, i)));
-  b.CreateStore(x, b.CreateInBoundsGEP(elem, out, i));
-  llvm::Value* next = b.CreateAdd(i, stride, "next", true, true);
-  i->addIncoming(next, loop);
-  b.CreateCondBr(b.CreateICmpSLT(next, n), loop, exit);
-  b.SetInsertPoint(exit);
-  b.CreateRetVoid();
-  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
-                          llvm::ValueAsMetadata::get(b.getInt32(1))};
-  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
+  std::vector<llvm::Type*> params = {b.getPtrTy(), b.getPtrTy(), b.getInt64Ty()};
+  params.insert(params.end(), 2 * kGpuIndexDims, b.getInt64Ty());
+  llvm::Function* fn = NewKernel(m, name, params);
+  GridStrideLoop(b, fn, fn->getArg(2), [&](llvm::Value* i) {
+    llvm::Value* x = b.CreateLoad(elem, b.CreateInBoundsGEP(elem, fn->getArg(1), EmitOffset(b, fn, 3, i)));
+    b.CreateStore(x, b.CreateInBoundsGEP(elem, fn->getArg(0), i));
+  });
 }
 
-/// Builds `name`(out, n, bits): out[i] = bits (the low 8 * `bytes` bits) for i < n, a grid-stride
-/// loop.
+/// Builds `name`(out, n, bits): out[i] = the low 8 * `bytes` bits of `bits`, for i < n.
 void BuildFillKernel(llvm::Module& m, int bytes, const std::string& name) {
-  llvm::LLVMContext& ctx = m.getContext();
-  llvm::IRBuilder<> b(ctx);
-  auto* i64 = b.getInt64Ty();
+  llvm::IRBuilder<> b(m.getContext());
   llvm::Type* elem = b.getIntNTy(static_cast<unsigned>(8 * bytes));
-  auto* fn = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), i64, i64}, false),
-                                    llvm::Function::ExternalLinkage, name, m);
-  fn->addFnAttr(llvm::Attribute::NoUnwind);
-  llvm::Value *out = fn->getArg(0), *n = fn->getArg(1);
-  auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
-  auto* loop = llvm::BasicBlock::Create(ctx, "loop", fn);
-  auto* exit = llvm::BasicBlock::Create(ctx, "exit", fn);
-  b.SetInsertPoint(entry);
-  llvm::Value* value = b.CreateTrunc(fn->getArg(2), elem);
-  auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
-  llvm::Value* first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x),
-                                               sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x)),
-                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
-  llvm::Value* stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x),
-                                    sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x));
-  b.CreateCondBr(b.CreateICmpSLT(first, n), loop, exit);
-  b.SetInsertPoint(loop);
-  auto* i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(first, entry);
-  b.CreateStore(value, b.CreateInBoundsGEP(elem, out, i));
-  llvm::Value* next = b.CreateAdd(i, stride, "next", true, true);
-  i->addIncoming(next, loop);
-  b.CreateCondBr(b.CreateICmpSLT(next, n), loop, exit);
-  b.SetInsertPoint(exit);
-  b.CreateRetVoid();
-  llvm::Metadata* md[] = {llvm::ValueAsMetadata::get(fn), llvm::MDString::get(ctx, "kernel"),
-                          llvm::ValueAsMetadata::get(b.getInt32(1))};
-  m.getOrInsertNamedMetadata("nvvm.annotations")->addOperand(llvm::MDNode::get(ctx, md));
+  llvm::Function* fn = NewKernel(m, name, {b.getPtrTy(), b.getInt64Ty(), b.getInt64Ty()});
+  llvm::Value* value = nullptr;
+  GridStrideLoop(
+      b, fn, fn->getArg(1), [&](llvm::Value* i) { b.CreateStore(value, b.CreateInBoundsGEP(elem, fn->getArg(0), i)); },
+      [&] { value = b.CreateTrunc(fn->getArg(2), elem); });
 }
 
 /// Links the libdevice functions `m` calls; everything but the kernel becomes internal so that O3
@@ -449,75 +408,62 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
   return *detail::GetOrBuildAs<PtxKernel>(r);
 }
 
+namespace {
+
+/// A PTX kernel that takes no expression (reductions, copies, fills), from the kernel cache.
+PtxKernel GenerateFixedPtx(const std::string& form, const std::string& symbol, const std::string& what,
+                           const std::string& arch, const std::function<void(llvm::Module&, const std::string&)>& build,
+                           int num_inputs) {
+  detail::KernelRequest r;
+  r.kind = KernelKind::kPtx;
+  r.form = form;
+  r.target = std::string(kTriple) + "; " + arch;
+  r.unique_symbols = false;
+  r.symbol = symbol;
+  r.build = [&](const std::string& name, std::string* ir) {
+    ir->clear();
+    std::string ptx = Compile([&](llvm::Module& m) { build(m, name); }, what, arch, name, ir);
+    return ptx + std::string(1, '\0') + *ir;
+  };
+  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
+  r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
+    return FromArtifact(artifact, name, arch, num_inputs, how.ms);
+  };
+  return *detail::GetOrBuildAs<PtxKernel>(r);
+}
+
+/// 1, 2, 4 or 8 bytes: the element sizes the copy and fill kernels move.
+std::string ElementBytes(int bytes, const char* call) {
+  KILN_CHECK(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8) << call << ": elements of " << bytes << " bytes";
+  return std::to_string(bytes);
+}
+
+}  // namespace
+
 PtxKernel GenerateReducePtx(GpuReduce kind, const std::string& arch) {
   CheckArch(arch, "GenerateReducePtx");
   static const char* const kNames[] = {"sum", "max", "min"};
   const std::string what = kNames[static_cast<int>(kind)];
-  detail::KernelRequest r;
-  r.kind = KernelKind::kPtx;
-  r.form = "reduce " + what + " " + std::to_string(kReduceThreads) + " dims " + std::to_string(kGpuIndexDims);
-  r.target = std::string(kTriple) + "; " + arch;
-  r.unique_symbols = false;
-  r.symbol = "kiln_reduce_" + what;
-  r.build = [&](const std::string& name, std::string* ir) {
-    ir->clear();
-    std::string ptx = Compile([&](llvm::Module& m) { BuildReduceKernel(m, kind, name); },
-                              "the GPU " + what + " reduction", arch, name, ir);
-    return ptx + std::string(1, '\0') + *ir;
-  };
-  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
-  r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
-    return FromArtifact(artifact, name, arch, 1, how.ms);
-  };
-  return *detail::GetOrBuildAs<PtxKernel>(r);
+  return GenerateFixedPtx("reduce " + what + " " + std::to_string(kReduceThreads) + " dims " +
+                              std::to_string(kGpuIndexDims),
+                          "kiln_reduce_" + what, "the GPU " + what + " reduction", arch,
+                          [&](llvm::Module& m, const std::string& name) { BuildReduceKernel(m, kind, name); }, 1);
 }
 
 PtxKernel GenerateStridedCopyPtx(int element_bytes, const std::string& arch) {
   CheckArch(arch, "GenerateStridedCopyPtx");
-  KILN_CHECK(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8)
-      << "GenerateStridedCopyPtx: elements of " << element_bytes << " bytes";
-  const std::string what = std::to_string(element_bytes);
-  detail::KernelRequest r;
-  r.kind = KernelKind::kPtx;
-  r.form = "strided copy " + what + " dims " + std::to_string(kGpuIndexDims);
-  r.target = std::string(kTriple) + "; " + arch;
-  r.unique_symbols = false;
-  r.symbol = "kiln_strided_copy_" + what;
-  r.build = [&](const std::string& name, std::string* ir) {
-    ir->clear();
-    std::string ptx = Compile([&](llvm::Module& m) { BuildStridedCopyKernel(m, element_bytes, name); },
-                              "the GPU strided copy", arch, name, ir);
-    return ptx + std::string(1, '\0') + *ir;
-  };
-  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
-  r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
-    return FromArtifact(artifact, name, arch, 1, how.ms);
-  };
-  return *detail::GetOrBuildAs<PtxKernel>(r);
+  const std::string what = ElementBytes(element_bytes, "GenerateStridedCopyPtx");
+  return GenerateFixedPtx("strided copy " + what + " dims " + std::to_string(kGpuIndexDims), "kiln_strided_copy_" + what,
+                          "the GPU strided copy", arch,
+                          [&](llvm::Module& m, const std::string& name) { BuildStridedCopyKernel(m, element_bytes, name); },
+                          1);
 }
 
 PtxKernel GenerateFillPtx(int element_bytes, const std::string& arch) {
   CheckArch(arch, "GenerateFillPtx");
-  KILN_CHECK(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8)
-      << "GenerateFillPtx: elements of " << element_bytes << " bytes";
-  const std::string what = std::to_string(element_bytes);
-  detail::KernelRequest r;
-  r.kind = KernelKind::kPtx;
-  r.form = "fill " + what;
-  r.target = std::string(kTriple) + "; " + arch;
-  r.unique_symbols = false;
-  r.symbol = "kiln_fill_" + what;
-  r.build = [&](const std::string& name, std::string* ir) {
-    ir->clear();
-    std::string ptx = Compile([&](llvm::Module& m) { BuildFillKernel(m, element_bytes, name); }, "the GPU fill",
-                              arch, name, ir);
-    return ptx + std::string(1, '\0') + *ir;
-  };
-  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
-  r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
-    return FromArtifact(artifact, name, arch, 0, how.ms);
-  };
-  return *detail::GetOrBuildAs<PtxKernel>(r);
+  const std::string what = ElementBytes(element_bytes, "GenerateFillPtx");
+  return GenerateFixedPtx("fill " + what, "kiln_fill_" + what, "the GPU fill", arch,
+                          [&](llvm::Module& m, const std::string& name) { BuildFillKernel(m, element_bytes, name); }, 0);
 }
 
 }  // namespace kiln::codegen
