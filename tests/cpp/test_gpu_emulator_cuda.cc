@@ -16,10 +16,12 @@
 #include "kiln/codegen/gpu_emulator.h"
 
 TEST_CASE("gpu emulator: CUDA C++ compiled by clang-19 runs as on a GPU") {
-  // In the build tree: <build>/tests/cpp/kiln_tests and <build>/codegen/gpusim_kernels/.
-  std::filesystem::path ll =
-      std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "codegen" /
-      "gpusim_kernels" / "emulator_test_kernels.ll";
+  // In the build tree: <build>/tests/cpp/kiln_tests and <build>/codegen/gpusim_kernels/; in
+  // scripts/gpu-check's bundle: gpusim_kernels/ beside kiln_tests.
+  const std::filesystem::path exe_dir = std::filesystem::canonical("/proc/self/exe").parent_path();
+  std::filesystem::path ll = exe_dir / "gpusim_kernels" / "emulator_test_kernels.ll";
+  if (!std::filesystem::exists(ll))
+    ll = exe_dir.parent_path().parent_path() / "codegen" / "gpusim_kernels" / "emulator_test_kernels.ll";
   if (!std::filesystem::exists(ll)) {
     std::cout
         << "[kiln-skip] " << ll.string()
