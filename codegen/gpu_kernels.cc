@@ -1,14 +1,15 @@
-// GPU kernels that codegen generates, bound for eager ops (issue 15, first part).
+// GPU kernels that codegen generates, bound for eager ops (issue 15, first part). A real GPU
+// loads their PTX, a simulated one runs the NVPTX IR beside it (gpusim), so the same bindings are
+// tested in CI.
 //
-// Elementwise ops: a unary op, or a binary op
-// whose operands broadcast as a suffix of the output (equal shapes, a scalar, a bias along the
-// trailing axes), runs as a kernel that codegen generates from the op's scalar function through
-// the same lowering as the CPU's fused kernels (ptx.h: NVPTX, libdevice for the transcendental
-// functions). A real GPU loads the PTX, a simulated one runs the NVPTX IR beside it (gpusim), so
-// the same binding is tested in CI. float32 only: the generated kernels compute in float32.
-//
-// Reductions (sum, mean, max, min) over any axes of a strided tensor: GenerateReducePtx's
-// block-per-row kernel; copies of strided views: GenerateStridedCopyPtx; broadcast_to (the gradient of a reduction) reads its input as a broadcasting operand.
+// - Elementwise ops: a unary op, or a binary op whose operands broadcast as one adjacent block of
+//   the output's dims (equal shapes, scalars, biases, columns), as a kernel generated from the
+//   op's scalar function through the CPU's fused-kernel lowering (ptx.h; libdevice for the
+//   transcendental functions). float32: the generated kernels compute in float32.
+// - Reductions (sum, mean, max, min) over any axes of a strided float32 tensor: GenerateReducePtx.
+// - copy of a strided view, and the view ops (reshape, transpose, slice, broadcast_to,
+//   expand_dims, squeeze) when no view is possible: GenerateStridedCopyPtx, any dtype.
+// - full, any dtype: GenerateFillPtx.
 //
 // frontend/dispatch.cc adds BindGpuElementwiseKernels to runtime's kernel table (runtime/ knows
 // nothing of codegen).
@@ -189,16 +190,30 @@ void CopyGpu(const KernelArgs& a) {
   CopyStrided(a, a.in[0]);
 }
 
-/// broadcast_to on a GPU, any dtype: the input read with stride 0 along the broadcast dims.
-void BroadcastToGpu(const KernelArgs& a) {
+/// The layout functions of the view ops (the CPU's, device-neutral), by op id: filled when the
+/// kernels are bound, read only afterwards.
+std::unordered_map<OpId, ViewFn>& ViewFns() {
+  static std::unordered_map<OpId, ViewFn> fns;
+  return fns;
+}
+
+/// A view op (reshape, transpose, slice, broadcast_to, expand_dims, squeeze) that dispatch could
+/// not make a view of the input, any dtype: the view's elements copied by the strided copy (a
+/// transpose or slice of a strided input, a broadcast), or, when even the layout function finds
+/// no view (a reshape of a strided input), the input copied in its row-major order.
+void ViewCopyGpu(const KernelArgs& a) {
   const TensorView& x = a.in[0];
-  TensorView src = x;
-  src.shape = a.out[0].shape;
-  src.strides = Strides(std::vector<int64_t>(static_cast<size_t>(src.shape.rank()), 0));
-  const int lead = src.shape.rank() - x.rank();
-  for (int d = lead; d < src.shape.rank(); ++d)
-    if (x.shape[d - lead] != 1) src.strides[d] = x.strides[d - lead];
-  CopyStrided(a, src);
+  Layout v;
+  const ViewFn view = ViewFns().at(a.op.id);
+  if (view(Layout{0, x.shape, x.strides}, a.attrs, a.out[0].shape, &v)) {
+    TensorView src = x;
+    src.data = static_cast<char*>(x.data) + v.offset * static_cast<int64_t>(DTypeSize(x.dtype));
+    src.shape = v.shape;
+    src.strides = v.strides;
+    CopyStrided(a, src);
+  } else {
+    CopyStrided(a, x);  // the output is contiguous: x's elements in row-major order
+  }
 }
 
 /// full on a GPU, any dtype: the value converted on the host (as the CPU kernel converts it),
@@ -262,11 +277,12 @@ void BindGpuElementwiseKernels(KernelTable& t) {
   t.Bind(op::kMean, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, true>, false, nullptr, kF32});
   t.Bind(op::kMax, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMax, false>, false, nullptr, kF32});
   t.Bind(op::kMin, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMin, false>, false, nullptr, kF32});
-  t.Bind(op::kBroadcastTo, DeviceType::kGPU, {BroadcastToGpu});
-  // Shape-only views: the CPU's layout functions (device-neutral); a view that needs a copy
-  // copies a contiguous input as it is.
-  for (OpId id : {op::kReshape, op::kExpandDims, op::kSqueeze})
-    if (const KernelBinding* cpu = t.Find(id, DeviceType::kCPU)) t.Bind(id, DeviceType::kGPU, {CopyGpu, false, cpu->view});
+  // View ops: dispatch makes a view when the layout allows, else this copies through it.
+  for (OpId id : {op::kReshape, op::kTranspose, op::kSlice, op::kBroadcastTo, op::kExpandDims, op::kSqueeze})
+    if (const KernelBinding* cpu = t.Find(id, DeviceType::kCPU); cpu && cpu->view) {
+      ViewFns()[id] = cpu->view;
+      t.Bind(id, DeviceType::kGPU, {ViewCopyGpu, false, cpu->view});
+    }
 }
 
 }  // namespace kiln::codegen

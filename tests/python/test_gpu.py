@@ -280,3 +280,24 @@ def test_full_broadcast_to_and_empty_matmul_on_simulated_gpus():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_transpose_and_slice_on_simulated_gpus_as_views_and_copies():
+    # Views where the layout allows (no copy), the strided copy where not; any dtype.
+    out = run_sim("""
+        import numpy as np, kiln
+        from kiln import nd
+        g = kiln.gpu(0)
+        for dt in (np.float32, np.int64, np.float64):
+            x = np.arange(2 * 3 * 4, dtype=dt).reshape(2, 3, 4)
+            gx = nd.array(x, dtype=np.dtype(dt).name).as_in_context(g)
+            t = nd.transpose(gx, axes=(2, 0, 1))
+            np.testing.assert_array_equal(t.asnumpy(), x.transpose(2, 0, 1))
+            np.testing.assert_array_equal(t.reshape((4, 6)).asnumpy(), x.transpose(2, 0, 1).reshape(4, 6))
+            np.testing.assert_array_equal((t + 0 if dt == np.float32 else t).asnumpy(), x.transpose(2, 0, 1))
+            s = gx[:, 1:3, ::2]
+            np.testing.assert_array_equal(s.asnumpy(), x[:, 1:3, ::2])
+            assert s.device == g and t.device == g
+        print("ok")
+    """)
+    assert "ok" in out

@@ -8,8 +8,8 @@
 namespace kiln::codegen {
 
 /// Binds the GPU kernels into `t`: the unary and binary elementwise ops and sum/mean/max/min
-/// (float32), copy, stop_gradient, full and broadcast_to (any dtype), reshape/expand_dims/squeeze
-/// views. Also in a build without CUDA: simulated GPUs (KILN_GPU_SIM) run them there too.
+/// (float32), copy, stop_gradient and full (any dtype), and the view ops (reshape, transpose,
+/// slice, broadcast_to, expand_dims, squeeze; any dtype). Also in a build without CUDA: simulated GPUs (KILN_GPU_SIM) run them there too.
 void BindGpuElementwiseKernels(KernelTable& t);
 
 }  // namespace kiln::codegen
