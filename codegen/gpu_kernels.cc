@@ -59,25 +59,8 @@ std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const
                              "kiln.cpu()";
 }
 
-/// The loaded kernel of an expression on a device: generated and loaded once per (expression,
-/// device); later calls are one lookup.
-void* KernelFor(const Expr& e, const Device& d, int* num_inputs) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, void*> loaded;
-  const std::string key = detail::ExactForm(e) + "@" + std::to_string(d.index);  // ToString rounds constants
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
-  }
-  PtxKernel k = GeneratePtx(e, ArchOf(d));
-  *num_inputs = k.num_inputs;
-  void* fn = cuda::LoadKernel(d, k.ir, k.ptx, k.name);
-  std::lock_guard<std::mutex> lock(mu);
-  loaded.emplace(key, fn);
-  return fn;
-}
-
-/// A kernel that does not depend on an expression (reductions, copies), loaded once per device.
+/// The kernel `make` generates for `key` (an expression's exact form, or a fixed kernel's name),
+/// loaded once per device; later calls are one lookup.
 template <class Make> void* LoadedOnce(const std::string& key, const Device& d, Make make) {
   static std::mutex mu;
   static std::unordered_map<std::string, void*> loaded;
@@ -107,12 +90,24 @@ void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& di
   }
 }
 
+/// Launches a grid-stride kernel over n > 0 elements: blocks of 256 threads, enough blocks to
+/// fill the GPU (a few per SM) and no more; the loop covers the rest.
+void LaunchGridStride(void* fn, int64_t n, void** args) {
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 4096);
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kBlock, 0, args);
+}
+
+/// Runs the generated kernel of `e` over the output (operands a.in, float32: dispatch refuses
+/// other dtypes by the bindings' KernelBinding::dtypes).
 void Launch(const KernelArgs& a, const Expr& e) {
   const TensorView& out = a.out[0];
   const int64_t n = out.shape.numel();
   if (n == 0) return;
-  int ignored = 0;
-  void* fn = KernelFor(e, a.device, &ignored);
+  for (const TensorView& v : a.in) KILN_CHECK(v.dtype == DType::kFloat32) << a.op.name << ": dtypes unchecked";
+  KILN_CHECK(out.dtype == DType::kFloat32) << a.op.name << ": dtypes unchecked";
+  // The exact form: ToString rounds constants.
+  void* fn = LoadedOnce("ew " + detail::ExactForm(e), a.device, [&] { return GeneratePtx(e, ArchOf(a.device)); });
   void* ptrs[4] = {out.data, nullptr, nullptr, nullptr};
   void* args[5] = {&ptrs[0]};
   for (size_t i = 0; i < a.in.size(); ++i) {
@@ -121,32 +116,16 @@ void Launch(const KernelArgs& a, const Expr& e) {
   }
   int64_t count = n;
   args[a.in.size() + 1] = &count;
-  constexpr int64_t kBlock = 256;
-  // A grid-stride loop covers any n: enough blocks to fill the GPU (a few per SM), no more.
-  const int64_t blocks = std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 4096);
-  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kBlock, 0, args);
-}
-
-void CheckFloat32(const KernelArgs& a) {
-  for (const TensorView& v : a.in)
-    if (v.dtype != DType::kFloat32)
-      KILN_THROW(DTypeError) << a.op.name << ": the GPU elementwise kernels compute in float32; found an "
-                             << DTypeName(v.dtype) << " operand. Cast it with astype('float32') or run "
-                             << "the op on kiln.cpu()";
-  if (a.out[0].dtype != DType::kFloat32)
-    KILN_THROW(DTypeError) << a.op.name << ": the GPU elementwise kernels write float32; this op's output is "
-                           << DTypeName(a.out[0].dtype) << ". Run it on kiln.cpu()";
+  LaunchGridStride(fn, n, args);
 }
 
 void UnaryGpu(const KernelArgs& a) {
-  CheckFloat32(a);
   Expr e;
   e.Unary(*a.op.unary_fn, e.Input(0));
   Launch(a, e);
 }
 
 void BinaryGpu(const KernelArgs& a) {
-  CheckFloat32(a);
   const Shape& out = a.out[0].shape;
   Expr e;
   int operand[2];
@@ -180,8 +159,7 @@ void CopyStrided(const KernelArgs& a, const TensorView& src) {
   int64_t count = n;
   void* args[3 + 2 * kGpuIndexDims] = {&out, &in, &count};
   for (int k = 0; k < 2 * kGpuIndexDims; ++k) args[3 + k] = &index[k];
-  const int64_t blocks = std::clamp<int64_t>((n + 255) / 256, 1, 4096);
-  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), 256, 0, args);
+  LaunchGridStride(fn, n, args);
 }
 
 /// copy and stop_gradient on a GPU, any dtype (a strided view becomes contiguous).
@@ -230,8 +208,7 @@ void FullGpu(const KernelArgs& a) {
   void* dst = out.data;
   int64_t count = n;
   void* args[] = {&dst, &count, &bits};
-  const int64_t blocks = std::clamp<int64_t>((n + 255) / 256, 1, 4096);
-  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), 256, 0, args);
+  LaunchGridStride(fn, n, args);
 }
 
 /// sum, mean, max and min of float32 over any axes (all by default) of a strided tensor.

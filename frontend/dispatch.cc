@@ -230,10 +230,14 @@ struct TensorPtrs {
   std::span<const Tensor* const> span;
 };
 
-/// DTypeError when `kb` does not take the dtypes of `inputs` and of the outputs `out` (what it
-/// would write); says which operand, what the kernel takes, and what to do.
+/// DTypeError when `kb` does not take the dtypes of `inputs` and of `outputs` (tensors or
+/// inferred types: what it would write); says which operand, what the kernel takes, and what to do.
+DType DTypeOf(const Tensor& t) { return t.dtype(); }
+DType DTypeOf(const ir::TensorType& t) { return t.dtype; }
+
+template <class Outputs>
 void CheckKernelDTypes(const ir::OpDef& def, const KernelBinding& kb, Device device, std::span<const Tensor> inputs,
-                       std::span<const DType> out) {
+                       const Outputs& outputs) {
   if (!kb.dtypes) return;
   auto refuse = [&](const char* what, size_t i, DType t) {
     std::string takes;
@@ -246,8 +250,8 @@ void CheckKernelDTypes(const ir::OpDef& def, const KernelBinding& kb, Device dev
   };
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!(kb.dtypes & DTypeBit(inputs[i].dtype()))) refuse("input", i, inputs[i].dtype());
-  for (size_t i = 0; i < out.size(); ++i)
-    if (!(kb.dtypes & DTypeBit(out[i]))) refuse("output", i, out[i]);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    if (!(kb.dtypes & DTypeBit(DTypeOf(outputs[i])))) refuse("output", i, DTypeOf(outputs[i]));
 }
 
 const KernelBinding& FindKernel(const ir::OpDef& def, Device device) {
@@ -384,11 +388,7 @@ std::vector<Tensor> Invoke(ir::OpId op, std::span<const Tensor> inputs, const ir
   }
   std::vector<ir::TensorType> out_types = def.Infer(types, attrs);
   const KernelBinding& kb = FindKernel(def, dev);
-  if (kb.dtypes) {
-    std::vector<DType> out_dtypes;
-    for (const ir::TensorType& t : out_types) out_dtypes.push_back(t.dtype);
-    CheckKernelDTypes(def, kb, dev, inputs, out_dtypes);
-  }
+  CheckKernelDTypes(def, kb, dev, inputs, out_types);
   LearnSameShape(def, inputs, attrs, out_types);
 
   std::vector<Tensor> outputs;
@@ -493,11 +493,7 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
   }
   const KernelBinding& kb = FindKernel(def, dev);
   KILN_CHECK(kb.fn) << def.name;
-  if (kb.dtypes) {
-    std::vector<DType> out_dtypes;
-    for (const Tensor& t : outputs) out_dtypes.push_back(t.dtype());
-    CheckKernelDTypes(def, kb, dev, inputs, out_dtypes);
-  }
+  CheckKernelDTypes(def, kb, dev, inputs, outputs);
   std::vector<Tensor> scratch;
   std::span<const Tensor> args = KernelInputs(kb, inputs, scratch);
   // Kernels write contiguous outputs; a strided destination gets a contiguous temporary.
