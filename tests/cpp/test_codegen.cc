@@ -100,13 +100,7 @@ double RefEval(const Expr& e, const std::vector<std::vector<float>>& ins, size_t
   return v[static_cast<size_t>(e.Output())];
 }
 
-std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using kiln::testing::Random;
 
 /// Runs the compiled `e` on `ins` and checks every element against RefEval within
 /// atol + rtol * |ref|; returns the number of mismatches (reported for the first few).

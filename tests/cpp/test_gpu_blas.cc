@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_sim_util.h"
+#include "test_util.h"
 
 using namespace kiln;
 using namespace kiln::testing;
@@ -25,13 +26,8 @@ using gpurt::GemmArgs;
 
 namespace {
 
-std::vector<float> Random(size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(gen);
-  return v;
-}
+// Uniform in [-1, 1): the same generator and numbers as before, from test_util.h.
+std::vector<float> Random(size_t n, unsigned seed) { return kiln::testing::Random(n, -1.0f, 1.0f, seed); }
 
 // Device memory of the current device holding `host`, freed with the test.
 struct DeviceBuffer {

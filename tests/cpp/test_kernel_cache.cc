@@ -33,13 +33,7 @@ using kiln::codegen::RowProgram;
 using kiln::testing::ScopedEnv;
 namespace fs = std::filesystem;
 
-std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using kiln::testing::Random;
 
 /// A fresh, empty directory under the test run's cache directory (tests/cpp/main.cc sets one).
 fs::path FreshDir(const std::string& name) {

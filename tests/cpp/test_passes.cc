@@ -302,19 +302,8 @@ TEST_CASE("pass pipeline: KILN_DUMP_IR prints the graph after the named pass") {
                             "%c = add(%a, %b) : float32(2,)\n"
                             "return %c\n";
   ScopedEnv env("KILN_DUMP_IR", "cse");
-  std::fflush(stderr);
-  FILE* capture = std::tmpfile();
-  REQUIRE(capture);
-  int saved = dup(2);
-  dup2(fileno(capture), 2);
-  passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline());
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  std::string dumped;
-  std::rewind(capture);
-  for (int ch; (ch = std::fgetc(capture)) != EOF;) dumped += static_cast<char>(ch);
-  std::fclose(capture);
+  std::string dumped =
+      kiln::testing::CapturedStderr([&] { passes::RunPipeline(ir::ParseGraph(input), passes::DefaultPipeline()); });
   CHECK(dumped == "# after pass cse (changed, 3 -> 2 nodes)\n"
                   "%0 = input \"x\" : float32(2,)\n"
                   "%1 = exp(%0) : float32(2,)\n"

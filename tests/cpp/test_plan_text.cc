@@ -5,8 +5,6 @@
 // KILN_DUMP_IR=<plan step> prints it.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 
@@ -118,18 +116,8 @@ TEST_CASE("plan text: independent matmuls go to two streams, the join waits, eac
 TEST_CASE("plan text: KILN_DUMP_IR names a plan step and prints the planned graph") {
   ScopedEnv disable("KILN_DISABLE_PASS", "fusion");
   ScopedEnv dump("KILN_DUMP_IR", "streams");
-  std::fflush(stderr);
-  FILE* capture = std::tmpfile();
-  REQUIRE(capture);
-  int saved = dup(2);
-  dup2(fileno(capture), 2);
-  auto plan = kiln::MakePlan(kiln::ir::ParseGraph(kChain), kiln::cpu(), "dumped");
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  std::string dumped;
-  std::rewind(capture);
-  for (int ch; (ch = std::fgetc(capture)) != EOF;) dumped += static_cast<char>(ch);
-  std::fclose(capture);
+  std::unique_ptr<kiln::Plan> plan;
+  std::string dumped = kiln::testing::CapturedStderr(
+      [&] { plan = kiln::MakePlan(kiln::ir::ParseGraph(kChain), kiln::cpu(), "dumped"); });
   CHECK(dumped == "# after the plan steps (dumped)\n" + kiln::PlanText(*plan));
 }

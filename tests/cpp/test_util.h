@@ -3,11 +3,17 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::testing {
 
@@ -27,6 +33,34 @@ std::string ErrorOf(F&& f) {
 
 inline bool Has(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 inline bool Contains(std::string_view s, std::string_view part) { return Has(s, part); }
+
+/// What `f` writes to the process's stderr (file descriptor 2, so C and C++ writes alike).
+template <class F>
+std::string CapturedStderr(F&& f) {
+  std::fflush(stderr);
+  FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  const int saved = dup(2);
+  dup2(fileno(capture), 2);
+  f();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::string text;
+  std::rewind(capture);
+  for (int ch; (ch = std::fgetc(capture)) != EOF;) text += static_cast<char>(ch);
+  std::fclose(capture);
+  return text;
+}
+
+/// n floats uniform in [lo, hi) from a seeded generator (the same numbers every run).
+inline std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 /// Sets an environment variable for the life of the object, then restores the previous value.
 class ScopedEnv {
