@@ -14,6 +14,7 @@
 // frontend/dispatch.cc adds BindGpuElementwiseKernels to runtime's kernel table (runtime/ knows
 // nothing of codegen).
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -28,14 +29,13 @@
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/kernel.h"
 #include "kiln/runtime/cpu/copy.h"
+#include "kiln/codegen/cu_modules.h"
+#include "gpu_launch.h"
 #include "kernel_cache.h"
 #include "lower.h"
 
 namespace kiln::codegen {
-namespace {
 
-/// The PTX target for device `d`: its compute capability, at most sm_90 (the newest LLVM 19's
-/// NVPTX backend emits; PTX is forward compatible, the driver compiles it for newer GPUs).
 std::string ArchOf(const Device& d) {
   static std::mutex mu;
   static std::unordered_map<int, std::string> arch;  // per device: the query is not free on a GPU
@@ -46,22 +46,7 @@ std::string ArchOf(const Device& d) {
   return it->second;
 }
 
-/// How operand `in` of an output of shape `out` is read: (inner, outer) of Expr::InputBroadcast,
-/// or (1, 0) for one element per output element.
-std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const Shape& out) {
-  if (in.shape == out) return {1, 0};
-  if (auto r = passes::BroadcastIndex(in.shape, out)) return *r;
-  KILN_THROW(DeviceError) << op.name << ": an operand of shape " << in.shape.str()
-                          << " broadcasts to " << out.str()
-                          << " in a way the GPU elementwise kernels do not read yet (they take equal "
-                             "shapes, scalars, and operands whose non-1 dims are one adjacent block); "
-                             "broadcast it first (broadcast_to, which takes any broadcast) or run the op on "
-                             "kiln.cpu()";
-}
-
-/// The kernel `make` generates for `key` (an expression's exact form, or a fixed kernel's name),
-/// loaded once per device; later calls are one lookup.
-template <class Make> void* LoadedOnce(const std::string& key, const Device& d, Make make) {
+void* LoadedOnce(const std::string& key, const Device& d, const std::function<PtxKernel()>& make) {
   static std::mutex mu;
   static std::unordered_map<std::string, void*> loaded;
   const std::string k = key + "@" + std::to_string(d.index);
@@ -76,8 +61,19 @@ template <class Make> void* LoadedOnce(const std::string& key, const Device& d, 
   return fn;
 }
 
-/// The sizes and strides of `dims` of `v` as a strided kernel's 2 * kGpuIndexDims arguments
-/// (unused leading dims size 1, stride 0). DeviceError beyond kGpuIndexDims dims.
+void* CuKernel(const Device& d, const char* module, const std::string& kernel) {
+  return LoadedOnce("cu " + kernel, d, [&] {
+    const CuModule* m = FindCuModule(module);
+    KILN_CHECK(m) << "the GPU kernel " << kernel << " is bound but codegen/cu/" << module << ".cu is not built in";
+    PtxKernel k;
+    k.name = kernel;
+    k.arch = "sm_80";
+    k.ptx = m->ptx;
+    k.ir = m->ir;
+    return k;
+  });
+}
+
 void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out) {
   if (static_cast<int>(dims.size()) > kGpuIndexDims)
     KILN_THROW(DeviceError) << op.name << ": GPU kernels index at most " << kGpuIndexDims << " dims of a strided "
@@ -90,12 +86,25 @@ void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& di
   }
 }
 
-/// Launches a grid-stride kernel over n > 0 elements: blocks of 256 threads, enough blocks to
-/// fill the GPU (a few per SM) and no more; the loop covers the rest.
 void LaunchGridStride(void* fn, int64_t n, void** args) {
   constexpr int64_t kBlock = 256;
   const int64_t blocks = std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 4096);
   cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kBlock, 0, args);
+}
+
+namespace {
+
+/// How operand `in` of an output of shape `out` is read: (inner, outer) of Expr::InputBroadcast,
+/// or (1, 0) for one element per output element.
+std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const Shape& out) {
+  if (in.shape == out) return {1, 0};
+  if (auto r = passes::BroadcastIndex(in.shape, out)) return *r;
+  KILN_THROW(DeviceError) << op.name << ": an operand of shape " << in.shape.str()
+                          << " broadcasts to " << out.str()
+                          << " in a way the GPU elementwise kernels do not read yet (they take equal "
+                             "shapes, scalars, and operands whose non-1 dims are one adjacent block); "
+                             "broadcast it first (broadcast_to, which takes any broadcast) or run the op on "
+                             "kiln.cpu()";
 }
 
 /// Runs the generated kernel of `e` over the output (operands a.in, float32: dispatch refuses
@@ -243,6 +252,7 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
 }  // namespace
 
 void BindGpuElementwiseKernels(KernelTable& t) {
+  BindGpuCreationKernels(t);
   constexpr uint32_t kF32 = DTypeBit(DType::kFloat32);  // generated kernels compute in float32
   for (OpId id = op::kFirstUnary; id < op::kFirstOther; ++id)  // KILN_UNARY_OPS, KILN_BINARY_OPS
     t.Bind(id, DeviceType::kGPU, {BinaryFnOf(id) ? BinaryGpu : UnaryGpu, /*contiguous_inputs=*/true, nullptr, kF32});

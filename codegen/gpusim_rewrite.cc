@@ -334,6 +334,32 @@ private:
       r = b.CreateInsertValue(r, b.CreateTrunc(p, b.getInt32Ty()), 0);
       return b.CreateInsertValue(r, b.CreateTrunc(b.CreateLShr(p, 32), b.getInt32Ty()), 1);
     }
+    // libdevice's 128-bit integer arithmetic in 32-bit pieces with carries (the double-precision
+    // trigonometric argument reduction for large arguments), by its operand registers and first
+    // instruction: {lo, hi} = a * b + c, a * b (u64 operands), or a + b, a - b (operands as
+    // {lo, hi} pairs of u64).
+    const auto starts = [&](const char* prefix) { return s.rfind(prefix, 0) == 0; };
+    const char* kMulAdd = ".reg .u32 r0, r1, r2, r3, alo, ahi, blo, bhi, clo, chi; mov.b64 alo,ahi, $2; "
+                          "mov.b64 blo,bhi, $3; mov.b64 clo,chi, $4; mad.lo.cc.u32 r0, alo, blo, clo;";
+    const char* kMul = ".reg .u32 r0, r1, r2, r3, alo, ahi, blo, bhi; mov.b64 alo,ahi, $2; mov.b64 blo,bhi, $3; "
+                       "mul.lo.u32 r0, alo, blo;";
+    const char* kPairs = ".reg .u32 r0, r1, r2, r3, a0, a1, a2, a3, b0, b1, b2, b3; mov.b64 a0,a1, $2; "
+                         "mov.b64 a2,a3, $3; mov.b64 b0,b1, $4; mov.b64 b2,b3, $5; ";
+    const bool mul_add = starts(kMulAdd), mul = starts(kMul);
+    const bool add = starts((std::string(kPairs) + "add.cc.u32 r0, a0, b0;").c_str());
+    const bool sub = starts((std::string(kPairs) + "sub.cc.u32 r0, a0, b0;").c_str());
+    if (mul_add || mul || add || sub) {
+      auto* i128 = b.getInt128Ty();
+      auto wide = [&](unsigned i) { return b.CreateZExt(c->getArgOperand(i), i128); };
+      auto pair = [&](unsigned i) { return b.CreateOr(wide(i), b.CreateShl(wide(i + 1), 64)); };
+      Value* p = mul_add ? b.CreateAdd(b.CreateMul(wide(0), wide(1)), wide(2))
+                 : mul   ? b.CreateMul(wide(0), wide(1))
+                 : add   ? b.CreateAdd(pair(0), pair(2))
+                         : b.CreateSub(pair(0), pair(2));
+      Value* r = llvm::PoisonValue::get(ty);
+      r = b.CreateInsertValue(r, b.CreateTrunc(p, b.getInt64Ty()), 0);
+      return b.CreateInsertValue(r, b.CreateTrunc(b.CreateLShr(p, 64), b.getInt64Ty()), 1);
+    }
     Refuse("the inline PTX \"" + s + "\"", c);
   }
 

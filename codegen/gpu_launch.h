@@ -1,0 +1,38 @@
+// What codegen's GPU kernel bindings share (gpu_kernels*.cc): the PTX target of a device, the
+// cache of loaded kernels, the hand-written kernels of codegen/cu/, strided index arguments and
+// the grid-stride launch. Internal to codegen/.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/codegen/ptx.h"
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/kernel.h"
+
+namespace kiln::codegen {
+
+/// The PTX target for device `d`: its compute capability, at most sm_90 (the newest LLVM 19's
+/// NVPTX backend emits; PTX is forward compatible, the driver compiles it for newer GPUs).
+std::string ArchOf(const Device& d);
+
+/// The kernel `make` generates for `key` (an expression's exact form, or a fixed kernel's name),
+/// loaded once per device; later calls are one lookup.
+void* LoadedOnce(const std::string& key, const Device& d, const std::function<PtxKernel()>& make);
+
+/// The hand-written kernel `kernel` of codegen/cu/`module`.cu on device `d`, loaded once.
+void* CuKernel(const Device& d, const char* module, const std::string& kernel);
+
+/// The sizes and strides of `dims` of `v` as a strided kernel's 2 * kGpuIndexDims arguments
+/// (unused leading dims size 1, stride 0). DeviceError beyond kGpuIndexDims dims.
+void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out);
+
+/// Launches a grid-stride kernel over n > 0 elements: blocks of 256 threads, enough blocks to
+/// fill the GPU (a few per SM) and no more; the loop covers the rest.
+void LaunchGridStride(void* fn, int64_t n, void** args);
+
+/// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
+void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc
+
+}  // namespace kiln::codegen
