@@ -1,7 +1,8 @@
 // Fused multi-tensor SGD and Adam updates (see include/kiln/frontend/optim.h).
 //
 // The arguments are checked on the calling thread (errors name the parameter's index); then one
-// engine task reads every gradient and writes every weight and state. Inside the task the
+// engine task reads every gradient and writes every weight and state. On a GPU the task launches
+// the hand-written update kernel (codegen/cu/optim.cu) once per parameter. On the CPU the
 // parameters' elements form one flat range [0, total) that ParallelFor splits into chunks; a
 // chunk may span several parameters, so many small parameters (biases) still share threads
 // well. The per-element loops take raw pointers and loop-invariant options as template
@@ -13,6 +14,9 @@
 #include <memory>
 #include <string>
 
+#if KILN_WITH_CODEGEN
+#include "kiln/codegen/gpu_kernels.h"
+#endif
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
@@ -39,7 +43,16 @@ std::vector<double> Mults(const char* op, const char* what, const std::vector<do
   return given;
 }
 
-// Checks that every operand matches its weight and that all live on one CPU device; returns the
+// Whether this build updates parameters on GPUs (codegen/cu/optim.cu).
+bool GpuUpdates() {
+#if KILN_WITH_CODEGEN
+  return codegen::HaveGpuOptimizerKernels();
+#else
+  return false;
+#endif
+}
+
+// Checks that every operand matches its weight and that all live on one device; returns the
 // common dtype (unused when there are no parameters).
 DType Check(const char* op, std::span<const Tensor> weights, std::initializer_list<Operand> operands) {
   size_t n = weights.size();
@@ -60,10 +73,10 @@ DType Check(const char* op, std::span<const Tensor> weights, std::initializer_li
   for (size_t i = 0; i < n; ++i) {
     const Tensor& w = weights[i];
     auto check_one = [&](const Tensor& t, const char* what) {
-      if (t.device().is_gpu())
+      if (t.device().is_gpu() && !GpuUpdates())
         KILN_THROW(DeviceError) << op << ": the " << what << " of parameter " << i << " is on "
-                                << t.device().str() << "; fused optimizer updates are not supported yet on "
-                                << "GPU; keep the parameters on kiln.cpu() for now";
+                                << t.device().str() << "; this build has no GPU kernels for optimizer updates "
+                                << "(built without LLVM or clang-19); keep the parameters on kiln.cpu()";
       if (!(t.device() == dev))
         KILN_THROW(DeviceError) << op << ": the " << what << " of parameter " << i << " is on "
                                 << t.device().str() << " but weight 0 is on " << dev.str()
@@ -181,6 +194,20 @@ void PushSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std
   for (size_t i = 0; i < weights.size(); ++i)
     ps[i] = {Ptr<T>(weights[i]), Ptr<T>(grads[i]), mom ? Ptr<T>(moms[i]) : nullptr, T(o.lr * lr[i]),
              T(o.wd * wd[i])};
+#if KILN_WITH_CODEGEN
+  if (weights[0].device().is_gpu()) {  // one launch per parameter on the device's stream
+    std::vector<codegen::GpuSgdParam> gp(weights.size());
+    for (size_t i = 0; i < weights.size(); ++i)
+      gp[i] = {ps[i].w, const_cast<T*>(ps[i].g), ps[i].mom, weights[i].numel(), double(ps[i].lr), double(ps[i].wd)};
+    const Device dev = weights[0].device();
+    const DType dt = DTypeOf<T>::value;
+    PushTask("sgd_update", dev, grads, {weights, mom ? moms : std::span<const Tensor>()},
+             [gp = std::move(gp), dev, dt, o] {
+               codegen::GpuSgdUpdate(dev, dt, gp, o.rescale_grad, o.clip_gradient, o.momentum);
+             });
+    return;
+  }
+#endif
   bool clip = o.clip_gradient > 0;
   T rescale = T(o.rescale_grad), c = T(o.clip_gradient), momentum = T(o.momentum);
   auto run = [ps = std::move(ps), prefix = Prefix(weights), mom, clip, rescale, c, momentum] {
@@ -243,6 +270,20 @@ void PushAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, st
   double t = static_cast<double>(o.t);
   AdamScalars s{o.rescale_grad, o.clip_gradient, o.beta1, o.beta2, o.epsilon,
                 1 / (1 - std::pow(o.beta1, t)), std::sqrt(1 - std::pow(o.beta2, t))};
+#if KILN_WITH_CODEGEN
+  if (weights[0].device().is_gpu()) {  // one launch per parameter on the device's stream
+    std::vector<codegen::GpuAdamParam> gp(weights.size());
+    for (size_t i = 0; i < weights.size(); ++i)
+      gp[i] = {ps[i].w, const_cast<T*>(ps[i].g), ps[i].m, ps[i].v, weights[i].numel(), double(ps[i].lr),
+               double(ps[i].wd)};
+    const Device dev = weights[0].device();
+    const DType dt = DTypeOf<T>::value;
+    codegen::GpuAdamScalars gs{s.rescale, s.clip, s.beta1, s.beta2, s.eps, s.step_scale, s.bc2_sqrt, o.decoupled};
+    PushTask(name, dev, grads, {weights, means, vars},
+             [gp = std::move(gp), dev, dt, gs] { codegen::GpuAdamUpdate(dev, dt, gp, gs); });
+    return;
+  }
+#endif
   bool clip = o.clip_gradient > 0, dec = o.decoupled;
   auto run = [ps = std::move(ps), prefix = Prefix(weights), s, clip, dec] {
     auto kernel = clip ? (dec ? AdamKernel<T, true, true> : AdamKernel<T, true, false>)

@@ -31,11 +31,11 @@ std::vector<double> Random(size_t n, std::mt19937& rng) {
 }
 
 template <class T>
-std::vector<Tensor> ToTensors(const std::vector<std::vector<double>>& vs) {
+std::vector<Tensor> ToTensors(const std::vector<std::vector<double>>& vs, Device dev = cpu()) {
   std::vector<Tensor> out;
   for (const auto& v : vs)
     out.push_back(
-        Tensor::FromVector(std::vector<T>(v.begin(), v.end()), Shape({static_cast<int64_t>(v.size())})));
+        Tensor::FromVector(std::vector<T>(v.begin(), v.end()), Shape({static_cast<int64_t>(v.size())})).To(dev));
   return out;
 }
 
@@ -81,15 +81,15 @@ struct Problem {
 double Clip(double g, double c) { return c > 0 ? std::min(std::max(g, -c), c) : g; }
 
 template <class T>
-void CheckSGD(double momentum, double clip) {
+void CheckSGD(double momentum, double clip, Device dev = cpu()) {
   const int steps = 4;
   Problem<T> p(steps);
   optim::SGDOptions o;
   o.lr = 0.1, o.momentum = momentum, o.wd = 0.01, o.rescale_grad = 0.5, o.clip_gradient = clip;
   o.lr_mult = {1, 2, 0.5, 1, 0}, o.wd_mult = {1, 0, 3, 1, 1};
-  std::vector<Tensor> w = ToTensors<T>(p.w), m = ToTensors<T>(p.m);
+  std::vector<Tensor> w = ToTensors<T>(p.w, dev), m = ToTensors<T>(p.m, dev);
   for (int s = 0; s < steps; ++s) {
-    std::vector<Tensor> g = ToTensors<T>(p.grads[s]);
+    std::vector<Tensor> g = ToTensors<T>(p.grads[s], dev);
     optim::SGDUpdate(w, g, momentum != 0 ? std::span<const Tensor>(m) : std::span<const Tensor>(), o);
     for (size_t i = 0; i < kSizes.size(); ++i)
       for (int64_t k = 0; k < kSizes[i]; ++k) {
@@ -109,16 +109,16 @@ void CheckSGD(double momentum, double clip) {
 }
 
 template <class T>
-void CheckAdam(bool decoupled, double clip) {
+void CheckAdam(bool decoupled, double clip, Device dev = cpu()) {
   const int steps = 5;
   Problem<T> p(steps);
   optim::AdamOptions o;
   o.lr = 0.01, o.wd = 0.1, o.rescale_grad = 0.5, o.clip_gradient = clip, o.decoupled = decoupled;
   o.lr_mult = {1, 2, 0.5, 1, 0}, o.wd_mult = {1, 0, 3, 1, 1};
-  std::vector<Tensor> w = ToTensors<T>(p.w), m = ToTensors<T>(p.m), v = ToTensors<T>(p.v);
+  std::vector<Tensor> w = ToTensors<T>(p.w, dev), m = ToTensors<T>(p.m, dev), v = ToTensors<T>(p.v, dev);
   for (int s = 0; s < steps; ++s) {
     o.t = s + 1;
-    std::vector<Tensor> g = ToTensors<T>(p.grads[s]);
+    std::vector<Tensor> g = ToTensors<T>(p.grads[s], dev);
     optim::AdamUpdate(w, g, m, v, o);
     double bc1 = 1 - std::pow(o.beta1, o.t), bc2 = 1 - std::pow(o.beta2, o.t);
     for (size_t i = 0; i < kSizes.size(); ++i)
@@ -226,10 +226,35 @@ TEST_CASE("optim: mismatched arguments are typed errors naming the parameter") {
   }
 }
 
-TEST_CASE("optim: GPU tensors are a DeviceError until the CUDA kernels land") {
+TEST_CASE("optim: GPU updates (SGD, momentum, Adam, AdamW) match the scalar reference") {
   KILN_REQUIRE_GPU();
-  // Copied to the GPU: creating it there (nd::ones) would need a GPU kernel too.
-  std::vector<Tensor> w = {Tensor::FromVector<float>({1, 1}, Shape({2})).To(gpu(0))};
-  std::string msg = ErrorOf<DeviceError>([&] { optim::SGDUpdate(w, w, {}, optim::SGDOptions{}); });
-  CHECK(Has(msg, "not supported yet on GPU"));
+  for (Device dev : {gpu(0), gpu(NumGPUs() - 1)}) {
+    CAPTURE(dev.str());
+    CheckSGD<float>(0, 0.4, dev);
+    CheckSGD<float>(0.9, -1, dev);
+    CheckSGD<double>(0.9, 0.4, dev);
+    CheckAdam<float>(false, 0.3, dev);
+    CheckAdam<float>(true, -1, dev);
+    CheckAdam<double>(true, 0.3, dev);
+  }
+}
+
+TEST_CASE("optim: GPU updates are one engine task per call, and parameters must share the GPU") {
+  KILN_REQUIRE_GPU();
+  std::vector<Tensor> w, g, m;
+  for (int i = 0; i < 20; ++i)
+    w.push_back(nd::ones({4, 3}, DType::kFloat32, gpu(0))), g.push_back(nd::ones({4, 3}, DType::kFloat32, gpu(0))),
+        m.push_back(nd::zeros({4, 3}, DType::kFloat32, gpu(0)));
+  engine::Engine& e = engine::Engine::Get();
+  e.WaitForAll();
+  int64_t before = e.Stats().pushed;
+  optim::SGDOptions o;
+  o.momentum = 0.9;
+  optim::SGDUpdate(w, g, m, o);
+  CHECK(e.Stats().pushed - before == 1);
+  CHECK(w[19].ToVector<float>()[0] == doctest::Approx(1 - 0.01));
+  std::vector<Tensor> mixed = {w[0], nd::ones({4, 3})};
+  std::string msg = ErrorOf<DeviceError>([&] { optim::SGDUpdate(mixed, mixed, {}, optim::SGDOptions{}); });
+  CHECK(Has(msg, "cpu(0)"));
+  CHECK(Has(msg, "gpu(0)"));
 }

@@ -2,12 +2,13 @@
 //
 // One call queues ONE engine task for all the parameters it is given: the task reads the
 // gradients and writes the weights and optimizer states in place. All tensors of a call must be
-// on one device (kiln.Trainer makes one call per device). The update runs over the parameters'
-// elements as one flat range split across kiln's CPU threads.
+// on one device (kiln.Trainer makes one call per device). On the CPU the update runs over the
+// parameters' elements as one flat range split across kiln's CPU threads; on a GPU it is one
+// kernel launch per parameter on the device's compute stream.
 //
 // What it does not do: allocate states (callers pass zero-initialized tensors like the weights),
-// mixed precision (weights, gradients and states share one dtype, float32 or float64), GPU
-// tensors (a DeviceError until the CUDA kernels land), or learning-rate schedules (callers pass
+// mixed precision (weights, gradients and states share one dtype, float32 or float64), or
+// learning-rate schedules (callers pass
 // the rate of this step).
 #pragma once
 
