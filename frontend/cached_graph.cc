@@ -190,6 +190,9 @@ void CallGraphBackwardKernel(const KernelArgs& a) {
 void BindGraphKernels(KernelTable& t) {
   t.Bind(op::kCallGraph, DeviceType::kCPU, {CallGraphKernel, /*contiguous_inputs=*/true});
   t.Bind(op::kCallGraphBackward, DeviceType::kCPU, {CallGraphBackwardKernel, /*contiguous_inputs=*/true});
+  // On a GPU the plan's steps launch the GPU kernels on the worker's stream (exec::Run).
+  t.Bind(op::kCallGraph, DeviceType::kGPU, {CallGraphKernel, /*contiguous_inputs=*/true});
+  t.Bind(op::kCallGraphBackward, DeviceType::kGPU, {CallGraphBackwardKernel, /*contiguous_inputs=*/true});
 }
 
 // ---- calls -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "kiln/runtime/cpu/copy.h"
+#include "kiln/runtime/cuda.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::exec {
@@ -17,22 +18,40 @@ using Clock = std::chrono::steady_clock;
 
 // Per-thread arenas, grown as needed and kept between calls; one per nesting depth, since a
 // plan may run another (a call_graph step inside a compiled graph) while its own values live.
+// A GPU device's arena is device memory; its engine worker runs every call on one stream, so a
+// call's kernels are ordered after the previous call's and the arena is reused without waiting
+// (only growing it waits for the stream, before the old block is freed).
 thread_local int tls_depth = 0;
-uint8_t* Arena(size_t bytes) {
+uint8_t* Arena(size_t bytes, const Device& device) {
   struct Buf {
     uint8_t* p = nullptr;
     size_t n = 0;
-    ~Buf() { std::free(p); }
+    Device device;
+    void Release() {
+      if (!p) return;
+      if (device.is_cpu()) {
+        std::free(p);
+      } else {
+        cuda::SynchronizeWorkerStream();  // kernels of earlier calls may still read it
+        cuda::DeviceFree(device, p);
+      }
+      p = nullptr, n = 0;
+    }
+    ~Buf() {
+      if (device.is_cpu()) std::free(p);  // a GPU arena lives as long as its worker thread's process
+    }
   };
-  thread_local std::vector<std::unique_ptr<Buf>> bufs;
+  thread_local std::vector<std::unique_ptr<Buf>> cpu_bufs, gpu_bufs;  // a worker thread serves one device
+  auto& bufs = device.is_cpu() ? cpu_bufs : gpu_bufs;
   while (static_cast<int>(bufs.size()) <= tls_depth) bufs.push_back(std::make_unique<Buf>());
   Buf& buf = *bufs[static_cast<size_t>(tls_depth)];
-  if (buf.n < bytes) {
-    std::free(buf.p);
-    buf.p = nullptr, buf.n = 0;
+  if (buf.n < bytes || !(buf.device == device)) {
+    buf.Release();
+    buf.device = device;
     size_t n = (bytes + 4095) / 4096 * 4096;
-    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, n));
-    if (!buf.p) KILN_THROW(MemoryError) << "hybridize: cannot allocate an arena of " << bytes << " bytes";
+    buf.p = static_cast<uint8_t*>(device.is_cpu() ? std::aligned_alloc(64, n) : cuda::DeviceMalloc(device, n));
+    if (!buf.p)
+      KILN_THROW(MemoryError) << "hybridize: cannot allocate an arena of " << bytes << " bytes on " << device.str();
     buf.n = n;
   }
   return buf.p;
@@ -74,14 +93,14 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   // Concurrent lanes, or the timing trial's turn for them: the layout kept per lane.
   bool use_lanes = false;
   int trial_call = -1;
-  if (p.concurrent) {
+  if (p.concurrent && call.device.is_cpu()) {  // GPU plans run their steps in order on the worker's stream
     int decided = p.trial.decided.load(std::memory_order_acquire);
     if (AlwaysConcurrent()) use_lanes = true;
     else if (decided >= 0) use_lanes = decided == 1;
     else use_lanes = (trial_call = p.trial.calls.fetch_add(1)) % 2 == 1;
   }
   const Layout& layout = use_lanes ? p.per_lane : p.serial;
-  uint8_t* arena = layout.arena_bytes ? Arena(layout.arena_bytes) : nullptr;
+  uint8_t* arena = layout.arena_bytes ? Arena(layout.arena_bytes, call.device) : nullptr;
   struct Depth {  // nested plans take the next arena
     Depth() { ++tls_depth; }
     ~Depth() { --tls_depth; }
@@ -120,7 +139,17 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
     }, lanes);
   };
   auto copy_out = [&] {
-    for (auto [v, k] : p.copy_out) host::CopyConvert(view(v), out[static_cast<size_t>(k)]);
+    for (auto [v, k] : p.copy_out) {
+      const TensorView src = view(v), &dst = out[static_cast<size_t>(k)];
+      if (call.device.is_cpu()) {
+        host::CopyConvert(src, dst);
+        continue;
+      }
+      KILN_CHECK(src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous())
+          << "a GPU plan's output copy converts nothing";
+      cuda::CopyAsync(dst.data, src.data, static_cast<size_t>(dst.shape.numel()) * DTypeSize(dst.dtype),
+                      cuda::CopyKind::kDeviceToDevice);
+    }
   };
   if (trial_call < 0) return (use_lanes ? concurrent() : serial()), copy_out();
   Trial& t = p.trial;
