@@ -35,6 +35,7 @@ constexpr Switch kSwitches[] = {
     {"KILN_GPU_SIM_SEED", "0", "seed of the random order in which simulated GPUs run the blocks of a kernel launch"},
     {"KILN_GPU_SIM", "0", "N > 0: N simulated GPUs on the CPU instead of CUDA (tests without a GPU)"},
     {"KILN_GPU_SIM_MEM", "4G", "memory of each simulated GPU: e.g. 4G, 512M, or a number of MiB"},
+    {"KILN_CUDA_GRAPHS", "1", "0: compiled graphs on GPUs launch their kernels one by one instead of replaying a captured CUDA graph"},
     {"KILN_GPU_LOG", "0", "1: print the GPU platform, driver version and devices on first contact"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };

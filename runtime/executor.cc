@@ -2,12 +2,16 @@
 // step's values, serial and concurrent runs, and the timing trial between them.
 #include "kiln/runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cuda.h"
+#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::exec {
@@ -55,6 +59,148 @@ uint8_t* Arena(size_t bytes, const Device& device) {
     buf.n = n;
   }
   return buf.p;
+}
+
+// ---- CUDA graphs of GPU plans -------------------------------------------------------------------
+
+constexpr size_t kGraphsPerPlan = 4;
+constexpr int64_t kCapturesWithoutReplay = 16;  // then the addresses are taken to change every call
+
+bool CudaGraphsOn() {
+  static const bool on = env::Get("KILN_CUDA_GRAPHS") != "0";
+  return on;
+}
+
+}  // namespace
+
+struct GraphCache {
+  struct Entry {
+    std::vector<const void*> key;  // the arena, then the addresses of the values not staged
+    void* exec = nullptr;
+  };
+  Device device;
+  std::vector<Entry> entries;  // the most recently used last
+  int64_t calls = 0, captures = 0, replays = 0;
+  std::string off;  // why this plan stopped capturing; "" while it may
+  // The inputs' then the outputs' addresses of the first call; then, from the first capture on,
+  // which of them go through a buffer of the graph's own (their address changed between the
+  // first two calls: an activation, a fresh output; weights keep theirs and are read in place).
+  std::vector<const void*> first;
+  std::vector<void*> staged;  // per input then output: the graph's buffer, or null (read in place)
+  bool planned = false;
+  ~GraphCache() {
+    try {
+      for (Entry& e : entries) cuda::DestroyGraph(e.exec);
+      bool any = false;
+      for (void* b : staged) any |= b != nullptr;
+      if (any) cuda::SynchronizeDevice(device);  // replays may still read them
+      for (void* b : staged)
+        if (b) cuda::DeviceFree(device, b);
+    } catch (const std::exception&) {  // at exit, the device may be gone: nothing to keep
+    }
+  }
+};
+
+GraphCounters& CudaGraphCounters() {
+  static GraphCounters c;
+  return c;
+}
+
+namespace {
+
+// Stops capturing `p` for `why`, printed once per plan.
+void StopCapturing(const Plan& p, GraphCache& gc, const std::string& why) {
+  gc.off = why;
+  for (GraphCache::Entry& e : gc.entries) cuda::DestroyGraph(e.exec);
+  gc.entries.clear();
+  ++CudaGraphCounters().refused;
+  std::fprintf(stderr, "kiln: CUDA graphs: '%s' launches its kernels one by one from now on: %s\n", p.name.c_str(),
+               why.c_str());
+}
+
+size_t Bytes(const TensorView& t) { return static_cast<size_t>(t.shape.numel()) * DTypeSize(t.dtype); }
+
+using RunFn = std::function<void(std::span<const TensorView>, std::span<const TensorView>)>;
+
+// Runs the call `run(in, out)` (the steps and the output copies) of GPU plan `p` as a CUDA graph
+// when it can: replays the graph captured for the call's addresses, or captures one (the second
+// call onwards), else runs it plainly.
+void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<const TensorView> in,
+              std::span<const TensorView> out, const RunFn& run) {
+  GraphCounters& counters = CudaGraphCounters();
+  auto plain = [&] {
+    ++counters.plain_runs;
+    run(in, out);
+  };
+  if (!CudaGraphsOn() || !p.no_capture.empty()) return plain();
+  std::lock_guard<std::mutex> lock(p.graphs_mu);  // a plan runs on one worker at a time anyway
+  if (!p.graphs) p.graphs = std::make_shared<GraphCache>();
+  GraphCache& gc = *p.graphs;
+  gc.device = device;
+  const size_t n = in.size() + out.size();
+  auto at = [&](size_t i) -> const TensorView& { return i < in.size() ? in[i] : out[i - in.size()]; };
+  if (!gc.off.empty()) return plain();
+  if (gc.calls++ == 0) {  // the first call loads the kernels and sizes the workspaces
+    for (size_t i = 0; i < n; ++i) gc.first.push_back(at(i).data);
+    return plain();
+  }
+  if (!gc.planned) {  // before the first capture (no capture is running: allocating is allowed)
+    gc.staged.assign(n, nullptr);
+    for (size_t i = 0; i < n; ++i)
+      if (at(i).data != gc.first[i] && Bytes(at(i)) > 0) gc.staged[i] = cuda::DeviceMalloc(device, Bytes(at(i)));
+    gc.planned = true;
+  }
+  std::vector<const void*> key = {arena};
+  std::vector<TensorView> views(n);
+  for (size_t i = 0; i < n; ++i) {
+    views[i] = at(i);
+    if (gc.staged[i]) views[i].data = gc.staged[i];
+    else key.push_back(at(i).data);
+  }
+  auto replay = [&](void* exec) {
+    for (size_t i = 0; i < in.size(); ++i)
+      if (gc.staged[i]) cuda::CopyAsync(gc.staged[i], in[i].data, Bytes(in[i]), cuda::CopyKind::kDeviceToDevice);
+    cuda::LaunchGraph(exec);
+    for (size_t k = 0; k < out.size(); ++k)
+      if (void* b = gc.staged[in.size() + k]) cuda::CopyAsync(out[k].data, b, Bytes(out[k]), cuda::CopyKind::kDeviceToDevice);
+  };
+  for (size_t i = 0; i < gc.entries.size(); ++i) {
+    if (gc.entries[i].key != key) continue;
+    std::rotate(gc.entries.begin() + static_cast<std::ptrdiff_t>(i),
+                gc.entries.begin() + static_cast<std::ptrdiff_t>(i) + 1, gc.entries.end());
+    replay(gc.entries.back().exec);
+    ++gc.replays, ++counters.replays;
+    return;
+  }
+  if (gc.captures >= kCapturesWithoutReplay && gc.replays < gc.captures) {
+    StopCapturing(p, gc, "the addresses of its weights changed on almost every call (a graph replays the "
+                         "addresses it was captured with)");
+    return plain();
+  }
+  void* exec = nullptr;
+  const std::span<const TensorView> gin(views.data(), in.size()), gout(views.data() + in.size(), out.size());
+  cuda::BeginCapture();
+  try {
+    run(gin, gout);
+    exec = cuda::EndCapture();
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (cuda::Capturing()) {
+      try {
+        cuda::EndCapture();
+      } catch (const std::exception&) {  // invalidated: nothing to keep
+      }
+    }
+    StopCapturing(p, gc, "capturing it failed: " + why);
+    return plain();  // nothing ran while capturing
+  }
+  if (gc.entries.size() == kGraphsPerPlan) {
+    cuda::DestroyGraph(gc.entries.front().exec);
+    gc.entries.erase(gc.entries.begin());
+  }
+  gc.entries.push_back({key, exec});
+  ++gc.captures, ++counters.captures;
+  replay(exec);  // capturing recorded the work without running it
 }
 
 // The scratch vectors of the thread running steps.
@@ -105,11 +251,12 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
     Depth() { ++tls_depth; }
     ~Depth() { --tls_depth; }
   } depth;
+  std::span<const TensorView> vin = in, vout = out;  // a CUDA graph's run reads its own buffers
   auto view = [&](int v) {
     const Place& s = layout.places[static_cast<size_t>(v)];
     switch (s.kind) {
-      case Place::kInput: return in[static_cast<size_t>(s.index)];
-      case Place::kOutput: return out[static_cast<size_t>(s.index)];
+      case Place::kInput: return vin[static_cast<size_t>(s.index)];
+      case Place::kOutput: return vout[static_cast<size_t>(s.index)];
       default: {
         const Plan::Value& val = p.values[static_cast<size_t>(v)];
         TensorView t;
@@ -140,7 +287,7 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   };
   auto copy_out = [&] {
     for (auto [v, k] : p.copy_out) {
-      const TensorView src = view(v), &dst = out[static_cast<size_t>(k)];
+      const TensorView src = view(v), &dst = vout[static_cast<size_t>(k)];
       if (call.device.is_cpu()) {
         host::CopyConvert(src, dst);
         continue;
@@ -151,6 +298,11 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
                       cuda::CopyKind::kDeviceToDevice);
     }
   };
+  if (!call.device.is_cpu())
+    return RunOnGpu(p, call.device, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o) {
+      vin = i, vout = o;
+      serial(), copy_out();
+    });
   if (trial_call < 0) return (use_lanes ? concurrent() : serial()), copy_out();
   Trial& t = p.trial;
   const Clock::time_point t0 = Clock::now();

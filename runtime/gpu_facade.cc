@@ -202,6 +202,27 @@ void LaunchKernel(void* kernel, unsigned grid, unsigned block, unsigned shared_b
                    args);
 }
 
+void BeginCapture() { P().StreamBeginCapture(tls_stream); }
+
+void* EndCapture() {
+  gpurt::Graph g = P().StreamEndCapture(tls_stream);
+  gpurt::GraphExec exec = nullptr;
+  try {
+    exec = P().GraphInstantiate(g);
+  } catch (...) {
+    P().GraphDestroy(g);
+    throw;
+  }
+  P().GraphDestroy(g);
+  return exec;
+}
+
+bool Capturing() { return tls_stream && P().StreamIsCapturing(tls_stream); }
+
+void LaunchGraph(void* graph) { P().GraphLaunch(static_cast<gpurt::GraphExec>(graph), tls_stream); }
+
+void DestroyGraph(void* graph) { P().GraphExecDestroy(static_cast<gpurt::GraphExec>(graph)); }
+
 }  // namespace kiln::cuda
 
 namespace kiln {

@@ -246,6 +246,10 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     };
   }
   x.serial = {p->slots, p->arena_bytes};
+  x.name = p->report.name;
+  for (int i : p->step_nodes)  // a graph would replay the draws of the call it was captured in
+    if (graph.nodes()[static_cast<size_t>(i)]->def().random && x.no_capture.empty())
+      x.no_capture = "it draws random numbers (" + graph.nodes()[static_cast<size_t>(i)]->def().name + ")";
   x.concurrent = p->concurrent;
   if (p->concurrent) {
     x.per_lane = {p->stream_slots, p->stream_arena_bytes};

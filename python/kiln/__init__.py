@@ -8,12 +8,12 @@
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
                  StateError, OutOfMemoryError, InternalError, NDArray, cpu, gpu, num_gpus, waitall,
-                 codegen_stats, gpu_memory_stats, empty_cache)
+                 codegen_stats, gpu_memory_stats, empty_cache, cuda_graph_stats)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
 
 __all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpus", "waitall",
-           "gpu_memory_stats", "empty_cache",
+           "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "codegen_stats"]
 

@@ -11,6 +11,7 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
+#include "kiln/runtime/executor.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::py {
@@ -196,6 +197,14 @@ KILN_PY_BIND(0) {
   }, pyb::arg("device_id") = 0,
         "The caching allocator's statistics of gpu(device_id): bytes in use (peak), cached, reserved, "
         "fragmentation (share of reserved bytes holding no data), allocation and out-of-memory counts.");
+  m.def("cuda_graph_stats", [] {
+    exec::GraphCounters& c = exec::CudaGraphCounters();
+    pyb::dict d;
+    d["captures"] = c.captures.load(), d["replays"] = c.replays.load();
+    d["plain_runs"] = c.plain_runs.load(), d["refused"] = c.refused.load();
+    return d;
+  }, "Counters of the CUDA graphs of compiled graphs on GPUs, process-wide: graphs captured, calls replayed "
+     "from one, calls launched kernel by kernel, plans that stopped capturing (KILN_CUDA_GRAPHS).");
   m.def("empty_cache", [] {
     pyb::gil_scoped_release nogil;
     for (int i = 0; i < NumGPUs(); ++i) GetAllocator(gpu(i)).EmptyCache();

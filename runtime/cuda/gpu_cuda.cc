@@ -182,7 +182,7 @@ class CudaPlatform final : public gpurt::Platform {
   }
 
   void StreamBeginCapture(gpurt::Stream s) override {
-    Check(cudaStreamBeginCapture(S(s), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    Check(cudaStreamBeginCapture(S(s), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   }
   gpurt::Graph StreamEndCapture(gpurt::Stream s) override {
     cudaGraph_t g = nullptr;

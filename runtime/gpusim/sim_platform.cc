@@ -318,7 +318,7 @@ class SimPlatform final : public gpurt::Platform {
       s->captured.clear();
     }
     s->device()->capturing.fetch_add(1);
-    active_captures_.fetch_add(1);
+    ++tls_captures;
   }
   gpurt::Graph StreamEndCapture(gpurt::Stream h) override {
     StreamImpl* s = Stream(h, "cudaStreamEndCapture");
@@ -328,7 +328,7 @@ class SimPlatform final : public gpurt::Platform {
                 "the capture was begun on another thread (global capture mode ends it on the thread that began it)");
     s->capturing = false;
     s->device()->capturing.fetch_sub(1);
-    active_captures_.fetch_sub(1);
+    --tls_captures;
     std::vector<std::function<void(gpurt::Stream)>> nodes;
     {
       std::lock_guard<std::mutex> g(s->capture_mu);
@@ -474,11 +474,16 @@ class SimPlatform final : public gpurt::Platform {
               "the stream is being captured into a graph, where this call is not allowed (the capture is now "
               "invalidated); synchronize after cudaStreamEndCapture");
   }
+  // Thread-local capture mode (cudaStreamCaptureModeThreadLocal): the calling thread's captures.
   void ProhibitedDuringAnyCapture(const char* call) {
-    if (!active_captures_.load()) return;
-    for (auto& d : devices_) InvalidateCaptures(*d);
+    if (tls_captures == 0) return;
+    for (auto& d : devices_) {
+      std::lock_guard<std::mutex> g(d->streams_mu);
+      for (StreamImpl* s : d->streams)
+        if (s->capturing && s->capture_thread == std::this_thread::get_id()) s->capture_invalidated = true;
+    }
     gpurt::Fail(gpurt::kCaptureUnsupported, call,
-              "a stream is being captured into a graph (global mode), where allocating or freeing device memory is "
+              "this thread is capturing a stream into a graph, where allocating or freeing device memory is "
               "not allowed (the capture is now invalidated); allocate before the capture begins");
   }
   void HostSide(const void* p, size_t n, const char* call, const char* what) {
@@ -501,7 +506,7 @@ class SimPlatform final : public gpurt::Platform {
 
   Memory memory_;
   std::vector<std::unique_ptr<SimDevice>> devices_;
-  std::atomic<int> active_captures_{0};
+  static inline thread_local int tls_captures = 0;  ///< captures this thread has begun and not ended
   std::mutex lib_mu_;
   std::map<std::pair<int, int>, std::unique_ptr<std::pair<gpurt::Library, gpurt::Stream>>> libs_;
 };

@@ -63,3 +63,58 @@ np.testing.assert_allclose(y.asnumpy(), eager, rtol=1e-6, atol=1e-6)
 print("ok")
 """)
     assert "ok" in out
+
+
+def test_compiled_graphs_on_a_gpu_replay_cuda_graphs_with_fresh_inputs():
+    out = run_sim("""
+import numpy as np, kiln
+from kiln import nd, nn
+net = nn.HybridSequential()
+net.add(nn.Dense(16, activation="tanh"), nn.Dense(3))
+net.initialize(ctx=kiln.gpu(0))
+xs = [np.random.rand(2, 6).astype(np.float32) for _ in range(8)]
+eager = [net(nd.array(x, ctx=kiln.gpu(0))).asnumpy() for x in xs]
+net.hybridize()
+s0 = kiln.cuda_graph_stats()
+for x, ref in zip(xs, eager):   # a new input array (a new address) every call
+    y = net(nd.array(x, ctx=kiln.gpu(0)))
+    np.testing.assert_allclose(y.asnumpy(), ref, rtol=1e-6, atol=1e-6)
+kiln.waitall()
+s = kiln.cuda_graph_stats()
+captures, replays = s["captures"] - s0["captures"], s["replays"] - s0["replays"]
+assert captures == 1 and replays == 6, s      # call 1 plain, call 2 captured, then replays
+assert s["refused"] == s0["refused"], s
+print("ok")
+""")
+    assert "ok" in out
+
+
+def test_cuda_graphs_switch_off_and_skip_plans_that_draw_random_numbers():
+    code = """
+import numpy as np, kiln
+from kiln import nd, nn, autograd
+net = nn.HybridSequential()
+net.add(nn.Dense(16, activation="tanh"), nn.Dropout(0.5), nn.Dense(3))
+net.initialize(ctx=kiln.gpu(0))
+net.hybridize()
+x = nd.array(np.random.rand(4, 6).astype(np.float32), ctx=kiln.gpu(0))
+masks = []
+for _ in range(4):
+    with autograd.record():   # training: dropout draws a new mask on every call
+        y = net(x)
+    masks.append(y.asnumpy())
+assert not np.array_equal(masks[2], masks[3])  # a replayed graph would repeat the draw
+for _ in range(4):
+    y = net(x)             # inference: no dropout, no random numbers
+kiln.waitall()             # the counters move when the calls run, not when they are queued
+print(kiln.cuda_graph_stats())
+"""
+    out = run_sim(code)
+    s = eval(out.strip().splitlines()[-1])
+    assert s["captures"] == 1 and s["replays"] == 2, s  # the inference plan only
+    import os, subprocess, sys
+    env = dict(os.environ, KILN_GPU_SIM="2", KILN_CUDA_GRAPHS="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = eval(r.stdout.strip().splitlines()[-1])
+    assert s["captures"] == 0 and s["replays"] == 0 and s["plain_runs"] == 7, s  # the first call traces

@@ -58,4 +58,14 @@ void* LoadKernel(const Device& d, const std::string& nvptx_ir, const std::string
 void LaunchKernel(void* kernel, unsigned grid, unsigned block, unsigned shared_bytes, void** args,
                   void* stream = nullptr);
 
+/// CUDA graphs on the calling worker's stream (thread-local capture mode: this thread may not
+/// allocate, free or synchronize until EndCapture). EndCapture instantiates what was captured and
+/// returns it (opaque); a capture a prohibited call invalidated throws the platform's GpuError.
+void BeginCapture();
+void* EndCapture();
+/// Whether the calling worker's stream is capturing.
+bool Capturing();
+void LaunchGraph(void* graph);
+void DestroyGraph(void* graph);
+
 }  // namespace kiln::cuda

@@ -14,6 +14,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -72,6 +75,15 @@ struct Trial {
   std::atomic<int64_t> serial_ns{0}, concurrent_ns{0};
 };
 
+/// A GPU plan's captured CUDA graphs, keyed by the addresses its steps see (executor.cc).
+struct GraphCache;
+
+/// Counters of the CUDA graphs of every GPU plan in the process (tests, reports).
+struct GraphCounters {
+  std::atomic<int64_t> captures{0}, replays{0}, plain_runs{0}, refused{0};
+};
+GraphCounters& CudaGraphCounters();
+
 struct Plan {
   struct Value {
     DType dtype = DType::kFloat32;
@@ -88,9 +100,21 @@ struct Plan {
   /// index), copied at the end of a call.
   std::vector<std::pair<int, int>> copy_out;
   mutable Trial trial;
+  /// GPU plans: the plan's name in messages, and why it is never captured into a CUDA graph
+  /// ("" when it may be: its kernels' arguments are the same on every call, no random draws).
+  std::string name = "graph";
+  std::string no_capture;
+  mutable std::mutex graphs_mu;
+  mutable std::shared_ptr<GraphCache> graphs;  ///< created by the first GPU run
 };
 
 /// Runs `p` on the call's inputs and outputs. Steps raise what their launch raises.
+/// On a GPU (the call's device) the steps launch on the calling worker's stream. Unless
+/// KILN_CUDA_GRAPHS=0 or p.no_capture says why not, the second call with the same addresses
+/// captures the steps into a CUDA graph and later calls with those addresses replay it (one
+/// launch); a plan keeps a few graphs (the least recently used is dropped). When capturing is
+/// not possible (a step synchronizes or allocates, or the addresses change on every call) the
+/// plan goes back to plain launches, and the reason is printed once.
 void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorView> out, const CallInfo& call,
          Lanes& lanes = CpuLanes());
 

@@ -233,7 +233,8 @@ class Platform {
   /// before this returns. `s` must belong to the calling thread's current device.
   virtual void LaunchKernel(Function f, Dim3 grid, Dim3 block, size_t dynamic_smem, Stream s, void** args) = 0;
 
-  // ---- graphs (global capture mode) ----
+  // ---- graphs (thread-local capture mode: the capturing thread may not allocate, free or
+  // synchronize; other threads may) ----
   virtual void StreamBeginCapture(Stream s) = 0;
   virtual Graph StreamEndCapture(Stream s) = 0;
   virtual bool StreamIsCapturing(Stream s) = 0;
