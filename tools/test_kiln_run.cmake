@@ -26,6 +26,19 @@ endif()
 expect(0 "\"bench\": \"kiln_run\", \"case\": \"mlp\", \"metric\": \"us_per_call\""
        ${M} --params ${DIR}/mlp-0000.params --input data=${DIR}/data.npy --repeat 20)
 
+# The same model on the second of two simulated GPUs (KILN_GPU_SIM=2): the eager CPU result again,
+# from the compiled graph run on the GPU; a GPU that is not there is kiln's DeviceError.
+set(KILN_RUN_ALONE ${KILN_RUN})
+set(KILN_RUN ${CMAKE_COMMAND} -E env KILN_GPU_SIM=2 ${KILN_RUN_ALONE})
+expect(0 "output0: float32(2, 4)" ${M} --input data=${DIR}/data.npy --output-dir ${DIR}/gpu_out --device gpu:1)
+execute_process(COMMAND ${FIXTURE} compare ${DIR}/gpu_out/output0.npy ${DIR}/expected0.npy RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kiln-run --device gpu:1's output0.npy differs from the eager CPU result")
+endif()
+expect(0 "\"device\": \"gpu(0)\"" ${M} --input data=${DIR}/data.npy --repeat 5 --device gpu)
+expect(1 "gpu(2)" ${M} --input data=${DIR}/data.npy --device gpu:2)
+set(KILN_RUN ${KILN_RUN_ALONE})
+
 # Usage errors: exit 2.
 expect(2 "no symbol file given")
 expect(2 "unknown option '--frobnicate'" ${M} --frobnicate)

@@ -118,3 +118,30 @@ print(kiln.cuda_graph_stats())
     assert r.returncode == 0, r.stderr
     s = eval(r.stdout.strip().splitlines()[-1])
     assert s["captures"] == 0 and s["replays"] == 0 and s["plain_runs"] == 7, s  # the first call traces
+
+
+def test_export_from_a_gpu_imports_on_the_cpu_and_the_other_way_round(tmp_path):
+    out = run_sim(TRAIN + """
+import os
+os.chdir(%r)
+nd.random.seed(2)
+x = nd.array(np.linspace(-1, 1, 8 * 20, dtype=np.float32).reshape(8, 20))
+for train_on, load_on in [(kiln.gpu(0), kiln.cpu()), (kiln.cpu(), kiln.gpu(1)), (kiln.gpu(1), kiln.gpu(0))]:
+    net = nn.HybridSequential()
+    net.add(nn.Dense(16, activation="tanh"), nn.Dense(4))
+    net.initialize(ctx=train_on)
+    net.hybridize()
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    with autograd.record():
+        l = (net(x.as_in_context(train_on)) ** 2).sum()
+    l.backward()
+    trainer.step(8)
+    want = net(x.as_in_context(train_on)).asnumpy()
+    net.export("m")
+    sb = nn.SymbolBlock.imports("m-symbol.json", ["data"], "m-0000.params", ctx=load_on)
+    got = sb(x.as_in_context(load_on))
+    assert got.device == load_on
+    np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+print("ok")
+""" % str(tmp_path))
+    assert "ok" in out
