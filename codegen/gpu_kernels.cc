@@ -46,6 +46,8 @@ std::string ArchOf(const Device& d) {
   return it->second;
 }
 
+std::string PtxArchOf(const Device& d) { return ArchOf(d); }
+
 void* LoadedOnce(const std::string& key, const Device& d, const std::function<PtxKernel()>& make) {
   static std::mutex mu;
   static std::unordered_map<std::string, void*> loaded;

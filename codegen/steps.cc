@@ -1,10 +1,13 @@
 // Generated kernels as executor steps (see kiln/codegen/steps.h): the views' data pointers passed
-// as the kernels' argument arrays, on the stack for up to 16 of them.
+// as the kernels' argument arrays, on the stack for up to 16 of them; on a GPU, the generated
+// kernel's launch on the worker's stream.
 #include "kiln/codegen/steps.h"
 
 #include <iterator>
 #include <span>
 #include <vector>
+
+#include "gpu_launch.h"
 
 namespace kiln::codegen {
 
@@ -35,6 +38,21 @@ std::function<void(const exec::StepArgs&)> RowStep(std::shared_ptr<const RowKern
     Pointers<const float> in(a.in);
     Pointers<float> out(a.out);
     kernel->Run(in.data, out.data, rows, len);
+  };
+}
+
+std::function<void(const exec::StepArgs&)> GpuElementwiseStep(std::shared_ptr<const PtxKernel> kernel, int64_t numel) {
+  return [kernel = std::move(kernel), numel](const exec::StepArgs& a) {
+    if (numel == 0) return;
+    void* fn = LoadedOnce("plan " + kernel->name, a.call.device, [&] { return *kernel; });
+    std::vector<void*> ptrs(a.in.size() + 1);
+    std::vector<void*> args(a.in.size() + 2);
+    ptrs[0] = a.out[0].data;
+    for (size_t i = 0; i < a.in.size(); ++i) ptrs[i + 1] = a.in[i].data;
+    for (size_t i = 0; i < ptrs.size(); ++i) args[i] = &ptrs[i];
+    int64_t n = numel;
+    args.back() = &n;
+    LaunchGridStride(fn, numel, args.data());
   };
 }
 

@@ -42,7 +42,9 @@ using fusion::ScalarConst;
 
 // Elementwise groups (passes/fusion.h) among the nodes row and epilogue groups did not claim,
 // each compiled into one kernel.
-void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vector<bool>& claimed, Plan* p) {
+// On a GPU each group is a PTX kernel (codegen/ptx.h) instead, loaded on the device at its first run.
+void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vector<bool>& claimed, Device device,
+          Plan* p) {
   for (const passes::ElementwiseGroup& g : passes::FindElementwiseGroups(graph, live, claimed)) {
     codegen::Expr e;
     std::unordered_map<const ir::Value*, int> at;  // value -> expression node
@@ -72,17 +74,19 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vect
     }
     auto t0 = Clock::now();
     try {
-      fused->kernel = codegen::CompileElementwise(e);
+      if (device.is_cpu()) fused->kernel = codegen::CompileElementwise(e);
+      else fused->gpu_kernel = std::make_shared<codegen::PtxKernel>(codegen::GeneratePtx(e, codegen::PtxArchOf(device)));
     } catch (const codegen::UnsupportedError&) {
       fused->kernel = nullptr;
+      fused->gpu_kernel = nullptr;
     }
     p->report.codegen_ms += MsSince(t0);
-    if (!fused->kernel) continue;  // runs unfused
+    if (!fused->kernel && !fused->gpu_kernel) continue;  // runs unfused
     PlanReport::Group& r = p->report.groups.emplace_back();
     for (int m : g.members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
     r.num_inputs = static_cast<int>(fused->inputs.size());
-    r.expr = fused->kernel->expr();
-    r.compile_ms = fused->kernel->compile_ms();
+    r.expr = fused->kernel ? fused->kernel->expr() : e.ToString();
+    r.compile_ms = fused->kernel ? fused->kernel->compile_ms() : fused->gpu_kernel->compile_ms;
     fused->members = g.members;
     p->fused[static_cast<size_t>(g.members.back())] = std::move(fused);
     for (size_t k = 0; k + 1 < g.members.size(); ++k) p->fused_member[static_cast<size_t>(g.members[k])] = true;
@@ -96,14 +100,23 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vect
 // groups are a step of their own (KILN_DISABLE_PASS=epilogue) inside it; they need no LLVM.
 std::string RunFusion(const ir::Graph& graph, const std::vector<bool>& live, Device device, Plan* p) {
   if (passes::PassDisabled("fusion")) return "disabled";
-  if (!device.is_cpu()) return "not on GPU devices yet (elementwise ops run unfused)";
   std::vector<bool> claimed(graph.nodes().size(), false);
+  if (!device.is_cpu()) {  // elementwise groups only: row and epilogue groups are CPU kernels
+#if KILN_WITH_CODEGEN
+    Fuse(graph, live, claimed, device, p);
+    if (p->num_fused_groups == 0) return "no fusable group (GPU: elementwise groups only)";
+    return std::to_string(p->num_fused_groups) + (p->num_fused_groups == 1 ? " group of " : " groups of ") +
+           std::to_string(p->num_fused_nodes) + " ops (GPU: elementwise groups only)";
+#else
+    return "unavailable (built without LLVM)";
+#endif
+  }
 #if KILN_WITH_CODEGEN
   fusion::FuseRows(graph, live, p, &claimed);
 #endif
   const int epilogues = passes::PassDisabled("epilogue") ? 0 : fusion::FuseEpilogues(graph, live, p, &claimed);
 #if KILN_WITH_CODEGEN
-  Fuse(graph, live, claimed, p);
+  Fuse(graph, live, claimed, device, p);
   if (p->num_fused_groups == 0) return "no fusable group";
 #else
   if (p->num_fused_groups == 0) return "unavailable (built without LLVM)";
@@ -236,8 +249,9 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     }
 #if KILN_WITH_CODEGEN
     if (f) {  // a generated kernel (codegen/steps.h)
-      st.launch = f->row_kernel ? codegen::RowStep(f->row_kernel, f->rows, f->len)
-                                : codegen::ElementwiseStep(f->kernel, n.output()->shape().numel());
+      st.launch = f->row_kernel   ? codegen::RowStep(f->row_kernel, f->rows, f->len)
+                  : f->gpu_kernel ? codegen::GpuElementwiseStep(f->gpu_kernel, n.output()->shape().numel())
+                                  : codegen::ElementwiseStep(f->kernel, n.output()->shape().numel());
       continue;
     }
 #endif

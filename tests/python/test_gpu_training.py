@@ -145,3 +145,25 @@ for train_on, load_on in [(kiln.gpu(0), kiln.cpu()), (kiln.cpu(), kiln.gpu(1)), 
 print("ok")
 """ % str(tmp_path))
     assert "ok" in out
+
+
+def test_elementwise_chains_fuse_into_one_generated_kernel_on_a_gpu():
+    out = run_sim("""
+import numpy as np, kiln
+from kiln import nd, nn
+
+class Chain(nn.HybridBlock):
+    def forward(self, a, b, c):
+        return nd.relu(a * b + c) * 0.5 + a
+
+net = Chain()
+net.hybridize()
+vals = [np.random.rand(3000).astype(np.float32) - 0.5 for _ in range(3)]
+a, b, c = [nd.array(v, ctx=kiln.gpu(1)) for v in vals]
+for _ in range(3):
+    y = net(a, b, c)
+np.testing.assert_allclose(y.asnumpy(), np.maximum(vals[0] * vals[1] + vals[2], 0) * 0.5 + vals[0], rtol=1e-6)
+print(net.compile_report())
+""")
+    assert "1 group of 5 ops (GPU: elementwise groups only)" in out, out
+    assert "kernels: 6 before fusion, 1 after" in out, out

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "kiln/runtime/kernel.h"
 
@@ -14,6 +15,9 @@ namespace kiln::codegen {
 /// (float32), copy, stop_gradient and full (any dtype), and the view ops (reshape, transpose,
 /// slice, broadcast_to, expand_dims, squeeze; any dtype). Also in a build without CUDA: simulated GPUs (KILN_GPU_SIM) run them there too.
 void BindGpuElementwiseKernels(KernelTable& t);
+
+/// The PTX target of GPU `d` ("sm_80", ...): its compute capability, at most sm_90.
+std::string PtxArchOf(const Device& d);
 
 }  // namespace kiln::codegen
 

@@ -26,6 +26,8 @@
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/elementwise.h"
 #include "kiln/codegen/row.h"
+#include "kiln/codegen/gpu_kernels.h"
+#include "kiln/codegen/ptx.h"
 #include "kiln/codegen/steps.h"
 #endif
 
@@ -68,6 +70,7 @@ struct Plan {
 #if KILN_WITH_CODEGEN
     std::shared_ptr<codegen::CompiledKernel> kernel;  ///< an elementwise group
     std::shared_ptr<codegen::RowKernel> row_kernel;   ///< or a row group (a reduction and its neighbours)
+    std::shared_ptr<const codegen::PtxKernel> gpu_kernel;  ///< an elementwise group on a GPU
 #endif
     std::vector<int> members;  ///< node indices in order; the last is the group's root
     std::vector<const ir::Value*> inputs;

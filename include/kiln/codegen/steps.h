@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "kiln/codegen/elementwise.h"
+#include "kiln/codegen/ptx.h"
 #include "kiln/codegen/row.h"
 #include "kiln/runtime/executor.h"
 
@@ -19,5 +20,9 @@ std::function<void(const exec::StepArgs&)> ElementwiseStep(std::shared_ptr<const
 
 /// A step running `kernel` over `rows` rows of `len`: its inputs and outputs are the step's.
 std::function<void(const exec::StepArgs&)> RowStep(std::shared_ptr<const RowKernel> kernel, int64_t rows, int64_t len);
+
+/// A step running the generated GPU kernel `kernel` (GeneratePtx) over `numel` elements on the
+/// call's GPU, on the worker's stream; loaded once per device. Inputs and output as above.
+std::function<void(const exec::StepArgs&)> GpuElementwiseStep(std::shared_ptr<const PtxKernel> kernel, int64_t numel);
 
 }  // namespace kiln::codegen
