@@ -162,7 +162,7 @@ vals = [np.random.rand(3000).astype(np.float32) - 0.5 for _ in range(3)]
 a, b, c = [nd.array(v, ctx=kiln.gpu(1)) for v in vals]
 for _ in range(3):
     y = net(a, b, c)
-np.testing.assert_allclose(y.asnumpy(), np.maximum(vals[0] * vals[1] + vals[2], 0) * 0.5 + vals[0], rtol=1e-6)
+np.testing.assert_allclose(y.asnumpy(), np.maximum(vals[0] * vals[1] + vals[2], 0) * 0.5 + vals[0], rtol=1e-6, atol=1e-6)
 print(net.compile_report())
 """)
     assert "1 group of 5 ops (GPU: elementwise groups only)" in out, out
