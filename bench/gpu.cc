@@ -9,6 +9,12 @@
 //    cudaMemcpyAsync on the same stream. Bandwidth counts the bytes each must move once (16 per
 //    element for the chain, 8 for the copy); the ratio is the chain's fraction of copy bandwidth.
 //
+//  - gpu_mlp: d2l's MLP 512-256-128-2 at batch 1 on gpu(0), microseconds per call: kiln eager
+//    (one engine task per op), hybridized (the compiled plan, kernels launched one by one) and
+//    hybridized with CUDA graphs (one replay per call). PyTorch eager and torch.compile on the
+//    same GPU are measured in the same gpu-check run by bench/python/gpu_mlp_torch.py, which
+//    prints the ratio lines. On simulated GPUs only its correctness check runs (against the CPU).
+//
 //   bench_gpu [--quick]     (256 MiB copies and 64M elements; --quick: 16 MiB and 4M)
 // Without a GPU (or a CUDA build, or codegen) it prints one "skipped" line per part.
 #include <cmath>
@@ -18,11 +24,17 @@
 #include <cstring>
 #include <functional>
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
+#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/ops.h"
 #include "kiln/frontend/tensor.h"
+#include "kiln/frontend/tracer.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/executor.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/gpu.h"
 #include "kiln/runtime/device.h"
@@ -203,6 +215,65 @@ void ElementwiseBench(bool quick) {
 #endif  // KILN_WITH_CODEGEN
 #endif  // KILN_WITH_CUDA
 
+// d2l's MLP 512-256-128-2 at batch 1 (see the header). `timed`: a real GPU; else only the check.
+void MlpBench(bool quick, bool timed) {
+  using namespace kiln;
+  const char* kBench = "gpu_mlp";
+  const Device dev = gpu(0);
+  nd::random::seed(3);
+  const int64_t sizes[] = {512, 256, 128, 2};
+  std::vector<Tensor> w, b;
+  for (int l = 0; l < 3; ++l) {
+    w.push_back(nd::random::normal(0, 0.05, {sizes[l + 1], sizes[l]}, DType::kFloat32, dev));
+    b.push_back(nd::random::normal(0, 0.01, {sizes[l + 1]}, DType::kFloat32, dev));
+  }
+  auto net = [](const std::vector<Tensor>& w, const std::vector<Tensor>& b, const Tensor& x) {
+    return nd::linear(nd::relu(nd::linear(nd::relu(nd::linear(x, w[0], b[0])), w[1], b[1])), w[2], b[2]);
+  };
+  Tensor x = nd::random::normal(0, 1, {1, 512}, DType::kFloat32, dev);
+  std::shared_ptr<CachedGraph> g;
+  {
+    trace::TraceScope scope;
+    g = scope.Finish({net(w, b, scope.Input("data", x.shape(), x.dtype(), dev))});
+  }
+  // Correctness: eager and hybridized on the GPU against eager on the CPU.
+  std::vector<Tensor> wc, bc;
+  for (int l = 0; l < 3; ++l) wc.push_back(w[l].To(cpu())), bc.push_back(b[l].To(cpu()));
+  const std::vector<float> want = net(wc, bc, x.To(cpu())).ToVector<float>();
+  for (int k = 0; k < 3; ++k) {  // plain, captured, replayed
+    const std::vector<float> eager = net(w, b, x).ToVector<float>(), hyb = g->Call({x})[0].ToVector<float>();
+    for (size_t i = 0; i < want.size(); ++i)
+      if (std::fabs(eager[i] - want[i]) > 1e-4f * (1 + std::fabs(want[i])) ||
+          std::fabs(hyb[i] - want[i]) > 1e-4f * (1 + std::fabs(want[i]))) {
+        std::fprintf(stderr, "gpu_mlp: wrong result %zu: eager %g, hybridized %g, CPU %g\n", i, eager[i], hyb[i], want[i]);
+        std::exit(1);
+      }
+  }
+  Emit(kBench, "kiln_vs_cpu", "correct", 1, "bool");
+  if (!timed) return Skipped(kBench, "simulated GPUs: correctness only, timings need a real GPU");
+  const int calls = quick ? 200 : 2000, repeats = quick ? 3 : 7;
+  auto us_per_call = [&](const std::function<Tensor()>& call) {
+    std::vector<double> us;
+    for (int r = 0; r < repeats + 1; ++r) {
+      engine::Engine::Get().WaitForAll();
+      kiln::bench::Timer t;
+      Tensor y;
+      for (int i = 0; i < calls; ++i) y = call();
+      y.ToVector<float>();  // waits for the last call on the GPU
+      if (r > 0) us.push_back(t.Ms() * 1e3 / calls);
+    }
+    return Median(us);
+  };
+  std::atomic<bool>& graphs = exec::CudaGraphsEnabled();
+  const bool before = graphs.load();
+  Emit(kBench, "kiln_eager", "us_per_call", us_per_call([&] { return net(w, b, x); }), "us");
+  graphs = false;
+  Emit(kBench, "kiln_hybridized", "us_per_call", us_per_call([&] { return g->Call({x})[0]; }), "us");
+  graphs = true;
+  Emit(kBench, "kiln_hybridized_cuda_graphs", "us_per_call", us_per_call([&] { return g->Call({x})[0]; }), "us");
+  graphs = before;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,18 +284,22 @@ int main(int argc, char** argv) {
     const char* why = kiln::NumGPUs() == 0 ? "no GPU on this machine" : "simulated GPUs (KILN_GPU_SIM): no timings";
     Skipped("gpu_copy", why);
     Skipped("gpu_elementwise", why);
+    if (kiln::NumGPUs() > 0) MlpBench(quick, /*timed=*/false);  // the simulator: correctness only
+    else Skipped("gpu_mlp", why);
     return 0;
   }
   CopyBench(quick);
+  MlpBench(quick, /*timed=*/true);
 #ifdef KILN_WITH_CODEGEN
   ElementwiseBench(quick);
 #else
   Skipped("gpu_elementwise", "codegen not linked: LLVM 19.1 not found");
 #endif
 #else
-  (void)quick;
   Skipped("gpu_copy", "kiln built without CUDA");
   Skipped("gpu_elementwise", "kiln built without CUDA");
+  if (kiln::NumGPUs() > 0) MlpBench(quick, /*timed=*/false);  // simulated GPUs: correctness only
+  else Skipped("gpu_mlp", "kiln built without CUDA and no simulated GPU (KILN_GPU_SIM)");
 #endif
   return 0;
 }

@@ -66,12 +66,14 @@ uint8_t* Arena(size_t bytes, const Device& device) {
 constexpr size_t kGraphsPerPlan = 4;
 constexpr int64_t kCapturesWithoutReplay = 16;  // then the addresses are taken to change every call
 
-bool CudaGraphsOn() {
-  static const bool on = env::Get("KILN_CUDA_GRAPHS") != "0";
-  return on;
-}
+bool CudaGraphsOn() { return CudaGraphsEnabled().load(std::memory_order_relaxed); }
 
 }  // namespace
+
+std::atomic<bool>& CudaGraphsEnabled() {
+  static std::atomic<bool> on{env::Get("KILN_CUDA_GRAPHS") != "0"};
+  return on;
+}
 
 struct GraphCache {
   struct Entry {

@@ -83,6 +83,9 @@ struct GraphCounters {
   std::atomic<int64_t> captures{0}, replays{0}, plain_runs{0}, refused{0};
 };
 GraphCounters& CudaGraphCounters();
+/// Whether GPU plans may be captured into CUDA graphs: KILN_CUDA_GRAPHS (default 1), changeable
+/// at run time (benchmarks compare both ways in one process).
+std::atomic<bool>& CudaGraphsEnabled();
 
 struct Plan {
   struct Value {
