@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "kiln/runtime/cuda.h"
+#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/engine.h"
 
 namespace kiln::distributed {
@@ -201,22 +202,36 @@ void Allreduce(const std::vector<Tensor>& arrays, mpi::ReduceOp op) {
   CheckArrays(arrays, "allreduce");
   if (arrays.empty()) return;
   const bool gpu = arrays[0].device().is_gpu();
+  // Simulated GPUs (KILN_GPU_SIM) have no NCCL: their arrays go through MPI via host copies.
+  const bool staged = gpu && std::string(gpurt::Get().Name()) != "cuda";
   for (size_t i = 0; i < arrays.size(); ++i) {
     DType t = arrays[i].dtype();
     if (op == mpi::ReduceOp::kMean && !IsFloat(t))
       KILN_THROW(DTypeError) << "allreduce: op='mean' expected float arrays, found " << DTypeName(t)
                              << " (array #" << i << "); use op='sum', or cast to float32";
-    if (!gpu && !(t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kInt32 || t == DType::kInt64 ||
-                  t == DType::kUInt8))
+    if ((!gpu || staged) && !(t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kInt32 ||
+                              t == DType::kInt64 || t == DType::kUInt8))
       KILN_THROW(DTypeError)
-          << "allreduce: expected float32, float64, int32, int64 or uint8 CPU arrays, found " << DTypeName(t)
-          << " (array #" << i << "); cast with astype('float32')";
+          << "allreduce: expected float32, float64, int32, int64 or uint8 " << (gpu ? "arrays on simulated GPUs" : "CPU arrays")
+          << ", found " << DTypeName(t) << " (array #" << i << "); cast with astype('float32')";
   }
-  if (gpu && !mpi::IsLocalWorld() && !mpi::NcclAvailable())
+  if (gpu && !staged && !mpi::IsLocalWorld() && !mpi::NcclAvailable())
     mpi::NcclAllreduce(nullptr, 0, arrays[0].dtype(), op, arrays[0].device().index, nullptr); // throws
   if (mpi::IsLocalWorld()) return; // one process: the sum, mean, max and min are the array itself
-  PushCollective("allreduce", arrays, [arrays, op, gpu] {
+  PushCollective("allreduce", arrays, [arrays, op, gpu, staged] {
     if (!gpu) return AllreduceCpu(arrays, op);
+    if (staged) {  // on the GPU's worker: to the host, through MPI, back
+      for (const Tensor& t : arrays) {
+        const size_t bytes = static_cast<size_t>(t.numel()) * DTypeSize(t.dtype());
+        std::vector<char> host(bytes);
+        cuda::CopyAsync(host.data(), t.View().data, bytes, cuda::CopyKind::kDeviceToHost);
+        cuda::SynchronizeWorkerStream();
+        mpi::Allreduce(host.data(), t.numel(), t.dtype(), op);
+        cuda::CopyAsync(t.View().data, host.data(), bytes, cuda::CopyKind::kHostToDevice);
+        cuda::SynchronizeWorkerStream();  // `host` is freed when this returns
+      }
+      return;
+    }
     for (const Tensor& t : arrays)
       mpi::NcclAllreduce(t.View().data, t.numel(), t.dtype(), op, t.device().index, cuda::CurrentStream());
   });

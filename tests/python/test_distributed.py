@@ -119,6 +119,14 @@ def test_dead_rank_ends_the_job_with_a_clear_message(how):
 
 
 @needs_mpirun
+def test_gpu_allreduce_on_simulated_gpus_goes_through_the_host(monkeypatch):
+    monkeypatch.setenv("KILN_GPU_SIM", "1")  # each process simulates its own GPU: no NCCL between them
+    rc, out, _ = run("gpu.py", np=2, timeout=120)
+    assert rc == 0, out
+    assert "OK 0" in out and "OK 1" in out, out
+
+
+@needs_mpirun
 def test_gpu_allreduce_over_nccl():
     if kiln.num_gpus() == 0:
         pytest.skip("needs a real GPU (NCCL between processes; simulated GPUs live in one process): did not run")

@@ -1,5 +1,5 @@
-"""Run under mpirun -np N with a GPU per rank: allreduce of gpu(local_rank()) arrays over NCCL.
-Prints "OK <rank>"."""
+"""Run under mpirun -np N with a GPU per rank: allreduce of gpu(local_rank()) arrays over NCCL
+(real GPUs) or through MPI via host copies (simulated GPUs, KILN_GPU_SIM). Prints "OK <rank>"."""
 import numpy as np
 
 import kiln
@@ -14,6 +14,7 @@ for dtype in (np.float32, np.float64):
     y = x * 1.0                      # queued on the GPU: the allreduce waits for it
     dist.allreduce([y], op="sum")
     np.testing.assert_allclose(y.asnumpy(), np.arange(100003) * n * (n + 1) / 2, rtol=1e-6)
+    y = x * 1.0                      # the mean of the ranks' own arrays, not of the sum
     dist.allreduce([y], op="mean")
     np.testing.assert_allclose(y.asnumpy(), np.arange(100003) * (n + 1) / 2, rtol=1e-6)
 dist.finalize()

@@ -47,7 +47,9 @@ if __name__ == "__main__":
     distributed.init()
     rank, size = distributed.rank(), distributed.size()
     X, y = batches()
-    weights = train([kiln.cpu(0), kiln.cpu(1)], X[:, rank::size], y[:, rank::size], "--hybridize" in sys.argv)
+    # --gpu: one GPU per process (with KILN_GPU_SIM=1 each process simulates its own).
+    devices = [kiln.gpu(distributed.local_rank() % kiln.num_gpus())] if "--gpu" in sys.argv else [kiln.cpu(0), kiln.cpu(1)]
+    weights = train(devices, X[:, rank::size], y[:, rank::size], "--hybridize" in sys.argv)
     if rank == 0:
         np.savez(sys.argv[1], *weights)
     print(f"RESULT trained {rank} {size}", flush=True)
