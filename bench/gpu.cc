@@ -9,6 +9,9 @@
 //    cudaMemcpyAsync on the same stream. Bandwidth counts the bytes each must move once (16 per
 //    element for the chain, 8 for the copy); the ratio is the chain's fraction of copy bandwidth.
 //
+//  - gpu_matmul: float32 square matmuls through kiln (nd::matmul on gpu(0): cuBLASLt on the
+//    worker's stream, one engine task per call, timed by the host over back-to-back calls) against
+//    cublasSgemm called directly on a stream, timed with CUDA events. Ratio: cuBLAS time / kiln time.
 //  - gpu_mlp: d2l's MLP 512-256-128-2 at batch 1 on gpu(0), microseconds per call: kiln eager
 //    (one engine task per op), hybridized (the compiled plan, kernels launched one by one) and
 //    hybridized with CUDA graphs (one replay per call). PyTorch eager and torch.compile on the
@@ -40,6 +43,7 @@
 #include "kiln/runtime/device.h"
 
 #ifdef KILN_WITH_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #endif
 #ifdef KILN_WITH_CODEGEN
@@ -63,6 +67,74 @@ void CudaCheck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "bench_gpu: %s failed: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
+  }
+}
+
+void MatmulBench(bool quick) {
+  using namespace kiln;
+  const char* kBench = "gpu_matmul";
+  const Device dev = gpu(0);
+  for (int64_t n : quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{1024, 2048, 4096}) {
+    const int calls = quick ? 5 : 20;
+    const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+    nd::random::seed(1);
+    Tensor a = nd::random::normal(0, 1, {n, n}, DType::kFloat32, dev), b = nd::random::normal(0, 1, {n, n}, DType::kFloat32, dev);
+    Tensor c = nd::matmul(a, b);
+    c.ToVector<float>();  // warm: handle, algorithm
+    std::vector<double> kiln_ms;
+    for (int r = 0; r < 4; ++r) {
+      kiln::bench::Timer t;
+      for (int i = 0; i < calls; ++i) c = nd::matmul(a, b);
+      engine::Engine::Get().WaitForAll();
+      kiln_ms.push_back(t.Ms() / calls);
+    }
+    // cuBLAS directly, on kiln's device buffers (row-major C = A B is column-major C^T = B^T A^T).
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+      Skipped(kBench, "cublasCreate failed");
+      return;
+    }
+    cudaStream_t s;
+    CudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cublasSetStream(h, s);
+    float* pa = static_cast<float*>(a.View().data);
+    float* pb = static_cast<float*>(b.View().data);
+    float* pc;
+    CudaCheck(cudaMalloc(&pc, static_cast<size_t>(n * n) * 4), "cudaMalloc");
+    const float one = 1, zero = 0;
+    const int ni = static_cast<int>(n);
+    cudaEvent_t t0, t1;
+    cudaEventCreate(&t0);
+    cudaEventCreate(&t1);
+    std::vector<double> ref_ms;
+    for (int r = 0; r < 5; ++r) {
+      cudaEventRecord(t0, s);
+      for (int i = 0; i < calls; ++i) cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &one, pb, ni, pa, ni, &zero, pc, ni);
+      cudaEventRecord(t1, s);
+      CudaCheck(cudaEventSynchronize(t1), "cudaEventSynchronize");
+      float m = 0;
+      cudaEventElapsedTime(&m, t0, t1);
+      if (r > 0) ref_ms.push_back(m / calls);
+    }
+    // Same numbers: kiln's last product against cuBLAS's, spot-checked.
+    std::vector<float> mine = c.ToVector<float>(), ref(static_cast<size_t>(n * n));
+    CudaCheck(cudaMemcpy(ref.data(), pc, ref.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (size_t i = 0; i < ref.size(); i += ref.size() / 101 + 1)
+      if (std::fabs(mine[i] - ref[i]) > 1e-3f * (std::sqrt(static_cast<float>(n)) + std::fabs(ref[i]))) {
+        std::fprintf(stderr, "gpu_matmul: kiln %g vs cuBLAS %g at %zu (n=%lld)\n", mine[i], ref[i], i,
+                     static_cast<long long>(n));
+        std::exit(1);
+      }
+    const std::string name = std::to_string(n) + "x" + std::to_string(n);
+    const double k = Median(kiln_ms), rf = Median(ref_ms);
+    Emit(kBench, "kiln_" + name, "TFLOPs", flop / (k * 1e-3) / 1e12, "TFLOP/s");
+    Emit(kBench, "cublasSgemm_" + name, "TFLOPs", flop / (rf * 1e-3) / 1e12, "TFLOP/s");
+    Emit(kBench, "cublasSgemm/kiln_" + name, "speedup", rf / k, "x");
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    cudaFree(pc);
+    cublasDestroy(h);
+    cudaStreamDestroy(s);
   }
 }
 
@@ -283,12 +355,14 @@ int main(int argc, char** argv) {
     // Timings against cudaMemcpy need the real driver: simulated GPUs (KILN_GPU_SIM) are not timed.
     const char* why = kiln::NumGPUs() == 0 ? "no GPU on this machine" : "simulated GPUs (KILN_GPU_SIM): no timings";
     Skipped("gpu_copy", why);
+    Skipped("gpu_matmul", why);
     Skipped("gpu_elementwise", why);
     if (kiln::NumGPUs() > 0) MlpBench(quick, /*timed=*/false);  // the simulator: correctness only
     else Skipped("gpu_mlp", why);
     return 0;
   }
   CopyBench(quick);
+  MatmulBench(quick);
   MlpBench(quick, /*timed=*/true);
 #ifdef KILN_WITH_CODEGEN
   ElementwiseBench(quick);
