@@ -382,6 +382,9 @@ std::string RunHybridized(const Run& run, bool chained) {
       if (!e.empty()) errs += (errs.empty() ? "hybridized against eager: " : "; ") + e;
     }
     return errs;
+  } catch (const DTypeError& e) {
+    if (run.device.is_gpu()) return kRefusedDType;  // conformance: forward checks the refusals
+    return std::string("hybridized: threw: ") + e.what();
   } catch (const std::exception& e) {
     return std::string("hybridized: threw: ") + e.what();
   }
@@ -494,6 +497,37 @@ std::string CheckGradient(const OpCase& c) {
   return errs;
 }
 
+/// The gradients of the case's floating inputs, float32, on `dev`: L = sum_k <w_k, y_k> over the
+/// floating outputs with fixed weights, as CheckGradient; one gradient per differentiated input.
+std::vector<std::vector<double>> Gradients(const OpCase& c, Device dev) {
+  const ir::OpDef& def = ir::GetOp(ir::FindOp(c.op));
+  std::vector<HostTensor> host = RunInputs(c.inputs, DType::kFloat32);
+  std::vector<Tensor> xs;
+  std::vector<Tensor> vars;
+  for (const HostTensor& h : host) xs.push_back(MakeTensor(h, dev, false));
+  for (size_t j = 0; j < host.size(); ++j) {
+    bool want = c.grad_inputs.empty() ? IsFloat(host[j].dtype)
+                                      : std::count(c.grad_inputs.begin(), c.grad_inputs.end(), static_cast<int>(j)) > 0;
+    if (want && IsFloat(host[j].dtype)) xs[j].AttachGrad(), vars.push_back(xs[j]);
+  }
+  if (vars.empty()) return {};
+  std::vector<Tensor> out;
+  {
+    autograd::RecordScope record;
+    out = Invoke(def.id, xs, c.attrs, dev);
+  }
+  std::vector<Tensor> heads, head_grads;
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (!IsFloat(out[k].dtype())) continue;
+    heads.push_back(out[k]);
+    head_grads.push_back(MakeTensor(Uniform(out[k].shape(), -1, 1, 1234 + k, out[k].dtype()), dev, false));
+  }
+  if (heads.empty()) return {};
+  std::vector<std::vector<double>> g;
+  for (const Tensor& t : autograd::Grad(heads, vars, head_grads)) g.push_back(t.ToVector<double>());
+  return g;
+}
+
 }  // namespace
 
 // ---- the tests -----------------------------------------------------------------------------------
@@ -586,6 +620,86 @@ TEST_CASE("conformance: gradients") {
     }
     CHECK_MESSAGE(err.empty(), "case '" << c.label << "' (op " << c.op << ", float64, gradient): " << err);
   }
+}
+
+// On a simulated or real GPU: every case with a GPU kernel, hybridized against eager on the GPU,
+// and the float32 gradients of the GPU (its backward ops on the GPU) against the CPU's.
+TEST_CASE("conformance: GPU eager against hybridized") {
+  if (NumGPUs() == 0) {
+    MESSAGE("conformance: skipped: no GPU (NumGPUs() == 0)");
+    return;
+  }
+  int64_t runs = 0;
+  std::set<std::string> refused;
+  for (const OpCase& c : Cases().cases) {
+    auto id = ir::OpTable::Get().TryFind(c.op);
+    if (!id || !KernelTable::Get().Find(*id, DeviceType::kGPU)) continue;  // listed by conformance: forward
+    std::vector<std::optional<DType>> dtypes;
+    if (HasFloatInput(c)) dtypes.assign(c.dtypes.begin(), c.dtypes.end());
+    if (dtypes.empty()) dtypes.push_back(std::nullopt);
+    for (std::optional<DType> dt : dtypes) {
+      Run run{c, dt, gpu(0), false};
+      const ir::OpDef& def = ir::GetOp(*id);
+      for (bool chained : {false, true}) {
+        if (chained && !def.unary_fn && !def.binary_fn) continue;
+        std::string err = RunHybridized(run, chained);
+        if (err == kRefusedDType) {
+          refused.insert(c.op);
+          continue;
+        }
+        CHECK_MESSAGE(err.empty(), run.str() << (chained ? ", negated in the graph" : "") << ": " << err);
+        ++runs;
+      }
+    }
+  }
+  MESSAGE("conformance: " << runs << " hybridized runs on " << gpu(0).str() << "; " << refused.size()
+                          << " ops refused some dtypes (checked by conformance: forward)");
+}
+
+TEST_CASE("conformance: GPU gradients against the CPU's") {
+  if (NumGPUs() == 0) {
+    MESSAGE("conformance: skipped: no GPU (NumGPUs() == 0)");
+    return;
+  }
+  int64_t checked = 0;
+  std::set<std::string> no_kernel;
+  for (const OpCase& c : Cases().cases) {
+    if (!c.grad) continue;
+    auto id = ir::OpTable::Get().TryFind(c.op);
+    if (!id || !ir::GetOp(*id).differentiable) continue;
+    if (!KernelTable::Get().Find(*id, DeviceType::kGPU)) {
+      no_kernel.insert(c.op);
+      continue;
+    }
+    std::string err;
+    try {
+      auto want = Gradients(c, cpu());
+      auto got = Gradients(c, gpu(0));
+      if (want.size() != got.size()) err = "gradient counts differ";
+      for (size_t j = 0; err.empty() && j < want.size(); ++j) {
+        if (want[j].size() != got[j].size()) {
+          err = "gradient " + std::to_string(j) + " has " + std::to_string(got[j].size()) + " elements on the GPU";
+          break;
+        }
+        const double tol = std::max(c.grad_tol, 1e-4);
+        for (size_t i = 0; i < want[j].size(); ++i)
+          if (!(std::fabs(got[j][i] - want[j][i]) <= tol * (1 + std::fabs(want[j][i])))) {
+            err = "gradient " + std::to_string(j) + " element " + std::to_string(i) + ": GPU " + Num(got[j][i]) +
+                  ", CPU " + Num(want[j][i]);
+            break;
+          }
+      }
+    } catch (const std::exception& e) {
+      err = std::string("threw: ") + e.what();
+    }
+    CHECK_MESSAGE(err.empty(), "case '" << c.label << "' (op " << c.op << ", float32 gradient on " << gpu(0).str()
+                                        << " against the CPU): " << err);
+    ++checked;
+  }
+  std::string names;
+  for (const std::string& n : no_kernel) names += " " + n;
+  MESSAGE("conformance: " << checked << " GPU gradients checked against the CPU's"
+                          << (names.empty() ? "" : "; ops without a GPU kernel:" + names));
 }
 
 TEST_CASE("conformance: every op has a case") {
