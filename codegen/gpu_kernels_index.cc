@@ -4,8 +4,8 @@
 // - where: any condition dtype, any value dtype, broadcasting and strided operands;
 // - argmax, argmin: any dtype, strided input; the first NaN, else the first extremum;
 // - take, one_hot: any data dtype, int32 or int64 indices (contiguous, as on the CPU);
-// - take_grad: float32 and float64 gradients, deterministic (sorted indices, no float atomics),
-//   the CPU's sums bit for bit.
+// - take_grad: any floating gradient, deterministic (sorted indices, no float atomics), the
+//   CPU's sums bit for bit (16-bit floats rounded at each step, as there).
 // take and take_grad raise the CPU's ValueError for an index out of range: a kernel records the
 // first bad position, the kernel function copies it back and waits for its stream (one host
 // sync per call); meanwhile the gather clips, so nothing reads out of bounds. Iteration spaces
@@ -355,7 +355,8 @@ void TakeGradGpu(const KernelArgs& a) {
   int64_t outer = Prod(dx.shape, 0, axis), dim = dx.shape[axis], inner = Prod(dx.shape, axis + 1, dx.rank());
   int64_t n = ix.numel();
   const std::string suffix = IndexSuffix(ix, "take_grad");
-  KILN_CHECK(dy.dtype == DType::kFloat32 || dy.dtype == DType::kFloat64) << "take_grad: dtypes unchecked";
+  const std::string value = ValueSuffix(dy.dtype);
+  KILN_CHECK(IsFloat(dy.dtype)) << "take_grad: dtypes unchecked";
   const int64_t total = outer * dim * inner;
   if (n == 0 || outer * inner == 0) {
     Zero(a.device, dx.data, total, Bytes(dx));
@@ -387,7 +388,7 @@ void TakeGradGpu(const KernelArgs& a) {
     int64_t runs = dim + 1;
     void* rargs[] = {&start, &keys, &n, &dim};
     LaunchGridStride(fn, runs, rargs);
-    fn = CuKernel(a.device, "index", std::string("kiln_take_grad_sum_") + (dy.dtype == DType::kFloat32 ? "f32" : "f64"));
+    fn = CuKernel(a.device, "index", "kiln_take_grad_sum_" + value);
     void *o = dx.data, *g = dy.data;
     void* args[] = {&o, &g, &keys, &start, &outer, &n, &dim, &inner};
     LaunchGridStride(fn, total, args);
@@ -420,10 +421,8 @@ void OneHotGpu(const KernelArgs& a) {
 void BindGpuIndexKernels(KernelTable& t) {
   if (!FindCuModule("index")) return;  // built without clang-19: no GPU kernels for these ops
   constexpr DeviceType kGPU = DeviceType::kGPU;
-  // take_grad sums float32 or float64 gradients; its indices are int32 or int64.
-  constexpr uint32_t kTakeGrad = DTypeBit(DType::kFloat32) | DTypeBit(DType::kFloat64) |
-                                 DTypeBit(DType::kInt32) | DTypeBit(DType::kInt64);
-  // The rest move bytes (or compare any dtype): every dtype the ops take.
+  // Every dtype the ops take: they move bytes or compare any dtype, and take_grad sums the
+  // floating dtypes its inference admits.
   t.Bind(op::kConcat, kGPU, {ConcatGpu});
   t.Bind(op::kStack, kGPU, {StackGpu});
   t.Bind(op::kSplit, kGPU, {SplitGpu});
@@ -432,7 +431,7 @@ void BindGpuIndexKernels(KernelTable& t) {
   t.Bind(op::kArgmax, kGPU, {ArgReduceGpu<true>});
   t.Bind(op::kArgmin, kGPU, {ArgReduceGpu<false>});
   t.Bind(op::kTake, kGPU, {TakeGpu, /*contiguous_inputs=*/true});
-  t.Bind(op::kTakeGrad, kGPU, {TakeGradGpu, /*contiguous_inputs=*/true, nullptr, kTakeGrad});
+  t.Bind(op::kTakeGrad, kGPU, {TakeGradGpu, /*contiguous_inputs=*/true});
   t.Bind(op::kOneHot, kGPU, {OneHotGpu, /*contiguous_inputs=*/true});
 }
 

@@ -6,7 +6,7 @@
 //     thread per row, or one block per row (a shared-memory reduction) for long rows;
 //   - take: an index check (the first bad position, by an atomic max of n - j) and a gather that
 //     clips, so that a bad index never reads out of bounds before the host raises the error;
-//   - take_grad: deterministic, no floating-point atomics: the (index, position) keys are sorted
+//   - take_grad (floating dtypes): deterministic, no floating-point atomics: the (index, position) keys are sorted
 //     (bitonic), each index's run found by binary search, and every output element sums its run
 //     in position order, as the CPU does, so the result is the CPU's bit for bit;
 //   - one_hot: on/off values given as bits (converted on the host as the CPU converts them).
@@ -97,6 +97,39 @@ __device__ inline double Value(double x) { return x; }
 __device__ inline int Value(int x) { return x; }
 __device__ inline long long Value(long long x) { return x; }
 __device__ inline int Value(unsigned char x) { return x; }  // uint8 and bool
+
+/// v rounded to the storage type, as the CPU's Half(float) and BFloat16(float) round
+/// (runtime/basic_types.cc, include/kiln/runtime/dtype.h): to nearest even, NaN kept a NaN.
+__device__ inline Half16 Narrow(float f, Half16) {
+  const unsigned x = __builtin_bit_cast(unsigned, f);
+  const unsigned sign = (x >> 16) & 0x8000u;
+  unsigned mant = x & 0x007fffffu;
+  const int exp = static_cast<int>((x >> 23) & 0xff);
+  if (exp == 0xff) return {static_cast<unsigned short>(sign | 0x7c00u | (mant ? 0x200u : 0u))};
+  const int e = exp - 127 + 15;
+  if (e >= 0x1f) return {static_cast<unsigned short>(sign | 0x7c00u)};
+  if (e <= 0) {  // subnormal or zero
+    if (e < -10) return {static_cast<unsigned short>(sign)};
+    mant |= 0x00800000u;
+    const unsigned shift = static_cast<unsigned>(14 - e);
+    unsigned half_mant = mant >> shift;
+    const unsigned rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
+    return {static_cast<unsigned short>(sign | half_mant)};
+  }
+  unsigned half = sign | (static_cast<unsigned>(e) << 10) | (mant >> 13);
+  const unsigned rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent
+  return {static_cast<unsigned short>(half)};
+}
+__device__ inline BFloat16 Narrow(float f, BFloat16) {
+  unsigned u = __builtin_bit_cast(unsigned, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<unsigned short>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {static_cast<unsigned short>(u >> 16)};
+}
+__device__ inline float Narrow(float v, float) { return v; }
+__device__ inline double Narrow(double v, double) { return v; }
 
 /// b replaces the best a when strictly better, or when it is the first NaN (the CPU's rule).
 template <bool kMax, class C>
@@ -237,14 +270,17 @@ __device__ void RunStarts(long long* start, const long long* keys, long long n, 
 }
 
 /// dx[o, k, c] = the sum, in position order from 0, of dy[o, j, c] over j in row k's run.
+/// Each step computes in the CPU's compute type and rounds to the storage type, as the CPU does.
 template <class T>
 __device__ void TakeGradSum(T* dx, const T* dy, const long long* keys, const long long* start, long long outer,
                             long long n, long long dim, long long inner) {
+  using C = decltype(Value(T{}));
   const long long count = outer * dim * inner;
   for (long long t = GlobalThread(); t < count; t += GridThreads()) {
     const long long c = t % inner, r = t / inner, k = r % dim, o = r / dim;
-    T s = 0;
-    for (long long q = start[k]; q < start[k + 1]; ++q) s = s + dy[(o * n + (keys[q] - k * n)) * inner + c];
+    T s = Narrow(C(0), T{});
+    for (long long q = start[k]; q < start[k + 1]; ++q)
+      s = Narrow(Value(s) + Value(dy[(o * n + (keys[q] - k * n)) * inner + c]), T{});
     dx[t] = s;
   }
 }
@@ -367,3 +403,5 @@ extern "C" __global__ void kiln_run_starts(long long* start, const long long* ke
 
 KILN_TAKE_GRAD(float, f32)
 KILN_TAKE_GRAD(double, f64)
+KILN_TAKE_GRAD(Half16, f16)
+KILN_TAKE_GRAD(BFloat16, bf16)

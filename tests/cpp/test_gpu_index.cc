@@ -232,7 +232,7 @@ TEST_CASE("gpu: take_grad sums repeated indices in the CPU's order, bit for bit,
   auto take_grad = [](const Tensor& dy, const Tensor& ix, int64_t axis, int64_t dim) {
     return Invoke1("take_grad", {dy, ix}, {{"axis", axis}, {"dim", dim}});
   };
-  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     for (DType it : {DType::kInt32, DType::kInt64}) {
       CAPTURE(std::string(DTypeName(dt)));
       CAPTURE(std::string(DTypeName(it)));
@@ -240,7 +240,7 @@ TEST_CASE("gpu: take_grad sums repeated indices in the CPU's order, bit for bit,
       std::vector<int64_t> idx(3000);
       for (size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<int64_t>((j * 31 + j / 7) % 100) - 50;
       std::vector<float> g = testing::Random(3000 * 7, -1, 1, 11);
-      for (size_t i = 0; i < g.size(); i += 5) g[i] *= 1e4f;
+      for (size_t i = 0; i < g.size(); i += 5) g[i] *= 1e3f;  // float16 sums round at each step
       std::vector<std::vector<char>> gpu_runs;
       SameOnGpu([&](Device d) {
         Tensor dy = nd::cast(Tensor::FromVector(g, Shape({3000, 7})), dt).To(d);
@@ -260,11 +260,6 @@ TEST_CASE("gpu: take_grad sums repeated indices in the CPU's order, bit for bit,
       CHECK(Bytes(again) == gpu_runs.at(0));
     }
   }
-  // float16 gradients are refused before anything is queued, naming what the GPU kernel takes.
-  std::string e = testing::ErrorOf<DTypeError>(
-      [&] { take_grad(Values(Shape({2}), DType::kFloat16, gpu(0)), Ix({0, 1}, Shape({2}), DType::kInt64, gpu(0)), 0, 2); });
-  CHECK(testing::Has(e, "float16"));
-  CHECK(testing::Has(e, "float32"));
 }
 
 TEST_CASE("gpu: take's gradient through autograd matches the CPU's") {
