@@ -180,8 +180,9 @@ void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* f
     valid << "an axis of size 0 has no valid index";
   else
     valid << "valid indices are " << -dim << " to " << dim - 1;
-  KILN_THROW(ValueError) << op << ": index " << value << " (at position " << j << " of the indices) is out of range for axis "
-                         << axis << " of size " << dim << "; " << valid.str();
+  KILN_THROW(ValueError) << op << ": index " << value << " (at position " << j
+                         << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
+                         << valid.str();
 }
 
 // ---- concat / stack / split / slice_grad -------------------------------------------------------

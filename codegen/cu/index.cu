@@ -6,9 +6,9 @@
 //     thread per row, or one block per row (a shared-memory reduction) for long rows;
 //   - take: an index check (the first bad position, by an atomic max of n - j) and a gather that
 //     clips, so that a bad index never reads out of bounds before the host raises the error;
-//   - take_grad (floating dtypes): deterministic, no floating-point atomics: the (index, position) keys are sorted
-//     (bitonic), each index's run found by binary search, and every output element sums its run
-//     in position order, as the CPU does, so the result is the CPU's bit for bit;
+//   - take_grad (floating dtypes): deterministic, no floating-point atomics: the (index,
+//     position) keys are sorted (bitonic), each index's run found by binary search, and every
+//     output element sums its run in position order, as the CPU does: the CPU's bits;
 //   - one_hot: on/off values given as bits (converted on the host as the CPU converts them).
 // Strided kernels take kDims sizes and strides per operand (unused leading dims size 1, stride 0).
 #include "cu_common.h"

@@ -106,8 +106,9 @@ TEST_CASE("gpu: slice_grad writes the gradient into zeros as on the CPU, steps a
       };
       Tensor dy = Values(Shape({2, 3}), dt, d, 1);
       Tensor dyt = nd::transpose(Values(Shape({3, 2}), dt, d, 2));
-      return std::vector<Tensor>{sg(dy, {4, 5}, {1, 1}, {3, 4}, {}),          sg(dy, {4, 5}, {3, 4}, {0, -6}, {-2, -2}),
-                                 sg(dyt, {3, 7}, {1, 0}, {3, 7}, {1, 3}),    sg(Values(Shape({0}), dt, d), {4}, {3}, {1}, {}),
+      return std::vector<Tensor>{sg(dy, {4, 5}, {1, 1}, {3, 4}, {}), sg(dy, {4, 5}, {3, 4}, {0, -6}, {-2, -2}),
+                                 sg(dyt, {3, 7}, {1, 0}, {3, 7}, {1, 3}),
+                                 sg(Values(Shape({0}), dt, d), {4}, {3}, {1}, {}),
                                  sg(Values(Shape({}), dt, d, 7), {}, {}, {}, {})};
     });
   }
@@ -121,7 +122,8 @@ TEST_CASE("gpu: where takes any condition dtype as the CPU does (NaN true, -0 an
       CAPTURE(std::string(DTypeName(cdt)));
       CAPTURE(std::string(DTypeName(vdt)));
       SameOnGpu([&](Device d) {
-        Tensor c = nd::cast(Tensor::FromVector(std::vector<double>{0, -0.0, nan, 1e-300, 2, -1}, Shape({2, 3, 1})), cdt).To(d);
+        std::vector<double> cv = {0, -0.0, nan, 1e-300, 2, -1};
+        Tensor c = nd::cast(Tensor::FromVector(cv, Shape({2, 3, 1})), cdt).To(d);
         Tensor a = Values(Shape({3, 4}), vdt, d, 1), b = Values(Shape({}), vdt, d, -2);
         Tensor ct = nd::transpose(nd::reshape(c, {3, 2}));  // strided (2, 3)
         Tensor bt = nd::transpose(Values(Shape({3, 2}), vdt, d, 4));
@@ -206,8 +208,9 @@ TEST_CASE("gpu: take and take_grad raise the CPU's error for an index out of ran
                           "valid indices are -5 to 4"));
     e = testing::ErrorOf<ValueError>([&] { nd::take(x, Ix({-4}, Shape({1}), DType::kInt32, d), 1).WaitToRead(); });
     CHECK(testing::Has(e, "index -4 (at position 0 of the indices) is out of range for axis 1 of size 3"));
-    e = testing::ErrorOf<ValueError>(
-        [&] { nd::take(Values(Shape({2, 0}), DType::kFloat32, d), Ix({0}, Shape({1}), DType::kInt32, d), 1).WaitToRead(); });
+    e = testing::ErrorOf<ValueError>([&] {
+      nd::take(Values(Shape({2, 0}), DType::kFloat32, d), Ix({0}, Shape({1}), DType::kInt32, d), 1).WaitToRead();
+    });
     CHECK(testing::Has(e, "an axis of size 0 has no valid index"));
     e = testing::ErrorOf<ValueError>([&] {
       Invoke1("take_grad", {Values(Shape({2, 3}), DType::kFloat32, d), Ix({0, 2, 3}, Shape({3}), DType::kInt64, d)},
