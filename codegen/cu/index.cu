@@ -23,7 +23,7 @@ constexpr int kDims = 6;  // kGpuIndexDims of include/kiln/codegen/ptx.h
 /// The offset, along strides `s`, of element `i` (row-major) of sizes `n`.
 __device__ inline long long Offset(long long i, const long long* n, const long long* s) {
   long long off = 0;
-  for (int d = kDims - 1; d >= 0; --d) {
+  for (int d = kDims - 1; d >= 0 && i > 0; --d) {  // i == 0: the remaining coordinates are 0
     off += (i % n[d]) * s[d];
     i /= n[d];
   }
@@ -35,7 +35,7 @@ __device__ void CopyStrided(T* dst, const T* src, long long count, const long lo
                             const long long* ds) {
   for (long long i = GlobalThread(); i < count; i += GridThreads()) {
     long long rest = i, so = 0, dof = 0;
-    for (int d = kDims - 1; d >= 0; --d) {
+    for (int d = kDims - 1; d >= 0 && rest > 0; --d) {
       const long long q = rest % n[d];
       rest /= n[d];
       so += q * ss[d];
@@ -61,7 +61,7 @@ __device__ void Where(T* out, const C* cond, const T* a, const T* b, long long c
                       const long long* cs, const long long* as, const long long* bs) {
   for (long long i = GlobalThread(); i < count; i += GridThreads()) {
     long long rest = i, co = 0, ao = 0, bo = 0;
-    for (int d = kDims - 1; d >= 0; --d) {
+    for (int d = kDims - 1; d >= 0 && rest > 0; --d) {
       const long long q = rest % n[d];
       rest /= n[d];
       co += q * cs[d];
