@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -368,6 +369,7 @@ void TakeGradGpu(const KernelArgs& a) {
     }
     return;
   }
+  KILN_CHECK(dim <= std::numeric_limits<int64_t>::max() / n) << "take_grad: keys row * n + j overflow";
   int64_t padded = 1;
   while (padded < n) padded *= 2;
   // flag, keys[padded], start[dim + 1]
