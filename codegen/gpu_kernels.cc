@@ -255,6 +255,7 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
 
 void BindGpuElementwiseKernels(KernelTable& t) {
   BindGpuCreationKernels(t);
+  BindGpuIndexKernels(t);
   constexpr uint32_t kF32 = DTypeBit(DType::kFloat32);  // generated kernels compute in float32
   for (OpId id = op::kFirstUnary; id < op::kFirstOther; ++id)  // KILN_UNARY_OPS, KILN_BINARY_OPS
     t.Bind(id, DeviceType::kGPU, {BinaryFnOf(id) ? BinaryGpu : UnaryGpu, /*contiguous_inputs=*/true, nullptr, kF32});

@@ -34,5 +34,6 @@ void LaunchGridStride(void* fn, int64_t n, void** args);
 
 /// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
 void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc
+void BindGpuIndexKernels(KernelTable& t);     // gpu_kernels_index.cc
 
 }  // namespace kiln::codegen
