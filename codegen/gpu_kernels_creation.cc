@@ -1,6 +1,6 @@
 // GPU kernels of the creation ops arange, random_uniform, random_normal and random_bernoulli:
-// hand-written (codegen/cu/creation.cu); arange for float32, float64, int32 and int64, the random
-// draws for float32 and float64. The random ones
+// hand-written (codegen/cu/creation.cu), every dtype the ops take (float16 and bfloat16 computed
+// through float and rounded as the CPU rounds them). The random ones
 // draw from the CPU's counter-based stream (runtime/cpu/random.h) at the same (seed, offset), so
 // the same seed gives the same numbers on both devices.
 #include <string>
@@ -14,19 +14,20 @@
 namespace kiln::codegen {
 namespace {
 
-constexpr uint32_t kRandomDTypes = DTypeBit(DType::kFloat32) | DTypeBit(DType::kFloat64);
-constexpr uint32_t kArangeDTypes = DTypeBit(DType::kFloat32) | DTypeBit(DType::kFloat64) |
-                                     DTypeBit(DType::kInt32) | DTypeBit(DType::kInt64);
 
-/// The kernel name's dtype suffix (dispatch admits only the bound dtypes).
+/// The kernel name's dtype suffix.
 const char* Suffix(DType t) {
   switch (t) {
     case DType::kFloat32: return "f32";
     case DType::kFloat64: return "f64";
     case DType::kInt32: return "i32";
     case DType::kInt64: return "i64";
-    default: KILN_CHECK(false) << "dtypes unchecked: " << DTypeName(t); return "";
+    case DType::kFloat16: return "f16";
+    case DType::kBFloat16: return "bf16";
+    case DType::kUInt8: return "u8";
+    case DType::kBool: return "b8";
   }
+  return "";
 }
 
 /// Runs kiln_random_<kind>_<dtype>(out, n, seed, offset, a, b) over the output: a counter-based
@@ -66,10 +67,10 @@ void ArangeGpu(const KernelArgs& a) {
 
 void BindGpuCreationKernels(KernelTable& t) {
   if (!FindCuModule("creation")) return;  // built without clang-19: no GPU kernels for these ops
-  t.Bind(op::kRandomUniform, DeviceType::kGPU, {UniformGpu, false, nullptr, kRandomDTypes});
-  t.Bind(op::kRandomNormal, DeviceType::kGPU, {NormalGpu, false, nullptr, kRandomDTypes});
-  t.Bind(op::kRandomBernoulli, DeviceType::kGPU, {BernoulliGpu, false, nullptr, kRandomDTypes});
-  t.Bind(op::kArange, DeviceType::kGPU, {ArangeGpu, false, nullptr, kArangeDTypes});
+  t.Bind(op::kRandomUniform, DeviceType::kGPU, {UniformGpu});
+  t.Bind(op::kRandomNormal, DeviceType::kGPU, {NormalGpu});
+  t.Bind(op::kRandomBernoulli, DeviceType::kGPU, {BernoulliGpu});
+  t.Bind(op::kArange, DeviceType::kGPU, {ArangeGpu});
 }
 
 }  // namespace kiln::codegen

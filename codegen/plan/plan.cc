@@ -345,6 +345,16 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
     if (!kb || !kb->fn)
       KILN_THROW(DeviceError) << "hybridize: op '" << n.def().name << "' has no kernel for "
                               << (device.is_cpu() ? "CPU" : "GPU") << " devices in a compiled graph";
+    if (kb->dtypes) {  // as dispatch checks eager calls: a typed error, not a kernel's assertion
+      auto check = [&](const ir::Value* v) {
+        if (!(kb->dtypes & DTypeBit(v->dtype())))
+          KILN_THROW(DTypeError) << "hybridize: op '" << n.def().name << "' has no " << (device.is_cpu() ? "CPU" : "GPU")
+                                 << " kernel for " << DTypeName(v->dtype()) << " in a compiled graph; cast it "
+                                 << "(astype) or run the graph on another device";
+      };
+      for (const ir::Value* v : n.inputs()) check(v);
+      for (const ir::Value* v : n.outputs()) check(v);
+    }
     p->kernels.push_back(kb);
     ++r.kernels_after, r.bytes_after += Traffic(reads(i), writes(i));
   }
