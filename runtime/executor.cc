@@ -241,7 +241,11 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   // Concurrent lanes, or the timing trial's turn for them: the layout kept per lane.
   bool use_lanes = false;
   int trial_call = -1;
-  if (p.concurrent && call.device.is_cpu()) {  // GPU plans run their steps in order on the worker's stream
+  if (p.concurrent && !call.device.is_cpu()) {
+    // A GPU plan's lanes are streams when its calls launch kernel by kernel; a captured CUDA
+    // graph holds the steps in order on the worker's stream (one launch per call).
+    use_lanes = !CudaGraphsOn() || !p.no_capture.empty();
+  } else if (p.concurrent) {
     int decided = p.trial.decided.load(std::memory_order_acquire);
     if (AlwaysConcurrent()) use_lanes = true;
     else if (decided >= 0) use_lanes = decided == 1;
@@ -300,11 +304,20 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
                       cuda::CopyKind::kDeviceToDevice);
     }
   };
-  if (!call.device.is_cpu())
+  if (!call.device.is_cpu()) {
+    if (use_lanes) {  // independent branches on streams of their own, ordered by events
+      ++CudaGraphCounters().plain_runs;
+      RunLanes(p.lanes, [&](int k) {
+        Scratch sc;
+        step(k, sc, p.lanes.lane[static_cast<size_t>(k)]);
+      }, GpuLanes());
+      return copy_out();
+    }
     return RunOnGpu(p, call.device, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o) {
       vin = i, vout = o;
       serial(), copy_out();
     });
+  }
   if (trial_call < 0) return (use_lanes ? concurrent() : serial()), copy_out();
   Trial& t = p.trial;
   const Clock::time_point t0 = Clock::now();

@@ -12,9 +12,14 @@
 #include <mutex>
 #include <new>
 #include <tuple>
+#include <vector>
+#include <utility>
+#include <functional>
+#include <exception>
 
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/cuda.h"
+#include "kiln/runtime/lanes.h"
 #include "kiln/runtime/gpu.h"
 
 namespace kiln::cuda {
@@ -224,6 +229,75 @@ void LaunchGraph(void* graph) { P().GraphLaunch(static_cast<gpurt::GraphExec>(gr
 void DestroyGraph(void* graph) { P().GraphExecDestroy(static_cast<gpurt::GraphExec>(graph)); }
 
 }  // namespace kiln::cuda
+
+namespace kiln::exec {
+
+namespace {
+
+// The lanes of a GPU worker thread: lane 0 is the worker's stream, the others streams of the
+// worker's own, created on first use and kept. Begin forks them from lane 0 (they start after its
+// earlier work), Finish joins them back (lane 0's later work waits for them), all by events:
+// nothing here blocks the host.
+class StreamLanes : public Lanes {
+ public:
+  int MaxLanes() const override { return 4; }
+
+  bool Begin(int num_lanes, int num_steps, const std::function<void(int)>& launch) override {
+    if (busy_ || !cuda::tls_stream || num_lanes > MaxLanes()) return false;
+    busy_ = true;
+    launch_ = &launch;
+    error_ = nullptr;
+    base_ = cuda::tls_stream;
+    while (static_cast<int>(streams_.size()) < num_lanes - 1) streams_.push_back(cuda::P().StreamCreate());
+    while (static_cast<int>(events_.size()) < num_steps + num_lanes) events_.push_back(cuda::P().EventCreate(false));
+    num_lanes_ = num_lanes;
+    num_steps_ = num_steps;
+    gpurt::Event fork = events_[static_cast<size_t>(num_steps)];
+    cuda::P().EventRecord(fork, base_);
+    for (int l = 1; l < num_lanes; ++l) cuda::P().StreamWaitEvent(Stream(l), fork);
+    return true;
+  }
+  void Wait(int lane, int event) override { cuda::P().StreamWaitEvent(Stream(lane), events_[static_cast<size_t>(event)]); }
+  void Launch(int lane, int step) override {
+    if (error_) return;  // the steps after a failed one are skipped
+    cuda::tls_stream = Stream(lane);
+    try {
+      (*launch_)(step);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    cuda::tls_stream = base_;
+  }
+  void Record(int lane, int event) override { cuda::P().EventRecord(events_[static_cast<size_t>(event)], Stream(lane)); }
+  void Finish() override {
+    for (int l = 1; l < num_lanes_; ++l) {
+      gpurt::Event join = events_[static_cast<size_t>(num_steps_ + l)];
+      cuda::P().EventRecord(join, Stream(l));
+      cuda::P().StreamWaitEvent(base_, join);
+    }
+    busy_ = false;
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  gpurt::Stream Stream(int lane) const { return lane == 0 ? base_ : streams_[static_cast<size_t>(lane - 1)]; }
+  bool busy_ = false;
+  const std::function<void(int)>* launch_ = nullptr;
+  std::exception_ptr error_;
+  gpurt::Stream base_ = nullptr;
+  std::vector<gpurt::Stream> streams_;  // lanes 1, 2, ...: kept for the thread's life
+  std::vector<gpurt::Event> events_;    // one per step, then the fork and one join per lane
+  int num_lanes_ = 0, num_steps_ = 0;
+};
+
+}  // namespace
+
+Lanes& GpuLanes() {
+  thread_local StreamLanes lanes;
+  return lanes;
+}
+
+}  // namespace kiln::exec
 
 namespace kiln {
 int NumGPUs() { return cuda::DeviceCount(); }

@@ -4,6 +4,7 @@
 // launches, with the reason printed once, when a step cannot be captured.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -93,4 +94,63 @@ TEST_CASE("gpu executor: a step that synchronizes cannot be captured: plain laun
   CHECK(testing::Has(err, "'test plan' launches its kernels one by one"));
   CHECK(testing::Has(err, "capturing it failed"));
   CHECK(err.find("one by one") == err.rfind("one by one"));  // once
+}
+
+TEST_CASE("gpu executor: independent branches run on streams of their own, ordered by events") {
+  KILN_REQUIRE_GPU();
+  // Values: 0 = input; 1, 2 = copies of it on lanes 0 and 1; 3, 4 = the outputs, both written on
+  // lane 0 (output 1 from lane 1's value, after waiting for its event).
+  const int64_t n = 1 << 18;
+  exec::Plan p;
+  for (int i = 0; i < 5; ++i) p.values.push_back({DType::kFloat32, Shape({n})});
+  std::vector<void*> streams(3, nullptr);
+  auto copy = [&streams](int k) {
+    return [k, &streams](const exec::StepArgs& a) {
+      streams[static_cast<size_t>(k)] = cuda::CurrentStream();
+      cuda::CopyAsync(a.out[0].data, a.in[0].data, static_cast<size_t>(a.in[0].shape.numel()) * 4,
+                      cuda::CopyKind::kDeviceToDevice);
+    };
+  };
+  p.steps.push_back({{0}, {1}, copy(0)});
+  p.steps.push_back({{0}, {2}, copy(1)});
+  p.steps.push_back({{2}, {4}, copy(2)});
+  p.steps.push_back({{1}, {3}, [](const exec::StepArgs& a) {
+                       cuda::CopyAsync(a.out[0].data, a.in[0].data, static_cast<size_t>(a.in[0].shape.numel()) * 4,
+                                       cuda::CopyKind::kDeviceToDevice);
+                     }});
+  p.concurrent = true;
+  p.lanes.num_lanes = 2;
+  p.lanes.lane = {0, 1, 0, 0};
+  p.lanes.waits = {{}, {}, {1}, {}};
+  p.lanes.lists = {{0, 2, 3}, {1}};
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  p.per_lane.places = {{exec::Place::kInput, 0}, {exec::Place::kArena, 0}, {exec::Place::kArena, static_cast<int64_t>(bytes)},
+                       {exec::Place::kOutput, 0}, {exec::Place::kOutput, 1}};
+  p.per_lane.arena_bytes = 2 * bytes;
+  p.serial = p.per_lane;
+  p.name = "two lanes";
+  std::atomic<bool>& graphs = exec::CudaGraphsEnabled();
+  const bool before = graphs.exchange(false);  // lanes are for plans launched kernel by kernel
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> v = testing::Random(static_cast<size_t>(n), -1, 1, static_cast<uint32_t>(20 + k));
+    Tensor x = Tensor::FromVector(v, Shape({n})).To(gpu(0));
+    Tensor y0 = Tensor::Empty(x.shape(), DType::kFloat32, gpu(0)), y1 = Tensor::Empty(x.shape(), DType::kFloat32, gpu(0));
+    engine::Var* reads[] = {x.storage()->var()};
+    engine::Var* writes[] = {y0.storage()->var(), y1.storage()->var()};
+    engine::TaskOptions o;
+    o.device = gpu(0);
+    o.name = "two_lanes";
+    engine::Engine::Get().Push(
+        [&p, x, y0, y1] {
+          TensorView in[] = {x.View()}, out[] = {y0.View(), y1.View()};
+          exec::Run(p, in, out, exec::CallInfo{gpu(0)});
+        },
+        reads, writes, o);
+    CHECK(y0.ToVector<float>() == v);
+    CHECK(y1.ToVector<float>() == v);  // lane 0 read lane 1's copy only after its event
+  }
+  graphs = before;
+  CHECK(streams[0] != nullptr);
+  CHECK(streams[0] == streams[2]);  // lane 0: the worker's stream
+  CHECK(streams[1] != streams[0]);  // lane 1: a stream of its own
 }

@@ -112,7 +112,9 @@ struct Plan {
 };
 
 /// Runs `p` on the call's inputs and outputs. Steps raise what their launch raises.
-/// On a GPU (the call's device) the steps launch on the calling worker's stream. Unless
+/// On a GPU (the call's device) the steps launch on the calling worker's stream, or, for a plan
+/// whose lanes may run concurrently and that is not replayed as a CUDA graph, on the worker's
+/// streams (GpuLanes: one per lane, ordered by events). Unless
 /// KILN_CUDA_GRAPHS=0 or p.no_capture says why not, the second call with the same addresses
 /// captures the steps into a CUDA graph and later calls with those addresses replay it (one
 /// launch); a plan keeps a few graphs (the least recently used is dropped). When capturing is

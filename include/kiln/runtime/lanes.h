@@ -44,4 +44,9 @@ class Lanes {
 /// process; waits spin briefly, then sleep.
 Lanes& CpuLanes();
 
+/// The GPU implementation for the calling GPU engine worker: lane 0 is the worker's stream, the
+/// others streams of its own; waits and records are CUDA events, so nothing blocks the host, and
+/// Finish joins the lanes back into lane 0 (runtime/gpu_facade.cc).
+Lanes& GpuLanes();
+
 }  // namespace kiln::exec
