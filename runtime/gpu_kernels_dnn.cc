@@ -19,9 +19,12 @@
 // runs in chunks of samples (the filter gradient accumulating over them with beta = 1).
 // Empty operands: an empty output is nothing to do; an empty input (no input channels, samples or
 // output channels, an empty plane under padding) gives zeros, as the CPU kernels write.
-// Not here: the convolution's algorithm and workspace, which the platform chooses and caches per
-// shape (runtime/cuda/dnn_cuda.cc); batch norm (no op binds it yet); conv bias (nd::conv2d adds it
-// with a broadcast add, which has its own GPU kernel).
+// The convolution's algorithm is the platform's, chosen once per shape and cached
+// (runtime/cuda/dnn_cuda.cc); its workspace, of the size the platform says that algorithm needs, is
+// a block of the device's caching allocator taken per call, so calls on different streams never
+// share one (the simulator needs none).
+// Not here: batch norm (no op binds it yet); conv bias (nd::conv2d adds it with a broadcast add,
+// which has its own GPU kernel).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -165,6 +168,18 @@ class Scratch {
 
 // ---- convolution ----
 
+// cuDNN's workspace for the convolution call of `a` (Conv*Args): a block of the device's caching
+// allocator of the bytes the platform's chosen algorithm needs (none: no block), set in `a`.
+template <class Args>
+std::unique_ptr<Scratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
+  a.workspace = nullptr, a.workspace_bytes = 0;
+  const size_t bytes = d.p.DnnConvolutionWorkspaceSize(d.h, d.s, a);
+  if (bytes == 0) return nullptr;
+  auto ws = std::make_unique<Scratch>(k.device, bytes);
+  a.workspace = ws->data(), a.workspace_bytes = bytes;
+  return ws;
+}
+
 void GpuConv2d(const KernelArgs& k) {
   RequireFloat32(k);
   const TensorView &x = k.in[0], &w = k.in[1], &y = k.out[0];
@@ -177,6 +192,7 @@ void GpuConv2d(const KernelArgs& k) {
   ForChunks(k, {x.shape, y.shape}, [&](int64_t n0, int64_t n) {
     a.x = Desc(x.shape, n), a.x_data = At(x, n0);
     a.y = Desc(y.shape, n), a.y_data = At(y, n0);
+    const auto ws = Workspace(d, k, a);
     d.p.DnnConvolutionForward(d.h, d.s, a);
   });
 }
@@ -193,6 +209,7 @@ void GpuConv2dGradData(const KernelArgs& k) {
   ForChunks(k, {dx.shape, dy.shape}, [&](int64_t n0, int64_t n) {
     a.dy = Desc(dy.shape, n), a.dy_data = At(dy, n0);
     a.dx = Desc(dx.shape, n), a.dx_data = At(dx, n0);
+    const auto ws = Workspace(d, k, a);
     d.p.DnnConvolutionBackwardData(d.h, d.s, a);
   });
 }
@@ -210,6 +227,7 @@ void GpuConv2dGradWeight(const KernelArgs& k) {
     a.x = Desc(x.shape, n), a.x_data = At(x, n0);
     a.dy = Desc(dy.shape, n), a.dy_data = At(dy, n0);
     a.beta = n0 == 0 ? 0.0f : 1.0f;  // later chunks add their samples' share
+    const auto ws = Workspace(d, k, a);
     d.p.DnnConvolutionBackwardFilter(d.h, d.s, a);
   });
 }
