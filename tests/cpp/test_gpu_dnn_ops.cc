@@ -15,6 +15,7 @@
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
+#include "kiln/runtime/allocator.h"
 #include "kiln/runtime/error.h"
 #include "test_util.h"
 
@@ -250,4 +251,18 @@ TEST_CASE("gpu: autograd through conv2d, bias and pooling on the GPU matches the
   CheckSame(g.x, c.x, "dx");
   CheckSame(g.w, c.w, "dw");
   CheckSame(g.b, c.b, "db");
+}
+
+TEST_CASE("gpu: max_pool2d_grad's recomputed forward output is a caching-allocator block given back") {
+  KILN_REQUIRE_GPU();
+  Tensor x = Rand({2, 3, 8, 8}, 801).To(gpu(0)), dy = Rand({2, 3, 4, 4}, 802).To(gpu(0));
+  x.WaitToRead(), dy.WaitToRead();
+  Allocator& a = GetAllocator(gpu(0));
+  const AllocatorStats before = a.Stats();
+  Tensor dx = Invoke1("max_pool2d_grad", {dy, x}, {{"kernel", V{2, 2}}});
+  dx.WaitToRead();
+  const AllocatorStats after = a.Stats();
+  CHECK(after.num_allocs - before.num_allocs == 2);  // dx, and y for cuDNN's backward call
+  CHECK(after.bytes_in_use - before.bytes_in_use ==
+        static_cast<int64_t>(RoundAllocationSize(dx.shape().numel() * sizeof(float))));  // y went back
 }
