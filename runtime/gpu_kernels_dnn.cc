@@ -48,7 +48,7 @@ using gpurt::DnnFormat;
 using gpurt::DnnPoolingMode;
 using gpurt::DnnTensorDesc;
 
-constexpr int64_t kMaxElements = INT_MAX;  // cuDNN's descriptors hold int sizes and strides
+constexpr int64_t kMaxElements = INT_MAX; // cuDNN's descriptors hold int sizes and strides
 // The elements one cuDNN call's batched tensors may hold (kMaxElements; tests lower it to make
 // small batches run in chunks).
 std::atomic<int64_t> g_chunk_elements{kMaxElements};
@@ -60,7 +60,7 @@ struct Dnn {
         h(p.LibraryHandle(gpurt::Library::kDnn, s)) {}
   gpurt::Platform& p;
   gpurt::DeviceGuard guard;
-  gpurt::Stream s;  // nullptr (naive engine): the default stream
+  gpurt::Stream s; // nullptr (naive engine): the default stream
   void* h;
 };
 
@@ -77,8 +77,8 @@ std::array<int, 2> Pair(const KernelArgs& k, const char* name) {
   const std::array<int64_t, 2> r{v[0], v.size() > 1 ? v[1] : v[0]};
   for (int64_t x : r)
     if (x > kMaxElements)
-      KILN_THROW(ValueError) << k.op.name << " on " << k.device.str() << ": attribute '" << name << "' is " << x
-                             << ", more than cuDNN's int parameters hold (" << kMaxElements
+      KILN_THROW(ValueError) << k.op.name << " on " << k.device.str() << ": attribute '" << name << "' is "
+                             << x << ", more than cuDNN's int parameters hold (" << kMaxElements
                              << "); use a smaller value or run it on kiln.cpu()";
   return {static_cast<int>(r[0]), static_cast<int>(r[1])};
 }
@@ -90,18 +90,18 @@ gpurt::DnnConvDesc ConvDesc(const KernelArgs& k) {
   c.pad_h = p[0], c.pad_w = p[1];
   c.dilation_h = d[0], c.dilation_w = d[1];
   c.mode = gpurt::DnnConvMode::kCrossCorrelation;
-  c.groups = static_cast<int>(k.attrs.Int("groups"));  // divides the channels (inference checked it)
+  c.groups = static_cast<int>(k.attrs.Int("groups")); // divides the channels (inference checked it)
   return c;
 }
 
 gpurt::DnnPoolingDesc PoolDesc(const KernelArgs& k, bool avg) {
   gpurt::DnnPoolingDesc d;
   const auto w = Pair(k, "kernel"), p = Pair(k, "padding");
-  const auto s = k.attrs.Ints("stride").empty() ? w : Pair(k, "stride");  // empty stride: the window
+  const auto s = k.attrs.Ints("stride").empty() ? w : Pair(k, "stride"); // empty stride: the window
   d.window_h = w[0], d.window_w = w[1];
   d.pad_h = p[0], d.pad_w = p[1];
   d.stride_h = s[0], d.stride_w = s[1];
-  d.mode = !avg                                   ? DnnPoolingMode::kMaxDeterministic
+  d.mode = !avg                                ? DnnPoolingMode::kMaxDeterministic
            : k.attrs.Bool("count_include_pad") ? DnnPoolingMode::kAverageCountIncludePadding
                                                : DnnPoolingMode::kAverageCountExcludePadding;
   return d;
@@ -113,7 +113,7 @@ gpurt::DnnFilterDesc FilterDesc(const KernelArgs& k, const Shape& w) {
                            << w.numel() << " elements, more than cuDNN's int sizes address (" << kMaxElements
                            << "); use a smaller filter or run it on kiln.cpu()";
   gpurt::DnnFilterDesc f;
-  f.format = DnnFormat::kNCHW;  // KCRS: kiln's OIHW
+  f.format = DnnFormat::kNCHW; // KCRS: kiln's OIHW
   f.k = static_cast<int>(w[0]), f.c = static_cast<int>(w[1]), f.h = static_cast<int>(w[2]),
   f.w = static_cast<int>(w[3]);
   return f;
@@ -126,20 +126,22 @@ DnnTensorDesc Desc(const Shape& s, int64_t n) {
 }
 
 // The address of sample `n0` of the contiguous NCHW tensor `t`.
-float* At(const TensorView& t, int64_t n0) { return t.ptr<float>() + n0 * (t.shape[1] * t.shape[2] * t.shape[3]); }
+float* At(const TensorView& t, int64_t n0) {
+  return t.ptr<float>() + n0 * (t.shape[1] * t.shape[2] * t.shape[3]);
+}
 
 // Calls run(n0, n) over the batch of N samples in chunks that keep every tensor of `shapes`
 // (NCHW, batch N) under cuDNN's 2^31 - 1 elements.
-template <class F>
-void ForChunks(const KernelArgs& k, std::initializer_list<Shape> shapes, F&& run) {
+template <class F> void ForChunks(const KernelArgs& k, std::initializer_list<Shape> shapes, F&& run) {
   int64_t per_sample = 1;
   const Shape& first = *shapes.begin();
   for (const Shape& s : shapes) per_sample = std::max(per_sample, s[1] * s[2] * s[3]);
   const int64_t limit = g_chunk_elements.load(std::memory_order_relaxed);
   if (per_sample > limit)
-    KILN_THROW(ShapeError) << k.op.name << " on " << k.device.str() << ": a sample of the tensor " << first.str()
-                           << " has " << per_sample << " elements, more than cuDNN's int strides address ("
-                           << limit << "); use fewer channels or a smaller image, or run it on kiln.cpu()";
+    KILN_THROW(ShapeError) << k.op.name << " on " << k.device.str() << ": a sample of the tensor "
+                           << first.str() << " has " << per_sample
+                           << " elements, more than cuDNN's int strides address (" << limit
+                           << "); use fewer channels or a smaller image, or run it on kiln.cpu()";
   const int64_t chunk = limit / per_sample, n = first[0];
   for (int64_t n0 = 0; n0 < n; n0 += chunk) run(n0, std::min(chunk, n - n0));
 }
@@ -153,14 +155,15 @@ void Zero(Dnn& d, const TensorView& t) {
 // A block of the device's caching allocator for one kernel's scratch data; freed when the kernel
 // has queued its work (the allocator hands it to another stream only after that work).
 class Scratch {
- public:
-  Scratch(const Device& device, size_t bytes) : a_(GetAllocator(device)), bytes_(bytes), p_(a_.Allocate(bytes)) {}
+public:
+  Scratch(const Device& device, size_t bytes)
+      : a_(GetAllocator(device)), bytes_(bytes), p_(a_.Allocate(bytes)) {}
   ~Scratch() { a_.Free(p_, bytes_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   float* data() const { return static_cast<float*>(p_); }
 
- private:
+private:
   Allocator& a_;
   size_t bytes_;
   void* p_;
@@ -170,8 +173,7 @@ class Scratch {
 
 // cuDNN's workspace for the convolution call of `a` (Conv*Args): a block of the device's caching
 // allocator of the bytes the platform's chosen algorithm needs (none: no block), set in `a`.
-template <class Args>
-std::unique_ptr<Scratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
+template <class Args> std::unique_ptr<Scratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
   a.workspace = nullptr, a.workspace_bytes = 0;
   const size_t bytes = d.p.DnnConvolutionWorkspaceSize(d.h, d.s, a);
   if (bytes == 0) return nullptr;
@@ -185,7 +187,7 @@ void GpuConv2d(const KernelArgs& k) {
   const TensorView &x = k.in[0], &w = k.in[1], &y = k.out[0];
   if (y.numel() == 0) return;
   Dnn d(k);
-  if (x.numel() == 0 || w.numel() == 0) return Zero(d, y);  // sums over no channels or only padding
+  if (x.numel() == 0 || w.numel() == 0) return Zero(d, y); // sums over no channels or only padding
   gpurt::ConvForwardArgs a;
   a.w = FilterDesc(k, w.shape), a.w_data = w.data;
   a.conv = ConvDesc(k);
@@ -219,14 +221,14 @@ void GpuConv2dGradWeight(const KernelArgs& k) {
   const TensorView &dy = k.in[0], &x = k.in[1], &dw = k.out[0];
   if (dw.numel() == 0) return;
   Dnn d(k);
-  if (dy.numel() == 0 || x.numel() == 0) return Zero(d, dw);  // no samples, or only padding
+  if (dy.numel() == 0 || x.numel() == 0) return Zero(d, dw); // no samples, or only padding
   gpurt::ConvBackwardFilterArgs a;
   a.dw = FilterDesc(k, dw.shape), a.dw_data = dw.data;
   a.conv = ConvDesc(k);
   ForChunks(k, {x.shape, dy.shape}, [&](int64_t n0, int64_t n) {
     a.x = Desc(x.shape, n), a.x_data = At(x, n0);
     a.dy = Desc(dy.shape, n), a.dy_data = At(dy, n0);
-    a.beta = n0 == 0 ? 0.0f : 1.0f;  // later chunks add their samples' share
+    a.beta = n0 == 0 ? 0.0f : 1.0f; // later chunks add their samples' share
     const auto ws = Workspace(d, k, a);
     d.p.DnnConvolutionBackwardFilter(d.h, d.s, a);
   });
@@ -239,7 +241,7 @@ void Pool(const KernelArgs& k, bool avg) {
   const TensorView &x = k.in[0], &y = k.out[0];
   if (y.numel() == 0) return;
   Dnn d(k);
-  if (x.numel() == 0) return Zero(d, y);  // an empty plane under padding: windows of padding only
+  if (x.numel() == 0) return Zero(d, y); // an empty plane under padding: windows of padding only
   gpurt::PoolingForwardArgs a;
   a.pool = PoolDesc(k, avg);
   ForChunks(k, {x.shape, y.shape}, [&](int64_t n0, int64_t n) {
@@ -255,14 +257,14 @@ void GpuAvgPool2d(const KernelArgs& k) { Pool(k, /*avg=*/true); }
 void GpuMaxPool2dGrad(const KernelArgs& k) {
   RequireFloat32(k);
   const TensorView &dy = k.in[0], &x = k.in[1], &dx = k.out[0];
-  if (dx.numel() == 0) return;  // else x and dy are not empty either
+  if (dx.numel() == 0) return; // else x and dy are not empty either
   Dnn d(k);
   gpurt::PoolingForwardArgs f;
   f.pool = PoolDesc(k, /*avg=*/false);
   gpurt::PoolingBackwardArgs b;
   b.pool = f.pool;
   const int64_t per_sample = dy.shape[1] * dy.shape[2] * dy.shape[3];
-  std::unique_ptr<Scratch> y;  // the forward output of one chunk, which cuDNN's backward reads
+  std::unique_ptr<Scratch> y; // the forward output of one chunk, which cuDNN's backward reads
   ForChunks(k, {x.shape, dy.shape}, [&](int64_t n0, int64_t n) {
     if (!y) y = std::make_unique<Scratch>(k.device, static_cast<size_t>(n * per_sample) * sizeof(float));
     f.x = b.x = b.dx = Desc(x.shape, n);
@@ -278,20 +280,20 @@ void GpuMaxPool2dGrad(const KernelArgs& k) {
 void GpuAvgPool2dGrad(const KernelArgs& k) {
   RequireFloat32(k);
   const TensorView &dy = k.in[0], &dx = k.out[0];
-  if (dx.numel() == 0) return;  // else dy is not empty either
+  if (dx.numel() == 0) return; // else dy is not empty either
   Dnn d(k);
   gpurt::PoolingBackwardArgs b;
   b.pool = PoolDesc(k, /*avg=*/true);
   ForChunks(k, {dx.shape, dy.shape}, [&](int64_t n0, int64_t n) {
     b.x = b.dx = Desc(dx.shape, n);
     b.y = b.dy = Desc(dy.shape, n);
-    b.dy_data = b.y_data = At(dy, n0);  // y, x: any tensors of their layouts (an average ignores them)
+    b.dy_data = b.y_data = At(dy, n0); // y, x: any tensors of their layouts (an average ignores them)
     b.x_data = b.dx_data = At(dx, n0);
     d.p.DnnPoolingBackward(d.h, d.s, b);
   });
 }
 
-}  // namespace
+} // namespace
 
 /// For tests (declared there): the elements one cuDNN call's batched tensors may hold, at most
 /// 2^31 - 1 (cuDNN's); returns the previous limit.
@@ -313,4 +315,4 @@ void BindGpuDnnKernels(KernelTable& t) {
   bind(op::kAvgPool2dGrad, GpuAvgPool2dGrad);
 }
 
-}  // namespace kiln
+} // namespace kiln

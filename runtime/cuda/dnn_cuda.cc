@@ -1,10 +1,10 @@
 // cuDNN on real GPUs (dnn_cuda.h): one cudnnHandle_t per device bound to the caller's stream;
 // convolution forward, backward data and backward filter with the algorithm cuDNN's heuristics
 // (cudnnGet*Algorithm_v7) rank first among those that run, cached per shape, and the caller's
-// workspace (DnnConvolutionWorkspaceSize says how much), else a per-device one of the platform's; pooling and batch norm (forward and backward) through
-// their cuDNN functions. Every call first makes the checks of gpu_dnn.h (the simulator makes the
-// same ones), so a mistake fails identically on both; cuDNN's own status is reported as it is
-// where it rejects something more.
+// workspace (DnnConvolutionWorkspaceSize says how much), else a per-device one of the platform's;
+// pooling and batch norm (forward and backward) through their cuDNN functions. Every call first
+// makes the checks of gpu_dnn.h (the simulator makes the same ones), so a mistake fails identically
+// on both; cuDNN's own status is reported as it is where it rejects something more.
 // Also the descriptor probes gpu_dnn.h declares (CudnnConvForwardOutputDim...), which work
 // without a driver, so CI compares kiln's checks with cuDNN's own answers.
 // cuDNN 9 marks its legacy (non-graph) API deprecated; it is the API these calls use.
@@ -117,7 +117,8 @@ State& St() {
 std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, const gpurt::DnnFilterDesc& w,
                 const gpurt::DnnConvDesc& c, const gpurt::DnnTensorDesc& y) {
   std::string k = call; // appended piece by piece (GCC 12's -Wrestrict misfires on a + chain here)
-  for (const std::string& part : {std::to_string(device), x.ToString(), y.ToString()}) k.append("|").append(part);
+  for (const std::string& part : {std::to_string(device), x.ToString(), y.ToString()})
+    k.append("|").append(part);
   for (int v : {w.k, w.c, w.h, w.w, static_cast<int>(w.format), c.pad_h, c.pad_w, c.stride_h, c.stride_w,
                 c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups})
     k.append(",").append(std::to_string(v));
@@ -162,8 +163,8 @@ std::pair<void*, size_t> WorkspaceFor(State& st, gpurt::Platform& p, const Algo&
   if (given) {
     if (given_bytes < algo.workspace)
       gpurt::FailDnn(gpurt::kDnnBadParam, call,
-                     "the workspace is " + std::to_string(given_bytes) + " bytes but the chosen algorithm needs " +
-                         std::to_string(algo.workspace) +
+                     "the workspace is " + std::to_string(given_bytes) +
+                         " bytes but the chosen algorithm needs " + std::to_string(algo.workspace) +
                          "; allocate what DnnConvolutionWorkspaceSize returns for these arguments");
     return {given, given_bytes};
   }
@@ -234,8 +235,8 @@ struct BackwardFilterProblem {
   Filter dw;
   Conv c;
   Algo algo{};
-  BackwardFilterProblem(State& st, gpurt::Platform& p, cudnnHandle_t h, const gpurt::ConvBackwardFilterArgs& a,
-                        const char* call) {
+  BackwardFilterProblem(State& st, gpurt::Platform& p, cudnnHandle_t h,
+                        const gpurt::ConvBackwardFilterArgs& a, const char* call) {
     gpurt::CheckConvBackwardFilter(a, call);
     Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
     Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
@@ -329,8 +330,8 @@ void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Strea
   BackwardFilterProblem f(st, p, h, a, call);
   auto [ws, ws_bytes] = WorkspaceFor(st, p, f.algo, a.workspace, a.workspace_bytes, call);
   Check(cudnnConvolutionBackwardFilter(h, &a.alpha, f.x.d, a.x_data, f.dy.d, a.dy_data, f.c.d,
-                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(f.algo.algo), ws, ws_bytes,
-                                       &a.beta, f.dw.d, a.dw_data),
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(f.algo.algo), ws,
+                                       ws_bytes, &a.beta, f.dw.d, a.dw_data),
         call);
 }
 
@@ -454,10 +455,12 @@ void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream,
 size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvForwardArgs&) {
   NoCudnn("cudnnGetConvolutionForwardWorkspaceSize");
 }
-size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardDataArgs&) {
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream,
+                                   const gpurt::ConvBackwardDataArgs&) {
   NoCudnn("cudnnGetConvolutionBackwardDataWorkspaceSize");
 }
-size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvBackwardFilterArgs&) {
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream,
+                                   const gpurt::ConvBackwardFilterArgs&) {
   NoCudnn("cudnnGetConvolutionBackwardFilterWorkspaceSize");
 }
 void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) {

@@ -20,7 +20,8 @@ void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream 
 void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                   const gpurt::ConvBackwardFilterArgs& a);
 /// The bytes of workspace the call with `a` needs (its algorithm chosen and cached).
-size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s, const gpurt::ConvForwardArgs& a);
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvForwardArgs& a);
 size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                    const gpurt::ConvBackwardDataArgs& a);
 size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,

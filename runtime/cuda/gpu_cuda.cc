@@ -238,10 +238,12 @@ class CudaPlatform final : public gpurt::Platform {
   size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
     return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
   }
-  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardDataArgs& a) override {
+  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s,
+                                     const gpurt::ConvBackwardDataArgs& a) override {
     return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
   }
-  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardFilterArgs& a) override {
+  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s,
+                                     const gpurt::ConvBackwardFilterArgs& a) override {
     return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
   }
   void DnnPoolingForward(void* dnn, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) override {

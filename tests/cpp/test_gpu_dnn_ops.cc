@@ -25,7 +25,7 @@ namespace kiln {
 // runtime/gpu_kernels_dnn.cc: the elements one cuDNN call's batched tensors may hold; returns the
 // previous limit.
 int64_t SetGpuDnnChunkElementsForTesting(int64_t elements);
-}  // namespace kiln
+} // namespace kiln
 
 namespace {
 
@@ -110,19 +110,49 @@ struct PoolCase {
   Shape x;
   V kernel, stride, padding;
   bool include_pad;
-  float lo, hi;  // input range; all negative: padding taken as 0 would win a max
+  float lo, hi; // input range; all negative: padding taken as 0 would win a max
 };
 
 const PoolCase kPoolCases[] = {
     {"max kernel 2", false, {2, 3, 4, 6}, {2, 2}, {}, {0, 0}, true, -2, 2},
-    {"max kernel 3 stride 2 padding 1, negative inputs", false, {2, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1}, true, -3, -1},
-    {"max kernel (2,3) stride 1 padding (1,1), overlapping ties", false, {1, 2, 5, 5}, {2, 3}, {1, 1}, {1, 1},
-     true, -1, 1},
+    {"max kernel 3 stride 2 padding 1, negative inputs",
+     false,
+     {2, 2, 7, 6},
+     {3, 3},
+     {2, 2},
+     {1, 1},
+     true,
+     -3,
+     -1},
+    {"max kernel (2,3) stride 1 padding (1,1), overlapping ties",
+     false,
+     {1, 2, 5, 5},
+     {2, 3},
+     {1, 1},
+     {1, 1},
+     true,
+     -1,
+     1},
     {"avg kernel 2 floor mode", true, {2, 2, 5, 5}, {2, 2}, {}, {0, 0}, true, -1, 1},
-    {"avg kernel 3 stride 2 padding 1 count_include_pad", true, {1, 3, 7, 6}, {3, 3}, {2, 2}, {1, 1}, true, -1, 1},
+    {"avg kernel 3 stride 2 padding 1 count_include_pad",
+     true,
+     {1, 3, 7, 6},
+     {3, 3},
+     {2, 2},
+     {1, 1},
+     true,
+     -1,
+     1},
     {"avg kernel 3 stride 2 padding 1 exclude pad", true, {1, 3, 7, 6}, {3, 3}, {2, 2}, {1, 1}, false, -1, 1},
-    {"avg kernel (3,2) stride (1,2) padding (1,1) exclude pad", true, {2, 1, 5, 6}, {3, 2}, {1, 2}, {1, 1}, false,
-     -1, 1},
+    {"avg kernel (3,2) stride (1,2) padding (1,1) exclude pad",
+     true,
+     {2, 1, 5, 6},
+     {3, 2},
+     {1, 2},
+     {1, 1},
+     false,
+     -1,
+     1},
 };
 
 ir::Attrs PoolAttrs(const PoolCase& c) {
@@ -153,7 +183,7 @@ struct ChunkLimit {
   int64_t old;
 };
 
-}  // namespace
+} // namespace
 
 TEST_CASE("gpu: conv2d and its two gradients match the CPU (stride, padding, dilation, groups, 1x1)") {
   KILN_REQUIRE_GPU();
@@ -200,14 +230,16 @@ TEST_CASE("gpu: batches past cuDNN's element limit run in chunks with the same r
 TEST_CASE("gpu: empty conv and pooling operands give what the CPU gives") {
   KILN_REQUIRE_GPU();
   // No samples: an empty output.
-  Tensor e = nd::conv2d(Tensor::Empty({0, 2, 5, 5}, DType::kFloat32, gpu(0)), Rand({3, 2, 3, 3}, 501).To(gpu(0)));
+  Tensor e =
+      nd::conv2d(Tensor::Empty({0, 2, 5, 5}, DType::kFloat32, gpu(0)), Rand({3, 2, 3, 3}, 501).To(gpu(0)));
   CHECK(e.shape() == Shape{0, 3, 3, 3});
   e.WaitToRead();
   // No input channels: every sum is empty, so zeros.
   Tensor x0 = Tensor::Empty({2, 0, 5, 5}, DType::kFloat32), w0 = Tensor::Empty({3, 0, 3, 3}, DType::kFloat32);
   RunBoth("conv2d", {x0, w0}, {}, "no input channels");
   // No samples for the filter gradient: zeros.
-  RunBoth("conv2d_grad_weight", {Tensor::Empty({0, 3, 3, 3}, DType::kFloat32), Tensor::Empty({0, 2, 5, 5}, DType::kFloat32)},
+  RunBoth("conv2d_grad_weight",
+          {Tensor::Empty({0, 3, 3, 3}, DType::kFloat32), Tensor::Empty({0, 2, 5, 5}, DType::kFloat32)},
           {{"weight_shape", V{3, 2, 3, 3}}}, "no samples");
   // An empty plane under padding: windows of padding only (zeros, as the CPU kernels write).
   Tensor p0 = Tensor::Empty({1, 2, 0, 0}, DType::kFloat32);
@@ -220,9 +252,12 @@ TEST_CASE("gpu: conv2d and pooling on dtypes other than float32 are a DTypeError
   KILN_REQUIRE_GPU();
   Tensor x = Rand({1, 2, 5, 5}, 601).AsType(DType::kFloat64).To(gpu(0));
   Tensor w = Rand({3, 2, 3, 3}, 602).AsType(DType::kFloat64).To(gpu(0));
-  for (const std::string& e : {ErrorOf<DTypeError>([&] { nd::conv2d(x, w); }),
-                               ErrorOf<DTypeError>([&] { nd::max_pool2d(x, {2, 2}); }),
-                               ErrorOf<DTypeError>([&] { nd::avg_pool2d(x, {2, 2}); })})
+  for (const std::string& e : {ErrorOf<DTypeError>([&] { nd::conv2d(x, w); }), ErrorOf<DTypeError>([&] {
+                                 nd::max_pool2d(x, {2, 2});
+                               }),
+                               ErrorOf<DTypeError>([&] {
+                                 nd::avg_pool2d(x, {2, 2});
+                               })})
     CHECK_MESSAGE((Has(e, "GPU kernel takes float32") && Has(e, "float64") && Has(e, "kiln.cpu()")), e);
 }
 
@@ -241,8 +276,8 @@ TEST_CASE("gpu: autograd through conv2d, bias and pooling on the GPU matches the
       nd::Conv2dOptions o;
       o.padding = {1, 1};
       Tensor h = nd::max_pool2d(nd::conv2d(xd, wd, bd, o), {2, 2});                      // (2, 4, 4, 4)
-      Tensor y = nd::avg_pool2d(h, {3, 3}, {1, 1}, {1, 1}, /*count_include_pad=*/false);  // (2, 4, 4, 4)
-      y = nd::max_pool2d(y, {2, 2}, {1, 1});                                              // (2, 4, 3, 3)
+      Tensor y = nd::avg_pool2d(h, {3, 3}, {1, 1}, {1, 1}, /*count_include_pad=*/false); // (2, 4, 4, 4)
+      y = nd::max_pool2d(y, {2, 2}, {1, 1});                                             // (2, 4, 3, 3)
       y.Backward(head.To(d));
     }
     return Grads{xd.grad(), wd.grad(), bd.grad()};
@@ -262,7 +297,7 @@ TEST_CASE("gpu: max_pool2d_grad's recomputed forward output is a caching-allocat
   Tensor dx = Invoke1("max_pool2d_grad", {dy, x}, {{"kernel", V{2, 2}}});
   dx.WaitToRead();
   const AllocatorStats after = a.Stats();
-  CHECK(after.num_allocs - before.num_allocs == 2);  // dx, and y for cuDNN's backward call
+  CHECK(after.num_allocs - before.num_allocs == 2); // dx, and y for cuDNN's backward call
   CHECK(after.bytes_in_use - before.bytes_in_use ==
-        static_cast<int64_t>(RoundAllocationSize(dx.shape().numel() * sizeof(float))));  // y went back
+        static_cast<int64_t>(RoundAllocationSize(dx.shape().numel() * sizeof(float)))); // y went back
 }
