@@ -48,6 +48,7 @@ const KernelTable& KernelTable::Get() {
     BindNNKernels(*t);
     BindCreationKernels(*t);
     BindGpuBlasKernels(*t);
+    BindGpuDnnKernels(*t);
     Binders& b = GetBinders();
     std::lock_guard<std::mutex> lock(b.mu);
     b.built = true;

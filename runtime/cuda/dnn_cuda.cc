@@ -1,10 +1,10 @@
 // cuDNN on real GPUs (dnn_cuda.h): one cudnnHandle_t per device bound to the caller's stream;
 // convolution forward, backward data and backward filter with the algorithm cuDNN's heuristics
-// (cudnnGet*Algorithm_v7) rank first among those that run, cached per shape, and a per-device
-// workspace from the platform's allocation; pooling and batch norm (forward and backward) through
-// their cuDNN functions. Every call first makes the checks of gpu_dnn.h (the simulator makes the
-// same ones), so a mistake fails identically on both; cuDNN's own status is reported as it is
-// where it rejects something more.
+// (cudnnGet*Algorithm_v7) rank first among those that run, cached per shape, and the caller's
+// workspace (DnnConvolutionWorkspaceSize says how much), else a per-device one of the platform's;
+// pooling and batch norm (forward and backward) through their cuDNN functions. Every call first
+// makes the checks of gpu_dnn.h (the simulator makes the same ones), so a mistake fails identically
+// on both; cuDNN's own status is reported as it is where it rejects something more.
 // Also the descriptor probes gpu_dnn.h declares (CudnnConvForwardOutputDim...), which work
 // without a driver, so CI compares kiln's checks with cuDNN's own answers.
 // cuDNN 9 marks its legacy (non-graph) API deprecated; it is the API these calls use.
@@ -116,10 +116,12 @@ State& St() {
 // The algorithm cache's key: the call, the device and every descriptor field.
 std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, const gpurt::DnnFilterDesc& w,
                 const gpurt::DnnConvDesc& c, const gpurt::DnnTensorDesc& y) {
-  std::string k = std::string(call) + "|" + std::to_string(device) + "|" + x.ToString() + "|" + y.ToString();
+  std::string k = call; // appended piece by piece (GCC 12's -Wrestrict misfires on a + chain here)
+  for (const std::string& part : {std::to_string(device), x.ToString(), y.ToString()})
+    k.append("|").append(part);
   for (int v : {w.k, w.c, w.h, w.w, static_cast<int>(w.format), c.pad_h, c.pad_w, c.stride_h, c.stride_w,
                 c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups})
-    k += "," + std::to_string(v);
+    k.append(",").append(std::to_string(v));
   return k;
 }
 
@@ -154,6 +156,115 @@ std::pair<void*, size_t> Workspace(State& st, gpurt::Platform& p, int device, si
   return {ws, size};
 }
 
+// The workspace of a call whose algorithm is `algo`: the caller's (`given`, checked against the
+// algorithm's need), else none when it needs none, else the device's own (with `st.mu` held).
+std::pair<void*, size_t> WorkspaceFor(State& st, gpurt::Platform& p, const Algo& algo, void* given,
+                                      size_t given_bytes, const char* call) {
+  if (given) {
+    if (given_bytes < algo.workspace)
+      gpurt::FailDnn(gpurt::kDnnBadParam, call,
+                     "the workspace is " + std::to_string(given_bytes) +
+                         " bytes but the chosen algorithm needs " + std::to_string(algo.workspace) +
+                         "; allocate what DnnConvolutionWorkspaceSize returns for these arguments");
+    return {given, given_bytes};
+  }
+  if (algo.workspace == 0) return {nullptr, 0};
+  return Workspace(st, p, p.GetDevice(), algo.workspace);
+}
+
+// Each convolution problem as cuDNN takes it: the descriptors and the algorithm its heuristics
+// chose for them (cached per shape), built with `st.mu` held. `call` names the operation in errors;
+// the cache key names the cuDNN call, so the workspace query and the call share the choice.
+struct ForwardProblem {
+  static constexpr const char* kCall = "cudnnConvolutionForward";
+  Tensor x, y;
+  Filter w;
+  Conv c;
+  Algo algo{};
+  ForwardProblem(State& st, gpurt::Platform& p, cudnnHandle_t h, const gpurt::ConvForwardArgs& a,
+                 const char* call) {
+    gpurt::CheckConvForward(a, call);
+    Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
+    Check(y.Set(a.y), "cudnnSetTensor4dDescriptorEx");
+    Check(w.Set(a.w), "cudnnSetFilter4dDescriptor");
+    Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
+    algo = Choose<cudnnConvolutionFwdAlgoPerf_t>(
+        st, Key(kCall, p.GetDevice(), a.x, a.w, a.conv, a.y), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+        [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* count) {
+          Check(cudnnGetConvolutionForwardAlgorithm_v7(h, x.d, w.d, c.d, y.d, n, count, perf),
+                "cudnnGetConvolutionForwardAlgorithm_v7");
+        },
+        [&](cudnnConvolutionFwdAlgo_t al, size_t* size) {
+          Check(cudnnGetConvolutionForwardWorkspaceSize(h, x.d, w.d, c.d, y.d, al, size),
+                "cudnnGetConvolutionForwardWorkspaceSize");
+        },
+        call, "input " + a.x.ToString() + " and output " + a.y.ToString());
+  }
+};
+
+struct BackwardDataProblem {
+  static constexpr const char* kCall = "cudnnConvolutionBackwardData";
+  Tensor dx, dy;
+  Filter w;
+  Conv c;
+  Algo algo{};
+  BackwardDataProblem(State& st, gpurt::Platform& p, cudnnHandle_t h, const gpurt::ConvBackwardDataArgs& a,
+                      const char* call) {
+    gpurt::CheckConvBackwardData(a, call);
+    Check(dx.Set(a.dx), "cudnnSetTensor4dDescriptorEx");
+    Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+    Check(w.Set(a.w), "cudnnSetFilter4dDescriptor");
+    Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
+    algo = Choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        st, Key(kCall, p.GetDevice(), a.dx, a.w, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* count) {
+          Check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w.d, dy.d, c.d, dx.d, n, count, perf),
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+        },
+        [&](cudnnConvolutionBwdDataAlgo_t al, size_t* size) {
+          Check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w.d, dy.d, c.d, dx.d, al, size),
+                "cudnnGetConvolutionBackwardDataWorkspaceSize");
+        },
+        call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString());
+  }
+};
+
+struct BackwardFilterProblem {
+  static constexpr const char* kCall = "cudnnConvolutionBackwardFilter";
+  Tensor x, dy;
+  Filter dw;
+  Conv c;
+  Algo algo{};
+  BackwardFilterProblem(State& st, gpurt::Platform& p, cudnnHandle_t h,
+                        const gpurt::ConvBackwardFilterArgs& a, const char* call) {
+    gpurt::CheckConvBackwardFilter(a, call);
+    Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
+    Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
+    Check(dw.Set(a.dw), "cudnnSetFilter4dDescriptor");
+    Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
+    algo = Choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        st, Key(kCall, p.GetDevice(), a.x, a.dw, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* count) {
+          Check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x.d, dy.d, c.d, dw.d, n, count, perf),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+        },
+        [&](cudnnConvolutionBwdFilterAlgo_t al, size_t* size) {
+          Check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x.d, dy.d, c.d, dw.d, al, size),
+                "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+        },
+        call, "x " + a.x.ToString() + " and dy " + a.dy.ToString());
+  }
+};
+
+// The workspace bytes of `Problem` for `a`, as the call would choose them.
+template <class Problem, class Args>
+size_t WorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s, const Args& a) {
+  cudnnHandle_t h = BoundTo(handle, s, Problem::kCall);
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  return Problem(st, p, h, a, Problem::kCall).algo.workspace;
+}
+
 } // namespace
 
 namespace cuda {
@@ -169,102 +280,58 @@ void* DnnHandle(gpurt::Stream s) {
   return h;
 }
 
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvForwardArgs& a) {
+  return WorkspaceSize<ForwardProblem>(p, handle, s, a);
+}
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvBackwardDataArgs& a) {
+  return WorkspaceSize<BackwardDataProblem>(p, handle, s, a);
+}
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvBackwardFilterArgs& a) {
+  return WorkspaceSize<BackwardFilterProblem>(p, handle, s, a);
+}
+
 void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s,
                            const gpurt::ConvForwardArgs& a) {
-  const char* call = "cudnnConvolutionForward";
+  const char* call = ForwardProblem::kCall;
   cudnnHandle_t h = BoundTo(handle, s, call);
-  gpurt::CheckConvForward(a, call);
-  Tensor x, y;
-  Filter w;
-  Conv c;
-  Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
-  Check(y.Set(a.y), "cudnnSetTensor4dDescriptorEx");
-  Check(w.Set(a.w), "cudnnSetFilter4dDescriptor");
-  Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
-  const int device = p.GetDevice();
   State& st = St();
   std::lock_guard<std::mutex> g(st.mu);
-  const Algo& algo = Choose<cudnnConvolutionFwdAlgoPerf_t>(
-      st, Key(call, device, a.x, a.w, a.conv, a.y), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-      [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* count) {
-        Check(cudnnGetConvolutionForwardAlgorithm_v7(h, x.d, w.d, c.d, y.d, n, count, perf),
-              "cudnnGetConvolutionForwardAlgorithm_v7");
-      },
-      [&](cudnnConvolutionFwdAlgo_t al, size_t* size) {
-        Check(cudnnGetConvolutionForwardWorkspaceSize(h, x.d, w.d, c.d, y.d, al, size),
-              "cudnnGetConvolutionForwardWorkspaceSize");
-      },
-      call, "input " + a.x.ToString() + " and output " + a.y.ToString());
-  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
-  Check(cudnnConvolutionForward(h, &a.alpha, x.d, a.x_data, w.d, a.w_data, c.d,
-                                static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws, ws_bytes, &a.beta, y.d,
-                                a.y_data),
+  ForwardProblem f(st, p, h, a, call);
+  auto [ws, ws_bytes] = WorkspaceFor(st, p, f.algo, a.workspace, a.workspace_bytes, call);
+  Check(cudnnConvolutionForward(h, &a.alpha, f.x.d, a.x_data, f.w.d, a.w_data, f.c.d,
+                                static_cast<cudnnConvolutionFwdAlgo_t>(f.algo.algo), ws, ws_bytes, &a.beta,
+                                f.y.d, a.y_data),
         call);
 }
 
 void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                 const gpurt::ConvBackwardDataArgs& a) {
-  const char* call = "cudnnConvolutionBackwardData";
+  const char* call = BackwardDataProblem::kCall;
   cudnnHandle_t h = BoundTo(handle, s, call);
-  gpurt::CheckConvBackwardData(a, call);
-  Tensor dx, dy;
-  Filter w;
-  Conv c;
-  Check(dx.Set(a.dx), "cudnnSetTensor4dDescriptorEx");
-  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
-  Check(w.Set(a.w), "cudnnSetFilter4dDescriptor");
-  Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
-  const int device = p.GetDevice();
   State& st = St();
   std::lock_guard<std::mutex> g(st.mu);
-  const Algo& algo = Choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-      st, Key(call, device, a.dx, a.w, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-      [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* count) {
-        Check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w.d, dy.d, c.d, dx.d, n, count, perf),
-              "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-      },
-      [&](cudnnConvolutionBwdDataAlgo_t al, size_t* size) {
-        Check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w.d, dy.d, c.d, dx.d, al, size),
-              "cudnnGetConvolutionBackwardDataWorkspaceSize");
-      },
-      call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString());
-  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
-  Check(cudnnConvolutionBackwardData(h, &a.alpha, w.d, a.w_data, dy.d, a.dy_data, c.d,
-                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.algo), ws, ws_bytes,
-                                     &a.beta, dx.d, a.dx_data),
+  BackwardDataProblem f(st, p, h, a, call);
+  auto [ws, ws_bytes] = WorkspaceFor(st, p, f.algo, a.workspace, a.workspace_bytes, call);
+  Check(cudnnConvolutionBackwardData(h, &a.alpha, f.w.d, a.w_data, f.dy.d, a.dy_data, f.c.d,
+                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(f.algo.algo), ws, ws_bytes,
+                                     &a.beta, f.dx.d, a.dx_data),
         call);
 }
 
 void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                   const gpurt::ConvBackwardFilterArgs& a) {
-  const char* call = "cudnnConvolutionBackwardFilter";
+  const char* call = BackwardFilterProblem::kCall;
   cudnnHandle_t h = BoundTo(handle, s, call);
-  gpurt::CheckConvBackwardFilter(a, call);
-  Tensor x, dy;
-  Filter dw;
-  Conv c;
-  Check(x.Set(a.x), "cudnnSetTensor4dDescriptorEx");
-  Check(dy.Set(a.dy), "cudnnSetTensor4dDescriptorEx");
-  Check(dw.Set(a.dw), "cudnnSetFilter4dDescriptor");
-  Check(c.Set(a.conv), "cudnnSetConvolution2dDescriptor");
-  const int device = p.GetDevice();
   State& st = St();
   std::lock_guard<std::mutex> g(st.mu);
-  const Algo& algo = Choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      st, Key(call, device, a.x, a.dw, a.conv, a.dy), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-      [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* count) {
-        Check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x.d, dy.d, c.d, dw.d, n, count, perf),
-              "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-      },
-      [&](cudnnConvolutionBwdFilterAlgo_t al, size_t* size) {
-        Check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x.d, dy.d, c.d, dw.d, al, size),
-              "cudnnGetConvolutionBackwardFilterWorkspaceSize");
-      },
-      call, "x " + a.x.ToString() + " and dy " + a.dy.ToString());
-  auto [ws, ws_bytes] = Workspace(st, p, device, algo.workspace);
-  Check(cudnnConvolutionBackwardFilter(h, &a.alpha, x.d, a.x_data, dy.d, a.dy_data, c.d,
-                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.algo), ws, ws_bytes,
-                                       &a.beta, dw.d, a.dw_data),
+  BackwardFilterProblem f(st, p, h, a, call);
+  auto [ws, ws_bytes] = WorkspaceFor(st, p, f.algo, a.workspace, a.workspace_bytes, call);
+  Check(cudnnConvolutionBackwardFilter(h, &a.alpha, f.x.d, a.x_data, f.dy.d, a.dy_data, f.c.d,
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(f.algo.algo), ws,
+                                       ws_bytes, &a.beta, f.dw.d, a.dw_data),
         call);
 }
 
@@ -384,6 +451,17 @@ void DnnConvolutionBackwardData(gpurt::Platform&, void*, gpurt::Stream, const gp
 void DnnConvolutionBackwardFilter(gpurt::Platform&, void*, gpurt::Stream,
                                   const gpurt::ConvBackwardFilterArgs&) {
   NoCudnn("cudnnConvolutionBackwardFilter");
+}
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream, const gpurt::ConvForwardArgs&) {
+  NoCudnn("cudnnGetConvolutionForwardWorkspaceSize");
+}
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream,
+                                   const gpurt::ConvBackwardDataArgs&) {
+  NoCudnn("cudnnGetConvolutionBackwardDataWorkspaceSize");
+}
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream,
+                                   const gpurt::ConvBackwardFilterArgs&) {
+  NoCudnn("cudnnGetConvolutionBackwardFilterWorkspaceSize");
 }
 void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) {
   NoCudnn("cudnnPoolingForward");

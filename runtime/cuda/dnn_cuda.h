@@ -2,6 +2,8 @@
 // keeps per device and the calls its cuDNN methods make.
 #pragma once
 
+#include <cstddef>
+
 #include "kiln/runtime/gpu_dnn.h"
 
 namespace kiln::cuda {
@@ -10,13 +12,20 @@ namespace kiln::cuda {
 void* DnnHandle(gpurt::Stream s);
 
 // Each checks that `handle` is bound to `s`, makes the shared checks of gpu_dnn.h, then calls
-// cuDNN; `p` allocates the convolution's workspace.
+// cuDNN; `p` allocates the convolution's workspace where the args bring none.
 void DnnConvolutionForward(gpurt::Platform& p, void* handle, gpurt::Stream s,
                            const gpurt::ConvForwardArgs& a);
 void DnnConvolutionBackwardData(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                 const gpurt::ConvBackwardDataArgs& a);
 void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                   const gpurt::ConvBackwardFilterArgs& a);
+/// The bytes of workspace the call with `a` needs (its algorithm chosen and cached).
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvForwardArgs& a);
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvBackwardDataArgs& a);
+size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                   const gpurt::ConvBackwardFilterArgs& a);
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a);
 void DnnPoolingBackward(void* handle, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a);
 void DnnBatchNormBackward(void* handle, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a);

@@ -235,6 +235,17 @@ class CudaPlatform final : public gpurt::Platform {
   void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardFilterArgs& a) override {
     cuda::DnnConvolutionBackwardFilter(*this, dnn, s, a);
   }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
+    return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
+  }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s,
+                                     const gpurt::ConvBackwardDataArgs& a) override {
+    return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
+  }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s,
+                                     const gpurt::ConvBackwardFilterArgs& a) override {
+    return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
+  }
   void DnnPoolingForward(void* dnn, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) override {
     cuda::DnnPoolingForward(dnn, s, a);
   }

@@ -265,6 +265,11 @@ class Platform {
   virtual void DnnConvolutionForward(void* dnn, Stream s, const ConvForwardArgs& a);
   virtual void DnnConvolutionBackwardData(void* dnn, Stream s, const ConvBackwardDataArgs& a);
   virtual void DnnConvolutionBackwardFilter(void* dnn, Stream s, const ConvBackwardFilterArgs& a);
+  /// The workspace bytes the call with these arguments needs (its algorithm chosen and cached per
+  /// shape; the same checks as the call), for the args' `workspace`; 0: none (the default).
+  virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvForwardArgs& a);
+  virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardDataArgs& a);
+  virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardFilterArgs& a);
   virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
   virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
   virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);

@@ -7,6 +7,7 @@
 // Numbering follows cudnn_graph.h / cudnn_ops.h / cudnn_cnn.h of cuDNN 9; CUDA's headers stay out.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -89,6 +90,12 @@ struct ConvForwardArgs {
   DnnConvDesc conv;
   DnnTensorDesc y;
   void* y_data = nullptr;
+  /// cuDNN's scratch memory for the call's algorithm: device memory of the stream's device of at
+  /// least DnnConvolutionWorkspaceSize(args) bytes, owned by the caller (kiln's kernels take it
+  /// from the caching allocator, per stream). Null: the platform's own per-device workspace, which
+  /// calls on different streams of one device must not use at the same time.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 /// cudnnConvolutionBackwardData: dx = alpha * (the gradient of the forward convolution's loss
@@ -103,6 +110,12 @@ struct ConvBackwardDataArgs {
   DnnConvDesc conv;
   DnnTensorDesc dx;
   void* dx_data = nullptr;
+  /// cuDNN's scratch memory for the call's algorithm: device memory of the stream's device of at
+  /// least DnnConvolutionWorkspaceSize(args) bytes, owned by the caller (kiln's kernels take it
+  /// from the caching allocator, per stream). Null: the platform's own per-device workspace, which
+  /// calls on different streams of one device must not use at the same time.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 /// cudnnConvolutionBackwardFilter: dw = alpha * (the gradient with respect to the filter, given x
@@ -116,6 +129,12 @@ struct ConvBackwardFilterArgs {
   DnnConvDesc conv;
   DnnFilterDesc dw;
   void* dw_data = nullptr;
+  /// cuDNN's scratch memory for the call's algorithm: device memory of the stream's device of at
+  /// least DnnConvolutionWorkspaceSize(args) bytes, owned by the caller (kiln's kernels take it
+  /// from the caching allocator, per stream). Null: the platform's own per-device workspace, which
+  /// calls on different streams of one device must not use at the same time.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 /// cudnnPoolingMode_t.

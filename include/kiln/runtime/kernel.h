@@ -88,5 +88,7 @@ void BindNNKernels(KernelTable& t);
 void BindCreationKernels(KernelTable& t);
 /// GPU kernels on the platform's BLAS (runtime/gpu_kernels_blas.cc): matmul.
 void BindGpuBlasKernels(KernelTable& t);
+/// GPU kernels on the platform's cuDNN (runtime/gpu_kernels_dnn.cc): conv2d, pooling, their gradients.
+void BindGpuDnnKernels(KernelTable& t);
 
 }  // namespace kiln
