@@ -32,6 +32,12 @@ void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& di
 /// fill the GPU (a few per SM) and no more; the loop covers the rest.
 void LaunchGridStride(void* fn, int64_t n, void** args);
 
+/// Unary and binary elementwise ops, cast, and sum/mean/max/min (kind 0-3) of any dtype and
+/// strides (gpu_kernels_dtypes.cc; gpu_kernels.cc sends them what its float32 kernels do not take).
+void ElementwiseAnyGpu(const KernelArgs& a);
+void CastGpu(const KernelArgs& a);
+void ReduceAnyGpu(const KernelArgs& a, int kind);
+
 /// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
 void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc
 
