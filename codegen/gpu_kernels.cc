@@ -246,8 +246,8 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   }
   if (rows == 0) return;
   int64_t index[4 * kGpuIndexDims];
-  IndexArgs(a.op, x, kept_dims, index);
-  IndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
+  MergedIndexArgs(a.op, x, kept_dims, index);
+  MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
   void* fn = LoadedOnce("reduce" + std::to_string(static_cast<int>(kKind)), a.device,
                         [&] { return GenerateReducePtx(kKind, ArchOf(a.device)); });
   void* out = a.out[0].data;

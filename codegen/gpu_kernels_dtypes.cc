@@ -96,6 +96,28 @@ int* DivisionFlag(const Device& d) {
 
 }  // namespace
 
+void MergedIndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out) {
+  TensorView merged = v;
+  merged.shape = Shape();
+  merged.strides = Strides();
+  std::vector<int> order;
+  for (int d : dims) {
+    const int64_t n = v.shape[d], s = v.strides[d];
+    if (n == 1) continue;
+    const int r = merged.shape.rank();
+    if (r > 0 && merged.strides[r - 1] == s * n) {  // the previous dim is this one's outer neighbour
+      merged.shape[r - 1] *= n;
+      merged.strides[r - 1] = s;
+    } else {
+      merged.shape.push_back(n);
+      merged.strides.push_back(s);
+      order.push_back(r);
+    }
+  }
+  if (static_cast<int>(order.size()) > kGpuIndexDims) return IndexArgs(op, v, dims, out);  // its error
+  IndexArgs(op, merged, order, out);
+}
+
 void ElementwiseAnyGpu(const KernelArgs& a) {
   const TensorView& out = a.out[0];
   int64_t n = out.shape.numel();
@@ -166,8 +188,8 @@ void ReduceAnyGpu(const KernelArgs& a, int kind) {
   }
   if (rows == 0) return;
   int64_t index[4 * kGpuIndexDims];
-  IndexArgs(a.op, x, kept_dims, index);
-  IndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
+  MergedIndexArgs(a.op, x, kept_dims, index);
+  MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
   void* fn = CuKernel(a.device, "elementwise", std::string("kiln_reduce_") + Tag(x.dtype));
   void* out = a.out[0].data;
   void* in = x.data;

@@ -37,6 +37,8 @@ void LaunchGridStride(void* fn, int64_t n, void** args);
 void ElementwiseAnyGpu(const KernelArgs& a);
 void CastGpu(const KernelArgs& a);
 void ReduceAnyGpu(const KernelArgs& a, int kind);
+/// IndexArgs of `dims` of `v` with size-1 dims dropped and neighbours merged where the strides allow.
+void MergedIndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out);
 
 /// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
 void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc

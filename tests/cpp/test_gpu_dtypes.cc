@@ -164,6 +164,19 @@ TEST_CASE("gpu: float32 broadcasts and strided operands beyond the generated ker
   CheckSame(nd::greater(gsl, nd::transpose(gsq)).To(cpu()), nd::greater(sl, nd::transpose(sq)), 0);
 }
 
+TEST_CASE("gpu: operands that need more than six index dims are a DeviceError that says what to do") {
+  KILN_REQUIRE_GPU();
+  // Alternating broadcast dims merge with no neighbour: eight dims of the output stay eight.
+  Tensor a = nd::ones(Shape({2, 1, 2, 1, 2, 1, 2, 1}), DType::kFloat64, gpu(0));
+  Tensor b = nd::ones(Shape({1, 2, 1, 2, 1, 2, 1, 2}), DType::kFloat64, gpu(0));
+  std::string e = testing::ErrorOf<DeviceError>([&] { (a + b).WaitToRead(); });
+  CHECK(testing::Has(e, "at most 6 dims"));
+  CHECK(testing::Has(e, "kiln.cpu()"));
+  // Dims that merge are fine: a contiguous rank-8 tensor is one flat dim.
+  Tensor c = nd::ones(Shape({2, 2, 2, 2, 2, 2, 2, 2}), DType::kFloat64, gpu(0));
+  CHECK(nd::sum(c + c).Item() == 512);
+}
+
 TEST_CASE("gpu: integer division by zero raises the CPU's ValueError") {
   KILN_REQUIRE_GPU();
   for (DType dt : {DType::kInt32, DType::kInt64, DType::kUInt8}) {
@@ -262,6 +275,7 @@ TEST_CASE("gpu: d2l's accuracy expression runs on a GPU") {
   CHECK(got.dtype() == DType::kInt64);  // equal gives bool, which sums to int64
   CHECK(want.Item() == 5);
   CHECK(got.Item() == 5);
+  CHECK(accuracy(gpu_predicted.To(gpu(1)), y.To(gpu(1))).Item() == 5);  // the kernels load on each GPU
   // The float32 form: labels as float32; the accuracy as the mean of the matches cast to float32.
   Tensor yf = nd::cast(y, DType::kFloat32);
   Tensor match = nd::cast(nd::equal(nd::cast(gpu_predicted, DType::kFloat32), yf.To(gpu(0))), DType::kFloat32);
