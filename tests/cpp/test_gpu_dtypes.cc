@@ -114,6 +114,19 @@ TEST_CASE("gpu: every unary elementwise op of every dtype gives the CPU's values
   }
 }
 
+TEST_CASE("gpu: libdevice's functions that call internal ones (pow, huge sine arguments) give the CPU's values") {
+  KILN_REQUIRE_GPU();
+  // float64 pow calls __internal_accurate_pow and sin/cos of huge arguments the trigonometric
+  // slow path: functions of their own in the module, which the emulator must call correctly.
+  Tensor x = Tensor::FromVector(std::vector<double>{1e10, -3e15, 1e300, 3.0, 1e22, 12345.678}, Shape({6}));
+  Tensor gx = x.To(gpu(0));
+  CheckSame(nd::sin(gx).To(cpu()), nd::sin(x), 4);
+  CheckSame(nd::cos(gx).To(cpu()), nd::cos(x), 4);
+  Tensor a = Tensor::FromVector(std::vector<double>{1.5, 2, 3, 0.5, 10, 0.999}, Shape({6}));
+  Tensor b = Tensor::FromVector(std::vector<double>{2, 0.5, -1, 3, 300, 1e6}, Shape({6}));
+  CheckSame(nd::power(a.To(gpu(0)), b.To(gpu(0))).To(cpu()), nd::power(a, b), 4);
+}
+
 TEST_CASE("gpu: every binary elementwise op of every dtype gives the CPU's values, under any broadcast") {
   KILN_REQUIRE_GPU();
   // (3, 1, 4) with (2, 1): the non-1 dims of neither operand are one adjacent block of the output
