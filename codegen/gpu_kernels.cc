@@ -112,8 +112,8 @@ bool Generated(const KernelArgs& a) {
   return a.in[0].dtype == DType::kFloat32 && a.out[0].dtype == DType::kFloat32;
 }
 
-/// Runs the generated kernel of `e` over the output (operands a.in, float32: dispatch refuses
-/// other dtypes by the bindings' KernelBinding::dtypes).
+/// Runs the generated kernel of `e` over the output (operands a.in, float32: UnaryGpu and
+/// BinaryGpu send other dtypes to gpu_kernels_dtypes.cc).
 void Launch(const KernelArgs& a, const Expr& e) {
   const TensorView& out = a.out[0];
   const int64_t n = out.shape.numel();

@@ -85,6 +85,16 @@ OverOutput IndexOver(const OpInfo& op, const Shape& out, const std::vector<const
   return o;
 }
 
+/// The kernel `name` of codegen/cu/elementwise.cu on `d`; a DeviceError naming `op` in a build
+/// without it (no clang-19: the GPU kernels then take float32 only, gpu_kernels.cc).
+void* Kernel(const OpInfo& op, const Device& d, const std::string& name) {
+  if (!FindCuModule("elementwise"))
+    KILN_THROW(DeviceError) << op.name << ": this build has no GPU kernels for dtypes other than float32, strided "
+                            << "operands or general broadcasts (codegen/cu was not built: clang-19 missing); make the "
+                            << "operands contiguous float32 of equal shapes, or run the op on kiln.cpu()";
+  return CuKernel(d, "elementwise", name);
+}
+
 /// The device flag an integer division sets on a division by zero: one per worker thread (so
 /// per stream) and device, kept for the thread's life as the workers are.
 int* DivisionFlag(const Device& d) {
@@ -146,7 +156,7 @@ void ElementwiseAnyGpu(const KernelArgs& a) {
   for (int64_t& s : o.size) args.push_back(&s);
   for (size_t k = 0; k < a.in.size(); ++k)
     for (int64_t& s : o.stride[k]) args.push_back(&s);
-  void* kernel = CuKernel(a.device, "elementwise", std::string(binary ? "kiln_binary_" : "kiln_unary_") + Tag(t));
+  void* kernel = Kernel(a.op, a.device, std::string(binary ? "kiln_binary_" : "kiln_unary_") + Tag(t));
   if (flag) cuda::Memset(flag, 0, sizeof(int));
   LaunchGridStride(kernel, n, args.data());
   if (flag) {
@@ -169,7 +179,7 @@ void CastGpu(const KernelArgs& a) {
   std::vector<void*> args = {&y, &px, &n, &o.flat};
   for (int64_t& s : o.size) args.push_back(&s);
   for (int64_t& s : o.stride[0]) args.push_back(&s);
-  void* kernel = CuKernel(a.device, "elementwise", std::string("kiln_cast_") + Tag(x.dtype) + "_" + Tag(out.dtype));
+  void* kernel = Kernel(a.op, a.device, std::string("kiln_cast_") + Tag(x.dtype) + "_" + Tag(out.dtype));
   LaunchGridStride(kernel, n, args.data());
 }
 
@@ -190,7 +200,7 @@ void ReduceAnyGpu(const KernelArgs& a, int kind) {
   int64_t index[4 * kGpuIndexDims];
   MergedIndexArgs(a.op, x, kept_dims, index);
   MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
-  void* fn = CuKernel(a.device, "elementwise", std::string("kiln_reduce_") + Tag(x.dtype));
+  void* fn = Kernel(a.op, a.device, std::string("kiln_reduce_") + Tag(x.dtype));
   void* out = a.out[0].data;
   void* in = x.data;
   void* args[5 + 4 * kGpuIndexDims] = {&out, &in, &rows, &len, &kind};
