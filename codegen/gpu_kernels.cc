@@ -2,11 +2,14 @@
 // loads their PTX, a simulated one runs the NVPTX IR beside it (gpusim), so the same bindings are
 // tested in CI.
 //
-// - Elementwise ops: a unary op, or a binary op whose operands broadcast as one adjacent block of
-//   the output's dims (equal shapes, scalars, biases, columns), as a kernel generated from the
-//   op's scalar function through the CPU's fused-kernel lowering (ptx.h; libdevice for the
-//   transcendental functions). float32: the generated kernels compute in float32.
-// - Reductions (sum, mean, max, min) over any axes of a strided float32 tensor: GenerateReducePtx.
+// - Elementwise ops of float32 (not the comparisons): a unary op, or a binary op whose contiguous
+//   operands broadcast as one adjacent block of the output's dims (equal shapes, scalars, biases,
+//   columns), as a kernel generated from the op's scalar function through the CPU's fused-kernel
+//   lowering (ptx.h; libdevice for the transcendental functions), computing in float32. Every
+//   other dtype, bool outputs, strided operands and any other broadcast: the hand-written kernels
+//   of gpu_kernels_dtypes.cc, which also run cast.
+// - Reductions (sum, mean, max, min) over any axes of a strided float32 tensor: GenerateReducePtx;
+//   of other dtypes: gpu_kernels_dtypes.cc.
 // - copy of a strided view, and the view ops (reshape, transpose, slice, broadcast_to,
 //   expand_dims, squeeze) when no view is possible: GenerateStridedCopyPtx, any dtype.
 // - full, any dtype: GenerateFillPtx.
@@ -17,6 +20,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -96,21 +100,22 @@ void LaunchGridStride(void* fn, int64_t n, void** args) {
 
 namespace {
 
-/// How operand `in` of an output of shape `out` is read: (inner, outer) of Expr::InputBroadcast,
-/// or (1, 0) for one element per output element.
-std::pair<int64_t, int64_t> ReadOf(const OpInfo& op, const TensorView& in, const Shape& out) {
-  if (in.shape == out) return {1, 0};
-  if (auto r = passes::BroadcastIndex(in.shape, out)) return *r;
-  KILN_THROW(DeviceError) << op.name << ": an operand of shape " << in.shape.str()
-                          << " broadcasts to " << out.str()
-                          << " in a way the GPU elementwise kernels do not read yet (they take equal "
-                             "shapes, scalars, and operands whose non-1 dims are one adjacent block); "
-                             "broadcast it first (broadcast_to, which takes any broadcast) or run the op on "
-                             "kiln.cpu()";
+/// How contiguous operand `in` of an output of shape `out` is read by a generated kernel: (inner,
+/// outer) of Expr::InputBroadcast, or (1, 0) for one element per output element; nullopt when
+/// it cannot be (the strided kernels read it).
+std::optional<std::pair<int64_t, int64_t>> ReadOf(const TensorView& in, const Shape& out) {
+  if (!in.is_contiguous()) return std::nullopt;
+  if (in.shape == out) return std::pair<int64_t, int64_t>{1, 0};
+  return passes::BroadcastIndex(in.shape, out);
 }
 
-/// Runs the generated kernel of `e` over the output (operands a.in, float32: dispatch refuses
-/// other dtypes by the bindings' KernelBinding::dtypes).
+/// True when the generated float32 kernels compute op `a` (float32 in and out).
+bool Generated(const KernelArgs& a) {
+  return a.in[0].dtype == DType::kFloat32 && a.out[0].dtype == DType::kFloat32;
+}
+
+/// Runs the generated kernel of `e` over the output (operands a.in, float32: UnaryGpu and
+/// BinaryGpu send other dtypes to gpu_kernels_dtypes.cc).
 void Launch(const KernelArgs& a, const Expr& e) {
   const TensorView& out = a.out[0];
   const int64_t n = out.shape.numel();
@@ -131,6 +136,7 @@ void Launch(const KernelArgs& a, const Expr& e) {
 }
 
 void UnaryGpu(const KernelArgs& a) {
+  if (!Generated(a) || !a.in[0].is_contiguous()) return ElementwiseAnyGpu(a);
   Expr e;
   e.Unary(*a.op.unary_fn, e.Input(0));
   Launch(a, e);
@@ -138,10 +144,12 @@ void UnaryGpu(const KernelArgs& a) {
 
 void BinaryGpu(const KernelArgs& a) {
   const Shape& out = a.out[0].shape;
+  auto read0 = ReadOf(a.in[0], out), read1 = ReadOf(a.in[1], out);
+  if (!Generated(a) || !read0 || !read1) return ElementwiseAnyGpu(a);
   Expr e;
   int operand[2];
   for (int i = 0; i < 2; ++i) {
-    auto [inner, outer] = ReadOf(a.op, a.in[static_cast<size_t>(i)], out);
+    auto [inner, outer] = *(i == 0 ? read0 : read1);
     operand[i] = outer == 0 ? e.Input(i) : e.InputBroadcast(i, inner, outer);
   }
   e.Binary(*a.op.binary_fn, operand[0], operand[1]);
@@ -222,9 +230,12 @@ void FullGpu(const KernelArgs& a) {
   LaunchGridStride(fn, n, args);
 }
 
-/// sum, mean, max and min of float32 over any axes (all by default) of a strided tensor.
+/// sum, mean, max and min over any axes (all by default) of a strided tensor: float32 by the
+/// generated kernels, other dtypes by gpu_kernels_dtypes.cc.
 template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   const TensorView& x = a.in[0];
+  if (x.dtype != DType::kFloat32)
+    return ReduceAnyGpu(a, kMean ? 1 : kKind == GpuReduce::kSum ? 0 : kKind == GpuReduce::kMax ? 2 : 3);
   std::vector<bool> reduced(static_cast<size_t>(x.rank()), false);
   bool any = false;
   for (int64_t ax : a.attrs.Ints("axes")) reduced[static_cast<size_t>(NormalizeAxis(ax, x.rank(), a.op.name.c_str()))] = any = true;
@@ -237,8 +248,8 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   }
   if (rows == 0) return;
   int64_t index[4 * kGpuIndexDims];
-  IndexArgs(a.op, x, kept_dims, index);
-  IndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
+  MergedIndexArgs(a.op, x, kept_dims, index);
+  MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
   void* fn = LoadedOnce("reduce" + std::to_string(static_cast<int>(kKind)), a.device,
                         [&] { return GenerateReducePtx(kKind, ArchOf(a.device)); });
   void* out = a.out[0].data;
@@ -256,17 +267,21 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
 void BindGpuElementwiseKernels(KernelTable& t) {
   BindGpuCreationKernels(t);
   BindGpuIndexKernels(t);
-  constexpr uint32_t kF32 = DTypeBit(DType::kFloat32);  // generated kernels compute in float32
+  // Every dtype the ops take, strided inputs read in place: codegen/cu/elementwise.cu. Built
+  // without it (no clang-19), float32 and contiguous inputs only, as the generated kernels read.
+  const bool any = FindCuModule("elementwise") != nullptr;
+  const uint32_t dtypes = any ? 0 : DTypeBit(DType::kFloat32);
   for (OpId id = op::kFirstUnary; id < op::kFirstOther; ++id)  // KILN_UNARY_OPS, KILN_BINARY_OPS
-    t.Bind(id, DeviceType::kGPU, {BinaryFnOf(id) ? BinaryGpu : UnaryGpu, /*contiguous_inputs=*/true, nullptr, kF32});
+    t.Bind(id, DeviceType::kGPU, {BinaryFnOf(id) ? BinaryGpu : UnaryGpu, /*contiguous_inputs=*/!any, nullptr, dtypes});
+  if (any) t.Bind(op::kCast, DeviceType::kGPU, {CastGpu});
   // Copies take strided inputs themselves (dispatch makes inputs contiguous through `copy`).
   t.Bind(op::kCopy, DeviceType::kGPU, {CopyGpu});
   t.Bind(op::kStopGradient, DeviceType::kGPU, {CopyGpu});
   t.Bind(op::kFull, DeviceType::kGPU, {FullGpu});
-  t.Bind(op::kSum, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, false>, false, nullptr, kF32});
-  t.Bind(op::kMean, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, true>, false, nullptr, kF32});
-  t.Bind(op::kMax, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMax, false>, false, nullptr, kF32});
-  t.Bind(op::kMin, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMin, false>, false, nullptr, kF32});
+  t.Bind(op::kSum, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, false>, false, nullptr, dtypes});
+  t.Bind(op::kMean, DeviceType::kGPU, {ReduceGpu<GpuReduce::kSum, true>, false, nullptr, dtypes});
+  t.Bind(op::kMax, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMax, false>, false, nullptr, dtypes});
+  t.Bind(op::kMin, DeviceType::kGPU, {ReduceGpu<GpuReduce::kMin, false>, false, nullptr, dtypes});
   // View ops: dispatch makes a view when the layout allows, else this copies through it.
   for (OpId id : {op::kReshape, op::kTranspose, op::kSlice, op::kBroadcastTo, op::kExpandDims, op::kSqueeze})
     if (const KernelBinding* cpu = t.Find(id, DeviceType::kCPU); cpu && cpu->view) {

@@ -32,6 +32,14 @@ void IndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& di
 /// fill the GPU (a few per SM) and no more; the loop covers the rest.
 void LaunchGridStride(void* fn, int64_t n, void** args);
 
+/// Unary and binary elementwise ops, cast, and sum/mean/max/min (kind 0-3) of any dtype and
+/// strides (gpu_kernels_dtypes.cc; gpu_kernels.cc sends them what its float32 kernels do not take).
+void ElementwiseAnyGpu(const KernelArgs& a);
+void CastGpu(const KernelArgs& a);
+void ReduceAnyGpu(const KernelArgs& a, int kind);
+/// IndexArgs of `dims` of `v` with size-1 dims dropped and neighbours merged where the strides allow.
+void MergedIndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out);
+
 /// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
 void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc
 void BindGpuIndexKernels(KernelTable& t);     // gpu_kernels_index.cc

@@ -486,9 +486,10 @@ private:
     m_.setTargetTriple(host.triple.str());
     m_.setDataLayout(host.tm->createDataLayout());
     for (llvm::Function& f : m_) {
-      if (f.getCallingConv() == llvm::CallingConv::PTX_Kernel ||
-          f.getCallingConv() == llvm::CallingConv::PTX_Device)
-        f.setCallingConv(llvm::CallingConv::C);
+      // Every function and every call (below) takes the C convention, also libdevice's fastcc
+      // internal functions (__internal_accurate_pow, the trigonometric slow path): a call whose
+      // convention differs from its callee's is undefined behaviour, which O3 made garbage of.
+      f.setCallingConv(llvm::CallingConv::C);
       for (llvm::User* u : f.users())
         if (auto* cb = llvm::dyn_cast<llvm::CallBase>(u)) cb->setCallingConv(llvm::CallingConv::C);
       if (f.isDeclaration()) continue;
