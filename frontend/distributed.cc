@@ -240,16 +240,26 @@ void Allreduce(const std::vector<Tensor>& arrays, mpi::ReduceOp op) {
 void Broadcast(const std::vector<Tensor>& arrays, int root) {
   CheckArrays(arrays, "broadcast");
   if (arrays.empty()) return;
-  if (arrays[0].device().is_gpu())
-    KILN_THROW(DeviceError) << "broadcast: expected CPU arrays, found " << arrays[0].device().str()
-                            << "; broadcast a CPU copy and copy it to the GPU";
   if (root < 0 || root >= mpi::Size())
     KILN_THROW(ValueError) << "broadcast: root " << root << " is not a rank; expected 0 <= root < "
                            << mpi::Size();
   if (mpi::IsLocalWorld()) return;
-  PushCollective("broadcast", arrays, [arrays, root] {
-    for (const Tensor& t : arrays)
-      mpi::Broadcast(t.View().data, static_cast<size_t>(t.numel()) * DTypeSize(t.dtype()), root);
+  // GPU arrays (the Trainer's first parameters, once) go through MPI via host copies, on the
+  // GPU's worker.
+  PushCollective("broadcast", arrays, [arrays, root, gpu = arrays[0].device().is_gpu()] {
+    for (const Tensor& t : arrays) {
+      const size_t bytes = static_cast<size_t>(t.numel()) * DTypeSize(t.dtype());
+      if (!gpu) {
+        mpi::Broadcast(t.View().data, bytes, root);
+        continue;
+      }
+      std::vector<char> host(bytes);
+      cuda::CopyAsync(host.data(), t.View().data, bytes, cuda::CopyKind::kDeviceToHost);
+      cuda::SynchronizeWorkerStream();
+      mpi::Broadcast(host.data(), bytes, root);
+      cuda::CopyAsync(t.View().data, host.data(), bytes, cuda::CopyKind::kHostToDevice);
+      cuda::SynchronizeWorkerStream();  // `host` is freed when this returns
+    }
   });
 }
 
