@@ -40,7 +40,9 @@ def train(make, devices, hybridize, image, steps=2, batch=8):
         autograd.backward(ls)
         trainer.step(batch)
     params = list(net.collect_params().values())
-    for p in params:  # every device holds the same copy
+    for p in params:  # every device holds the same copy of what the Trainer updates
+        if p.grad_req == "null":
+            continue  # BatchNorm's running statistics are each device's own, as in MXNet
         for d in devices[1:]:
             np.testing.assert_allclose(p.data(d).asnumpy(), p.data(devices[0]).asnumpy(), rtol=1e-6, atol=1e-7)
     return [p.data(devices[0]).asnumpy() for p in params]
@@ -73,11 +75,13 @@ def test_small_resnet18_on_two_simulated_gpus_equals_two_cpu_devices():
     # one device on the whole batch is not the reference: two CPU devices, splitting alike, are.
     out = run_sim(TRAIN % examples_dir() + """
 make = lambda: resnet18(10, width=4)
-ref = train(make, [kiln.cpu(0), kiln.cpu(1)], False, 12)
 for hybridize in (False, True):
+    # Against the CPU in the same mode: BatchNorm on 4 samples per device amplifies rounding, and
+    # the compiled graph (fused kernels) rounds differently from eager ops on either device.
+    ref = train(make, [kiln.cpu(0), kiln.cpu(1)], hybridize, 12)
     got = train(make, [kiln.gpu(0), kiln.gpu(1)], hybridize, 12)
     for a, b in zip(got, ref):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
 print("ok")
 """)
     assert "ok" in out
