@@ -236,30 +236,15 @@ template <GpuReduce kKind, bool kMean> void ReduceGpu(const KernelArgs& a) {
   const TensorView& x = a.in[0];
   if (x.dtype != DType::kFloat32)
     return ReduceAnyGpu(a, kMean ? 1 : kKind == GpuReduce::kSum ? 0 : kKind == GpuReduce::kMax ? 2 : 3);
-  std::vector<bool> reduced(static_cast<size_t>(x.rank()), false);
-  bool any = false;
-  for (int64_t ax : a.attrs.Ints("axes")) reduced[static_cast<size_t>(NormalizeAxis(ax, x.rank(), a.op.name.c_str()))] = any = true;
-  if (!any) reduced.assign(reduced.size(), true);
-  std::vector<int> kept_dims, reduced_dims;
-  int64_t rows = 1, len = 1;
-  for (int i = 0; i < x.rank(); ++i) {
-    (reduced[static_cast<size_t>(i)] ? reduced_dims : kept_dims).push_back(i);
-    (reduced[static_cast<size_t>(i)] ? len : rows) *= x.shape[i];
-  }
-  if (rows == 0) return;
-  int64_t index[4 * kGpuIndexDims];
-  MergedIndexArgs(a.op, x, kept_dims, index);
-  MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
+  GpuReduction r;
+  SetUpReduction(a, &r);
+  if (r.rows == 0) return;
   void* fn = LoadedOnce("reduce" + std::to_string(static_cast<int>(kKind)), a.device,
                         [&] { return GenerateReducePtx(kKind, ArchOf(a.device)); });
-  void* out = a.out[0].data;
-  void* in = x.data;
-  float scale = kMean ? static_cast<float>(1.0 / static_cast<double>(len)) : 1.0f;
-  if (kMean && len == 0) scale = std::numeric_limits<float>::quiet_NaN();  // NumPy: the mean of nothing
-  void* args[5 + 4 * kGpuIndexDims] = {&out, &in, &rows, &len, &scale};
-  for (int k = 0; k < 4 * kGpuIndexDims; ++k) args[5 + k] = &index[k];
-  const int64_t blocks = std::clamp<int64_t>(rows, 1, 4096);  // enough to fill a GPU; more rows loop
-  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kReduceThreads, 0, args);
+  float scale = kMean ? static_cast<float>(1.0 / static_cast<double>(r.len)) : 1.0f;
+  if (kMean && r.len == 0) scale = std::numeric_limits<float>::quiet_NaN();  // NumPy: the mean of nothing
+  r.args[4] = &scale;
+  LaunchReduction(fn, r);
 }
 
 }  // namespace

@@ -183,7 +183,7 @@ void CastGpu(const KernelArgs& a) {
   LaunchGridStride(kernel, n, args.data());
 }
 
-void ReduceAnyGpu(const KernelArgs& a, int kind) {
+void SetUpReduction(const KernelArgs& a, GpuReduction* r) {
   const TensorView& x = a.in[0];
   std::vector<bool> reduced(static_cast<size_t>(x.rank()), false);
   bool any = false;
@@ -191,22 +191,30 @@ void ReduceAnyGpu(const KernelArgs& a, int kind) {
     reduced[static_cast<size_t>(NormalizeAxis(ax, x.rank(), a.op.name.c_str()))] = any = true;
   if (!any) reduced.assign(reduced.size(), true);
   std::vector<int> kept_dims, reduced_dims;
-  int64_t rows = 1, len = 1;
   for (int i = 0; i < x.rank(); ++i) {
     (reduced[static_cast<size_t>(i)] ? reduced_dims : kept_dims).push_back(i);
-    (reduced[static_cast<size_t>(i)] ? len : rows) *= x.shape[i];
+    (reduced[static_cast<size_t>(i)] ? r->len : r->rows) *= x.shape[i];
   }
-  if (rows == 0) return;
-  int64_t index[4 * kGpuIndexDims];
-  MergedIndexArgs(a.op, x, kept_dims, index);
-  MergedIndexArgs(a.op, x, reduced_dims, index + 2 * kGpuIndexDims);
-  void* fn = Kernel(a.op, a.device, std::string("kiln_reduce_") + Tag(x.dtype));
-  void* out = a.out[0].data;
-  void* in = x.data;
-  void* args[5 + 4 * kGpuIndexDims] = {&out, &in, &rows, &len, &kind};
-  for (int k = 0; k < 4 * kGpuIndexDims; ++k) args[5 + k] = &index[k];
-  const int64_t blocks = std::clamp<int64_t>(rows, 1, 4096);  // enough to fill a GPU; more rows loop
-  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kReduceThreads, 0, args);
+  MergedIndexArgs(a.op, x, kept_dims, r->index);
+  MergedIndexArgs(a.op, x, reduced_dims, r->index + 2 * kGpuIndexDims);
+  r->out = a.out[0].data;
+  r->in = x.data;
+  r->args[0] = &r->out, r->args[1] = &r->in, r->args[2] = &r->rows, r->args[3] = &r->len;
+  for (int k = 0; k < 4 * kGpuIndexDims; ++k) r->args[5 + k] = &r->index[k];
+}
+
+void LaunchReduction(void* fn, GpuReduction& r) {
+  const int64_t blocks = std::clamp<int64_t>(r.rows, 1, 4096);  // enough to fill a GPU; more rows loop
+  cuda::LaunchKernel(fn, static_cast<unsigned>(blocks), kReduceThreads, 0, r.args);
+}
+
+void ReduceAnyGpu(const KernelArgs& a, int kind) {
+  GpuReduction r;
+  SetUpReduction(a, &r);
+  if (r.rows == 0) return;
+  void* fn = Kernel(a.op, a.device, std::string("kiln_reduce_") + Tag(a.in[0].dtype));
+  r.args[4] = &kind;
+  LaunchReduction(fn, r);
 }
 
 }  // namespace kiln::codegen

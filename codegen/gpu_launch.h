@@ -40,6 +40,21 @@ void ReduceAnyGpu(const KernelArgs& a, int kind);
 /// IndexArgs of `dims` of `v` with size-1 dims dropped and neighbours merged where the strides allow.
 void MergedIndexArgs(const OpInfo& op, const TensorView& v, const std::vector<int>& dims, int64_t* out);
 
+/// A reduction of a.in[0] over the op's `axes` (all when none): its rows (kept elements) and row
+/// length, and the kept then the reduced dims (merged) as 4 * kGpuIndexDims kernel arguments;
+/// the arguments `args` of a reduce kernel (out, in, rows, len, fifth) with them.
+struct GpuReduction {
+  void* out;
+  void* in;
+  int64_t rows = 1, len = 1;
+  int64_t index[4 * kGpuIndexDims];
+  void* args[5 + 4 * kGpuIndexDims];
+};
+void SetUpReduction(const KernelArgs& a, GpuReduction* r);
+/// Launches reduce kernel `fn` of `r` (whose args[4] the caller set): one block of
+/// kReduceThreads per row, at most 4096 blocks (more rows loop).
+void LaunchReduction(void* fn, GpuReduction& r);
+
 /// Binds the kernels of each file of codegen's GPU kernels (called by BindGpuElementwiseKernels).
 void BindGpuCreationKernels(KernelTable& t);  // gpu_kernels_creation.cc
 void BindGpuIndexKernels(KernelTable& t);     // gpu_kernels_index.cc

@@ -1,9 +1,11 @@
-// The creation ops' GPU kernels: arange, and random numbers from the CPU's counter-based stream (runtime/cpu/random.cc, Philox-4x32-10),
-// so one seed and offset give the same numbers on both devices. Element i of a draw at counter
+// The creation ops' GPU kernels: arange, and random numbers from the CPU's counter-based stream
+// (Philox-4x32-10, include/kiln/runtime/philox.h, shared with runtime/cpu/random.cc), so one seed
+// and offset give the same numbers on both devices. Element i of a draw at counter
 // `offset` takes word i % 4 of block (offset + i) / 4 of the stream keyed by `seed`. Values are
 // computed in double as on the CPU, then rounded to the output dtype; built with
 // -ffp-contract=off (codegen/CMakeLists.txt) so no multiply-add is fused, as on the CPU.
 #include "cu_common.h"
+#include "kiln/runtime/philox.h"
 
 namespace {
 
@@ -63,36 +65,15 @@ struct BFloat16 {
   __device__ explicit operator double() const { return __builtin_bit_cast(float, static_cast<unsigned>(bits) << 16); }
 };
 
-struct Words {
-  unsigned w[4];
-};
-
-__device__ Words Philox(unsigned long long key, unsigned long long counter) {
-  unsigned c0 = static_cast<unsigned>(counter), c1 = static_cast<unsigned>(counter >> 32), c2 = 0, c3 = 0;
-  unsigned k0 = static_cast<unsigned>(key), k1 = static_cast<unsigned>(key >> 32);
-  for (int r = 0; r < 10; ++r) {
-    unsigned long long p0 = 0xD2511F53ull * c0;
-    unsigned long long p1 = 0xCD9E8D57ull * c2;
-    unsigned n0 = static_cast<unsigned>(p1 >> 32) ^ c1 ^ k0;
-    unsigned n2 = static_cast<unsigned>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<unsigned>(p1);
-    c3 = static_cast<unsigned>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {{c0, c1, c2, c3}};
-}
-
-__device__ double ToUnit(unsigned x) { return (x >> 8) * (1.0 / 16777216.0); }  // [0, 1), 24 bits
+using kiln::philox::Words;
+using kiln::philox::ToUnit;
 
 // out[i] = g(words, i % 4) for i < n, one Philox block per loop step (grid-stride).
 template <class T, class G>
 __device__ void Generate(T* out, long long n, unsigned long long seed, unsigned long long offset, G g) {
   const long long blocks = (n + 3) / 4;
   for (long long b = GlobalThread(); b < blocks; b += GridThreads()) {
-    Words u = Philox(seed, offset / 4 + static_cast<unsigned long long>(b));
+    Words u = kiln::philox::At(seed, offset / 4 + static_cast<unsigned long long>(b));
     for (int k = 0; k < 4 && b * 4 + k < n; ++k) out[b * 4 + k] = g(u, k);
   }
 }

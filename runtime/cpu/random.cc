@@ -4,29 +4,17 @@
 
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/philox.h"
 
 namespace kiln::host {
 
 std::array<uint32_t, 4> Philox(uint64_t key, uint64_t counter) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int r = 0; r < 10; ++r) {
-    uint64_t p0 = uint64_t{0xD2511F53u} * c0;
-    uint64_t p1 = uint64_t{0xCD9E8D57u} * c2;
-    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {c0, c1, c2, c3};
+  const philox::Words u = philox::At(key, counter);
+  return {u.w[0], u.w[1], u.w[2], u.w[3]};
 }
 
 namespace {
-inline double ToUnit(uint32_t x) { return (x >> 8) * (1.0 / 16777216.0); }  // [0, 1), 24 bits
+inline double ToUnit(uint32_t x) { return philox::ToUnit(x); }  // [0, 1), 24 bits
 
 // Calls f(i, u[4]) for each block covering elements [b, e) of the output.
 template <class F>
