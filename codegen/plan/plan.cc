@@ -359,8 +359,9 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
     ++r.kernels_after, r.bytes_after += Traffic(reads(i), writes(i));
   }
   // Memory planning (passes/memory_planning.h) over the steps. In place: an elementwise kernel
-  // (CPU kernels and generated ones alike) reads element k of each operand before it writes
-  // element k of its output. Not copies (a memcpy onto itself), nor ops that read other elements
+  // (CPU kernels, generated ones and the GPU's grid-stride kernels alike: each thread reads
+  // element k of each operand before it writes element k of its output) is safe in place.
+  // Not copies (a memcpy onto itself), nor ops that read other elements
   // than the one they write (matmul, transpose, reductions), nor row groups (a row is read in
   // several passes), nor epilogue groups (a matmul/conv).
   std::vector<int> step_of(graph.nodes().size(), -1);
@@ -385,7 +386,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
     passes::MemoryStep& m = mem_steps.emplace_back();
     for (const ir::Value* v : reads(i)) m.reads.push_back(v->id());
     for (const ir::Value* v : writes(i)) m.writes.push_back(v->id());
-    m.elementwise = device.is_cpu() && graph.nodes()[i]->outputs().size() == 1 &&
+    m.elementwise = graph.nodes()[i]->outputs().size() == 1 &&
                     (p->fused[i] ? p->fused[i]->outputs.empty() && !p->fused[i]->epilogue
                                  : d.binary_fn || (d.unary_fn && *d.unary_fn != UnaryFn::kIdentity));
     m.stream = p->schedule.stream[k];
