@@ -40,7 +40,7 @@ void PushTimed(engine::StreamKind stream, const char* name, std::vector<engine::
 
 }  // namespace
 
-TEST_CASE("gpu: copying y[i-1] to the host overlaps computing y[i] (event timestamps)") {
+TEST_CASE("gpu: copying the previous result to the host overlaps computing the next (event timestamps)") {
   KILN_REQUIRE_GPU();
   const int64_t n = int64_t{1} << 21;
   codegen::Expr e;  // enough work per element that the computation outlasts the copy's start
