@@ -8,8 +8,10 @@
 //    ratios come from bench/python/gpu_resnet18_torch.py in the same gpu-check run.
 //  - gpu_lenet: one epoch of the project's d2l LeNet (examples/python/lenet_fashion_mnist.py:
 //    conv 3x3 20 relu, avg-pool 2, conv 5x5 50 relu, avg-pool 2, dense 128 relu, dense 10;
-//    N(0, 0.01) weights, lr 0.2) at batch 256, hybridized, each batch copied from host memory to
-//    the GPU as d2l's loop does. Fashion-MNIST's files are not on the GPU machine, so the 60000
+//    N(0, 0.01) weights, lr 0.2) and of d2l's classic LeNet-5 (conv 5x5 6 padded, sigmoid, avg-pool
+//    2, conv 5x5 16, sigmoid, avg-pool 2, dense 120 and 84 sigmoid, dense 10; Xavier-normal weights,
+//    lr 0.9; "sigmoid" in the case names) at batch 256, hybridized, each batch copied from host
+//    memory to the GPU as d2l's loop does. Fashion-MNIST's files are not on the GPU machine, so the 60000
 //    images are synthetic (class-dependent blocks plus noise, generated here), which the case
 //    names say; the last batch has 96 images (its own traced graph, as Gluon retraces).
 //    bench/python/gpu_lenet_torch.py measures PyTorch on the same kind of data.
@@ -142,26 +144,41 @@ Model ResNet18(int64_t width, Device dev) {
   return m;
 }
 
-// The project's d2l LeNet (examples/python/lenet_fashion_mnist.py), weights N(0, 0.01), biases 0.
-Model LeNet(Device dev) {
+// The project's d2l LeNet (examples/python/lenet_fashion_mnist.py), weights N(0, 0.01), biases 0;
+// `sigmoid`: d2l's classic LeNet-5 (section 7.6) with Xavier-normal weights instead.
+Model LeNet(Device dev, bool sigmoid) {
   struct Net {
+    bool sigmoid;
     Conv c1, c2;
-    Tensor w3, b3, w4, b4;
+    std::vector<Tensor> w, b;  // the dense layers
   };
   Model m;
   auto net = std::make_shared<Net>();
-  net->c1 = MakeConv(m, 1, 20, 3, 1, 0, dev, 0.01);
-  net->c2 = MakeConv(m, 20, 50, 5, 1, 0, dev, 0.01);
-  net->w3 = Draw(0.01, {128, 800}, dev);
-  net->b3 = Fill(0, {128}, dev);
-  net->w4 = Draw(0.01, {10, 128}, dev);
-  net->b4 = Fill(0, {10}, dev);
-  for (const Tensor& t : {net->w3, net->b3, net->w4, net->b4}) m.trainable.push_back(t);
+  net->sigmoid = sigmoid;
+  auto xavier = [](int64_t in, int64_t out) { return std::sqrt(2.0 / static_cast<double>(in + out)); };
+  const std::vector<int64_t> dense = sigmoid ? std::vector<int64_t>{400, 120, 84, 10} : std::vector<int64_t>{800, 128, 10};
+  if (sigmoid) {
+    net->c1 = MakeConv(m, 1, 6, 5, 1, 2, dev, xavier(25, 150));
+    net->c2 = MakeConv(m, 6, 16, 5, 1, 0, dev, xavier(150, 400));
+  } else {
+    net->c1 = MakeConv(m, 1, 20, 3, 1, 0, dev, 0.01);
+    net->c2 = MakeConv(m, 20, 50, 5, 1, 0, dev, 0.01);
+  }
+  for (size_t l = 0; l + 1 < dense.size(); ++l) {
+    net->w.push_back(Draw(sigmoid ? xavier(dense[l], dense[l + 1]) : 0.01, {dense[l + 1], dense[l]}, dev));
+    net->b.push_back(Fill(0, {dense[l + 1]}, dev));
+    m.trainable.push_back(net->w.back());
+    m.trainable.push_back(net->b.back());
+  }
   m.forward = [net](const Tensor& x) {
-    Tensor h = nd::avg_pool2d(nd::relu(net->c1(x)), {2, 2}, {2, 2});
-    h = nd::avg_pool2d(nd::relu(net->c2(h)), {2, 2}, {2, 2});
-    h = nd::relu(nd::linear(nd::flatten(h), net->w3, net->b3));
-    return nd::linear(h, net->w4, net->b4);
+    auto act = [&](const Tensor& t) { return net->sigmoid ? nd::sigmoid(t) : nd::relu(t); };
+    Tensor h = nd::avg_pool2d(act(net->c1(x)), {2, 2}, {2, 2});
+    h = nd::flatten(nd::avg_pool2d(act(net->c2(h)), {2, 2}, {2, 2}));
+    for (size_t l = 0; l < net->w.size(); ++l) {
+      h = nd::linear(h, net->w[l], net->b[l]);
+      if (l + 1 < net->w.size()) h = act(h);
+    }
+    return h;
   };
   return m;
 }
@@ -242,9 +259,9 @@ Batch MakeBatch(int64_t first, int64_t n, Device dev) {
 
 // `steps` hybridized steps on one batch, on gpu(0) and on the CPU from the same weights: the
 // losses must agree (within relative `tol`) and decrease. `make` builds the model on a device
-// from the current seed.
-void CheckTraining(const char* bench, const std::function<Model(Device)>& make, int64_t batch, int steps, double lr,
-                   double tol) {
+// from the current seed; `variant` ("" or e.g. "sigmoid_") goes into the case names.
+void CheckTraining(const char* bench, const std::string& variant, const std::function<Model(Device)>& make,
+                   int64_t batch, int steps, double lr, double tol) {
   std::vector<std::vector<double>> losses;
   for (Device dev : {cpu(), gpu(0)}) {
     nd::random::seed(7);
@@ -268,9 +285,10 @@ void CheckTraining(const char* bench, const std::function<Model(Device)>& make, 
                  got.front(), got.back());
     std::exit(1);
   }
-  Emit(bench, "kiln_vs_cpu_loss_first_step", "loss", got.front(), "nat");
-  Emit(bench, "kiln_vs_cpu_loss_after_" + std::to_string(steps) + "_steps", "loss", got.back(), "nat");
-  Emit(bench, "kiln_vs_cpu", "correct", 1, "bool");
+  const std::string name = "kiln_" + variant + "vs_cpu";
+  Emit(bench, name + "_loss_first_step", "loss", got.front(), "nat");
+  Emit(bench, name + "_loss_after_" + std::to_string(steps) + "_steps", "loss", got.back(), "nat");
+  Emit(bench, name, "correct", 1, "bool");
 }
 
 // Simulated GPUs compute in float32 as the CPU does; a real GPU's cuDNN may take TF32 tensor
@@ -282,7 +300,7 @@ double LossTolerance(bool real_gpu) { return real_gpu ? 2e-2 : 2e-3; }
 void ResNet18Bench(bool quick, bool timed) {
   const char* kBench = "gpu_resnet18";
   // Width 4 (channels 4-8-16-32) at batch 8 keeps the simulator's check to seconds.
-  CheckTraining(kBench, [](Device dev) { return ResNet18(4, dev); }, 8, 4, 0.1, LossTolerance(timed));
+  CheckTraining(kBench, "", [](Device dev) { return ResNet18(4, dev); }, 8, 4, 0.1, LossTolerance(timed));
   if (!timed) return Skipped(kBench, kSimulatedOnly);
   const int64_t batch = 256;
   const int steps = quick ? 5 : 20, repeats = 3;
@@ -313,31 +331,36 @@ void ResNet18Bench(bool quick, bool timed) {
 
 void LeNetBench(bool quick, bool timed) {
   const char* kBench = "gpu_lenet";
-  CheckTraining(kBench, [](Device dev) { return LeNet(dev); }, 16, 4, 0.9, LossTolerance(timed));
+  for (bool sigmoid : {false, true})
+    CheckTraining(kBench, sigmoid ? "sigmoid_" : "", [sigmoid](Device dev) { return LeNet(dev, sigmoid); }, 16, 4,
+                  0.2, LossTolerance(timed));  // lr 0.9 overshoots on a single batch of 16
   if (!timed) return Skipped(kBench, kSimulatedOnly);
   // The epoch's batches in host memory (as a data loader hands them over), copied per step.
   const int64_t images = quick ? 12800 : 60000, batch = 256;
   std::vector<Batch> host;
   for (int64_t first = 0; first < images; first += batch)
     host.push_back(MakeBatch(first, std::min(batch, images - first), cpu()));
-  nd::random::seed(1);
-  Trainer t(LeNet(gpu(0)), 0.2, /*hybridize=*/true);
-  for (const Batch& b : {host.front(), host.back()}) t.Step(b.x.To(gpu(0)), b.y.To(gpu(0))).Item();  // both traces
-  engine::Engine::Get().WaitForAll();
-  kiln::bench::Timer timer;
-  Tensor l;
-  for (const Batch& b : host) l = t.Step(b.x.To(gpu(0)), b.y.To(gpu(0)));
-  const double loss = l.Item();
-  engine::Engine::Get().WaitForAll();
-  const double s = timer.Seconds();
-  if (!std::isfinite(loss)) {
-    std::fprintf(stderr, "gpu_lenet: the loss is %g after the epoch\n", loss);
-    std::exit(1);
+  for (bool sigmoid : {false, true}) {
+    nd::random::seed(1);
+    Trainer t(LeNet(gpu(0), sigmoid), sigmoid ? 0.9 : 0.2, /*hybridize=*/true);
+    for (const Batch& b : {host.front(), host.back()}) t.Step(b.x.To(gpu(0)), b.y.To(gpu(0))).Item();  // both traces
+    engine::Engine::Get().WaitForAll();
+    kiln::bench::Timer timer;
+    Tensor l;
+    for (const Batch& b : host) l = t.Step(b.x.To(gpu(0)), b.y.To(gpu(0)));
+    const double loss = l.Item();
+    engine::Engine::Get().WaitForAll();
+    const double s = timer.Seconds();
+    if (!std::isfinite(loss)) {
+      std::fprintf(stderr, "gpu_lenet: the loss is %g after the epoch\n", loss);
+      std::exit(1);
+    }
+    const std::string name =
+        std::string("kiln_hybridized_") + (sigmoid ? "sigmoid_" : "") + "synthetic_" + std::to_string(images) + "_b256";
+    Emit(kBench, name, "seconds_per_epoch", s * 60000.0 / static_cast<double>(images), "s (60000 images)");
+    Emit(kBench, name, "images_per_s", static_cast<double>(images) / s, "images/s");
+    Emit(kBench, name, "last_loss", loss, "nat");
   }
-  const std::string name = "kiln_hybridized_synthetic_" + std::to_string(images) + "_b256";
-  Emit(kBench, name, "seconds_per_epoch", s * 60000.0 / static_cast<double>(images), "s (60000 images)");
-  Emit(kBench, name, "images_per_s", static_cast<double>(images) / s, "images/s");
-  Emit(kBench, name, "last_loss", loss, "nat");
 }
 
 }  // namespace kiln::gpubench
