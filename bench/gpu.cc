@@ -18,8 +18,16 @@
 //    same GPU are measured in the same gpu-check run by bench/python/gpu_mlp_torch.py, which
 //    prints the ratio lines. On simulated GPUs only its correctness check runs (against the CPU).
 //
+//  - gpu_conv (bench/gpu_conv.cc): float32 conv2d through kiln against cudnnConvolutionForward
+//    called directly, on ResNet-18's 3x3 shapes at batch 256. Ratio: cuDNN time / kiln time.
+//  - gpu_resnet18, gpu_lenet (bench/gpu_models.cc): training d2l's ResNet-18 (images/s) and one
+//    epoch of LeNet on synthetic Fashion-MNIST-shaped data (seconds), kiln hybridized; PyTorch's
+//    figures and the ratios come from bench/python/gpu_{resnet18,lenet}_torch.py in gpu-check.
+//
 //   bench_gpu [--quick]     (256 MiB copies and 64M elements; --quick: 16 MiB and 4M)
-// Without a GPU (or a CUDA build, or codegen) it prints one "skipped" line per part.
+// Without a GPU (or a CUDA build, or codegen) it prints one "skipped" line per part. On simulated
+// GPUs (KILN_GPU_SIM) gpu_mlp, gpu_conv, gpu_resnet18 and gpu_lenet run their correctness checks
+// (against the CPU, at small sizes) and print a "skipped" line for their timings.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +40,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gpu_models.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/frontend/tensor.h"
@@ -57,10 +66,7 @@ using kiln::bench::Emit;
 using kiln::bench::Median;
 using kiln::bench::TimeEachMs;
 
-void Skipped(const char* bench, const char* why) {
-  std::printf("{\"bench\": \"%s\", \"case\": \"skipped\", \"metric\": \"none\", \"value\": 0, \"unit\": \"%s\"}\n",
-              bench, why);
-}
+using kiln::gpubench::Skipped;
 
 #ifdef KILN_WITH_CUDA
 void CudaCheck(cudaError_t e, const char* what) {
@@ -346,6 +352,19 @@ void MlpBench(bool quick, bool timed) {
   graphs = before;
 }
 
+// The parts that also check themselves on simulated GPUs; `timed` only on a real one.
+void ModelBenches(bool quick, bool timed) {
+  MlpBench(quick, timed);
+  kiln::gpubench::ConvBench(quick, timed);
+  kiln::gpubench::ResNet18Bench(quick, timed);
+  kiln::gpubench::LeNetBench(quick, timed);
+  kiln::engine::Engine::Get().WaitForAll();  // nothing left running on a stream at exit
+}
+
+void SkipModelBenches(const char* why) {
+  for (const char* b : {"gpu_mlp", "gpu_conv", "gpu_resnet18", "gpu_lenet"}) Skipped(b, why);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,13 +376,13 @@ int main(int argc, char** argv) {
     Skipped("gpu_copy", why);
     Skipped("gpu_matmul", why);
     Skipped("gpu_elementwise", why);
-    if (kiln::NumGPUs() > 0) MlpBench(quick, /*timed=*/false);  // the simulator: correctness only
-    else Skipped("gpu_mlp", why);
+    if (kiln::NumGPUs() > 0) ModelBenches(quick, /*timed=*/false);  // the simulator: correctness only
+    else SkipModelBenches(why);
     return 0;
   }
   CopyBench(quick);
   MatmulBench(quick);
-  MlpBench(quick, /*timed=*/true);
+  ModelBenches(quick, /*timed=*/true);
 #ifdef KILN_WITH_CODEGEN
   ElementwiseBench(quick);
 #else
@@ -372,8 +391,8 @@ int main(int argc, char** argv) {
 #else
   Skipped("gpu_copy", "kiln built without CUDA");
   Skipped("gpu_elementwise", "kiln built without CUDA");
-  if (kiln::NumGPUs() > 0) MlpBench(quick, /*timed=*/false);  // simulated GPUs: correctness only
-  else Skipped("gpu_mlp", "kiln built without CUDA and no simulated GPU (KILN_GPU_SIM)");
+  if (kiln::NumGPUs() > 0) ModelBenches(quick, /*timed=*/false);  // simulated GPUs: correctness only
+  else SkipModelBenches("kiln built without CUDA and no simulated GPU (KILN_GPU_SIM)");
 #endif
   return 0;
 }
