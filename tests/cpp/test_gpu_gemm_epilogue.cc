@@ -1,0 +1,256 @@
+// GPU matmul through cuBLASLt beyond float32 (runtime/gpu_kernels_blas.cc, Platform::Gemm):
+// float16 and bfloat16 accumulate in float32 and round once, as the CPU kernel does (within one
+// storage ulp: the two sum in different orders); float64 in float64; TF32 only with
+// KILN_GPU_TF32=1 (relative error ~1e-3 instead of ~1e-6); cuBLASLt's bias + relu / GELU epilogue
+// (gpurt::MatmulOnGpu) against the separate ops; broadcast batch dimensions; and compiled plans on
+// a GPU binding matmul + bias + relu to one GEMM with its epilogue (the compile report's group).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu_skip.h"
+#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/ops.h"
+#include "kiln/frontend/tensor.h"
+#include "kiln/frontend/tracer.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kiln;
+using kiln::testing::ScopedEnv;
+
+Tensor RandomTensor(const Shape& s, uint32_t seed, float lo = -1, float hi = 1) {
+  return Tensor::FromVector(testing::Random(static_cast<size_t>(s.numel()), lo, hi, seed), s);
+}
+
+// Relative spacing of the storage type's values: one ulp is at most eps * |v|.
+double Eps(DType t) {
+  switch (t) {
+  case DType::kFloat16: return std::ldexp(1.0, -10);
+  case DType::kBFloat16: return std::ldexp(1.0, -7);
+  case DType::kFloat64: return 1e-14;
+  default: return 1e-6;
+  }
+}
+
+// GPU and CPU results of one dtype agree within `ulps` of that dtype (relative to the larger
+// magnitude, or to `floor` for values nearer zero: sums that cancel keep the error of their terms).
+void CheckUlps(const Tensor& gpu_out, const Tensor& cpu_out, double ulps, const std::string& what, double floor = 1e-2) {
+  INFO(what);
+  REQUIRE(gpu_out.shape() == cpu_out.shape());
+  REQUIRE(gpu_out.dtype() == cpu_out.dtype());
+  const std::vector<double> g = gpu_out.To(cpu()).ToVector<double>(), c = cpu_out.ToVector<double>();
+  const double eps = Eps(cpu_out.dtype());
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    worst = std::max(worst, std::abs(g[i] - c[i]) / (eps * std::max({std::abs(g[i]), std::abs(c[i]), floor})));
+  CHECK(worst <= ulps);
+}
+
+// cuBLASLt's GELU: the tanh approximation.
+double GeluTanh(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+// gpurt::MatmulOnGpu as an engine task on gpu(0): x (M x K), w (N x K: transpose_b), bias (N).
+Tensor MatmulEpilogue(const Tensor& x, const Tensor& w, const Tensor& bias, gpurt::GemmActivation act) {
+  const Shape s({x.shape()[0], w.shape()[0]});
+  Tensor y = Tensor::Empty(s, x.dtype(), gpu(0));
+  std::vector<engine::Var*> reads = {x.storage()->var(), w.storage()->var()};
+  if (bias.defined()) reads.push_back(bias.storage()->var());
+  engine::Var* writes[] = {y.storage()->var()};
+  engine::TaskOptions o;
+  o.device = gpu(0);
+  o.name = "matmul_epilogue";
+  engine::Engine::Get().Push(
+      [x, w, bias, y, act] {
+        const TensorView b = bias.defined() ? bias.View() : TensorView{};
+        gpurt::MatmulOnGpu(x.View(), w.View(), y.View(), false, true, bias.defined() ? &b : nullptr, act);
+      },
+      reads, writes, o);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: gemm float16 and bfloat16 matmul (float32 accumulation) match the CPU kernel") {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{7, 33}, {33, 5}, false, false}, {{33, 7}, {33, 5}, true, false}, {{7, 33}, {5, 33}, false, true},
+      {{33, 7}, {5, 33}, true, true},   {{2, 3, 4, 8}, {3, 8, 6}, false, false}, {{1, 64}, {64, 1}, false, false},
+  };
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      Tensor a = nd::cast(RandomTensor(c.a, static_cast<uint32_t>(10 + i)), dt);
+      Tensor b = nd::cast(RandomTensor(c.b, static_cast<uint32_t>(20 + i)), dt);
+      Tensor on_cpu = nd::matmul(a, b, c.ta, c.tb);
+      Tensor on_gpu = nd::matmul(a.To(gpu(0)), b.To(gpu(0)), c.ta, c.tb);
+      CHECK(on_gpu.dtype() == dt);
+      // One rounding of a float32 (float64) sum each; the sums' orders differ, so a result may
+      // round to the neighbouring value: one ulp apart at most.
+      CheckUlps(on_gpu, on_cpu, dt == DType::kFloat64 ? 100 : 1.01,
+                std::string(DTypeName(dt)) + " case " + std::to_string(i));
+    }
+  }
+  // Not a product of float32 values rounded afterwards only by chance: the float16 result differs
+  // from the float32 product of the same (float16) inputs by the storage rounding, and no more.
+  Tensor a = nd::cast(RandomTensor({16, 40}, 1), DType::kFloat16), b = nd::cast(RandomTensor({40, 16}, 2), DType::kFloat16);
+  const std::vector<double> h = nd::matmul(a.To(gpu(0)), b.To(gpu(0))).To(cpu()).ToVector<double>();
+  const std::vector<double> f = nd::matmul(nd::cast(a, DType::kFloat32), nd::cast(b, DType::kFloat32)).ToVector<double>();
+  double worst = 0;
+  int rounded = 0;
+  for (size_t i = 0; i < h.size(); ++i) {
+    worst = std::max(worst, std::abs(h[i] - f[i]) / std::max(std::abs(f[i]), 1e-3));
+    rounded += h[i] != f[i];
+  }
+  CHECK(worst <= std::ldexp(1.0, -11) * 1.01);  // half an ulp of float16
+  CHECK(rounded > static_cast<int>(h.size()) / 2);
+}
+
+TEST_CASE("gpu: gemm integer operands are refused with a DTypeError before queueing") {
+  KILN_REQUIRE_GPU();
+  Tensor a = nd::cast(RandomTensor({3, 4}, 3, 0, 5), DType::kInt32).To(gpu(0));
+  Tensor b = nd::cast(RandomTensor({4, 2}, 4, 0, 5), DType::kInt32).To(gpu(0));
+  CHECK_THROWS_AS(nd::matmul(a, b), DTypeError);
+}
+
+TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative error ~1e-3 instead of ~1e-6)") {
+  KILN_REQUIRE_GPU();
+  const int64_t M = 24, K = 512, N = 20;
+  Tensor a = RandomTensor({M, K}, 5), b = RandomTensor({K, N}, 6);
+  const std::vector<double> av = a.ToVector<double>(), bv = b.ToVector<double>();
+  // The worst error relative to sum |a_ik b_kj| (no cancellation in the scale).
+  auto worst_error = [&](const Tensor& out) {
+    const std::vector<double> c = out.To(cpu()).ToVector<double>();
+    double worst = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = 0, scale = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          exact += av[static_cast<size_t>(i * K + k)] * bv[static_cast<size_t>(k * N + j)];
+          scale += std::abs(av[static_cast<size_t>(i * K + k)] * bv[static_cast<size_t>(k * N + j)]);
+        }
+        worst = std::max(worst, std::abs(c[static_cast<size_t>(i * N + j)] - exact) / scale);
+      }
+    return worst;
+  };
+  Tensor ga = a.To(gpu(0)), gb = b.To(gpu(0));
+  const double full = worst_error(nd::matmul(ga, gb));
+  double tf32 = 0;
+  {
+    ScopedEnv on("KILN_GPU_TF32", "1");
+    tf32 = worst_error(nd::matmul(ga, gb));
+  }
+  const double after = worst_error(nd::matmul(ga, gb));
+  // One product (k = 1): float32 rounds it once (2^-24), TF32 rounds both inputs to 11
+  // significant bits first (up to 2^-11 each): up to ~9.8e-4 relative.
+  Tensor ca = RandomTensor({64, 1}, 11).To(gpu(0)), cb = RandomTensor({1, 64}, 12).To(gpu(0));
+  auto outer_error = [&](const Tensor& out) {
+    const std::vector<double> c = out.To(cpu()).ToVector<double>();
+    const std::vector<double> x = ca.To(cpu()).ToVector<double>(), y = cb.To(cpu()).ToVector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      for (size_t j = 0; j < y.size(); ++j)
+        worst = std::max(worst, std::abs(c[i * y.size() + j] - x[i] * y[j]) / std::abs(x[i] * y[j]));
+    return worst;
+  };
+  const double outer_full = outer_error(nd::matmul(ca, cb));
+  double outer_tf32 = 0;
+  {
+    ScopedEnv on("KILN_GPU_TF32", "1");
+    outer_tf32 = outer_error(nd::matmul(ca, cb));
+  }
+  MESSAGE("worst relative error over k = 512 (of sum |a b|): float32 " << full << ", TF32 " << tf32
+                                                                        << "; of single products: float32 " << outer_full
+                                                                        << ", TF32 " << outer_tf32);
+  CHECK(full < 2e-6);
+  CHECK(after == full);  // back to full float32 once the switch is gone
+  CHECK(tf32 > 10 * full);
+  CHECK(tf32 < 1e-3);
+  CHECK(outer_full < 1.2e-7);
+  CHECK(outer_tf32 > 3e-4);
+  CHECK(outer_tf32 < 1e-3);
+  {
+    ScopedEnv bad("KILN_GPU_TF32", "2");
+    CHECK_THROWS_WITH_AS(nd::matmul(ga, gb).To(cpu()).ToVector<float>(), doctest::Contains("expected 0"), ValueError);
+  }
+  // Only float32 is affected: a float16 product is the same either way.
+  Tensor ha = nd::cast(a, DType::kFloat16).To(gpu(0)), hb = nd::cast(b, DType::kFloat16).To(gpu(0));
+  const std::vector<float> h0 = nd::matmul(ha, hb).To(cpu()).ToVector<float>();
+  ScopedEnv on("KILN_GPU_TF32", "1");
+  CHECK(nd::matmul(ha, hb).To(cpu()).ToVector<float>() == h0);
+}
+
+TEST_CASE("gpu: gemm epilogue (bias, relu, GELU) matches the separate ops") {
+  KILN_REQUIRE_GPU();
+  const int64_t M = 9, K = 31, N = 13;
+  Tensor x = RandomTensor({M, K}, 7), w = RandomTensor({N, K}, 8), bias = RandomTensor({N}, 9);
+  Tensor gx = x.To(gpu(0)), gw = w.To(gpu(0)), gb = bias.To(gpu(0));
+  using A = gpurt::GemmActivation;
+  const Tensor pre = nd::linear(x, w, bias);  // the CPU's matmul + bias
+  const std::vector<double> pv = pre.ToVector<double>();
+
+  CheckUlps(MatmulEpilogue(gx, gw, gb, A::kNone), pre, 10, "bias", 1);
+  CheckUlps(MatmulEpilogue(gx, gw, gb, A::kRelu), nd::relu(pre), 10, "bias + relu", 1);
+  CheckUlps(MatmulEpilogue(gx, gw, Tensor(), A::kRelu), nd::relu(nd::matmul(x, w, false, true)), 10, "relu, no bias", 1);
+  // GELU is cuBLASLt's tanh approximation; kiln's nd::gelu is the exact x * Phi(x): they differ by
+  // less than 5e-4 (here measured).
+  const std::vector<double> gelu = MatmulEpilogue(gx, gw, gb, A::kGelu).To(cpu()).ToVector<double>();
+  const std::vector<double> exact = nd::gelu(pre).ToVector<double>();
+  double worst_tanh = 0, worst_exact = 0;
+  for (size_t i = 0; i < pv.size(); ++i) {
+    worst_tanh = std::max(worst_tanh, std::abs(gelu[i] - GeluTanh(pv[i])));
+    worst_exact = std::max(worst_exact, std::abs(gelu[i] - exact[i]));
+  }
+  MESSAGE("GELU epilogue vs tanh form " << worst_tanh << ", vs kiln's exact gelu " << worst_exact);
+  CHECK(worst_tanh < 1e-5);
+  CHECK(worst_exact < 5e-4);
+  CHECK(worst_exact > worst_tanh);  // the forms do differ
+
+  // float16: one rounding at the end, the separate ops round the product first (half an ulp of
+  // the product, whose magnitude is about 1 here) and the sum again.
+  Tensor hx = nd::cast(x, DType::kFloat16), hw = nd::cast(w, DType::kFloat16), hb = nd::cast(bias, DType::kFloat16);
+  CheckUlps(MatmulEpilogue(hx.To(gpu(0)), hw.To(gpu(0)), hb.To(gpu(0)), A::kRelu), nd::relu(nd::linear(hx, hw, hb)),
+            2.01, "float16 bias + relu", 1);
+
+  // Refusals: a bias of the wrong length, an epilogue without a product (k == 0).
+  CHECK_THROWS_WITH_AS(MatmulEpilogue(gx, gw, RandomTensor({N + 1}, 1).To(gpu(0)), A::kRelu).To(cpu()).ToVector<float>(),
+                       doctest::Contains("the bias must hold 13"), ShapeError);
+  Tensor ex = Tensor::Empty(Shape({M, 0}), DType::kFloat32, gpu(0)), ew = Tensor::Empty(Shape({N, 0}), DType::kFloat32, gpu(0));
+  CHECK_THROWS_WITH(MatmulEpilogue(ex, ew, gb, A::kRelu).To(cpu()).ToVector<float>(),
+                    doctest::Contains("CUBLAS_STATUS_NOT_SUPPORTED (15): an epilogue (bias, activation relu) needs a product"));
+}
+
+TEST_CASE("gpu: gemm batched matmul with broadcast batch dimensions matches the CPU") {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{3, 4, 5}, {3, 5, 6}, false, false},        // equal batches: one strided-batched GEMM
+      {{2, 1, 4, 5}, {3, 5, 6}, false, false},     // broadcast on both sides: one GEMM per entry
+      {{4, 5}, {2, 3, 5, 6}, false, false},        // a repeated (stride 0)
+      {{2, 3, 5, 4}, {1, 6, 5}, true, true},       // b repeated, both transposed
+      {{1, 3, 4, 5}, {2, 1, 6, 5}, false, true},   // both sides again
+  };
+  for (DType dt : {DType::kFloat32, DType::kFloat16}) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      Tensor a = nd::cast(RandomTensor(c.a, static_cast<uint32_t>(30 + i)), dt);
+      Tensor b = nd::cast(RandomTensor(c.b, static_cast<uint32_t>(40 + i)), dt);
+      CheckUlps(nd::matmul(a.To(gpu(0)), b.To(gpu(0)), c.ta, c.tb), nd::matmul(a, b, c.ta, c.tb),
+                dt == DType::kFloat32 ? 10 : 1.01, std::string(DTypeName(dt)) + " case " + std::to_string(i));
+    }
+  }
+}
