@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -251,6 +253,100 @@ TEST_CASE("gpu: gemm batched matmul with broadcast batch dimensions matches the 
       Tensor b = nd::cast(RandomTensor(c.b, static_cast<uint32_t>(40 + i)), dt);
       CheckUlps(nd::matmul(a.To(gpu(0)), b.To(gpu(0)), c.ta, c.tb), nd::matmul(a, b, c.ta, c.tb),
                 dt == DType::kFloat32 ? 10 : 1.01, std::string(DTypeName(dt)) + " case " + std::to_string(i));
+    }
+  }
+}
+
+namespace {
+
+std::shared_ptr<CachedGraph> TraceOnGpu(const std::function<Tensor(const Tensor&)>& f, const Tensor& example) {
+  trace::TraceScope scope;
+  Tensor in = scope.Input("data", example.shape(), example.dtype(), gpu(0));
+  return scope.Finish({f(in)});
+}
+
+// The report's groups of the forward plan whose expression starts with `prefix`.
+std::vector<CompileReport::Group> GroupsOf(const CachedGraph& g, const std::string& prefix) {
+  std::vector<CompileReport::Group> out;
+  for (const CompileReport::PlanReport& plan : g.compile_report().plans)
+    for (const CompileReport::Group& group : plan.groups)
+      if (group.expr.rfind(prefix, 0) == 0) out.push_back(group);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: gemm a hybridized Dense(relu) runs as one cuBLASLt GEMM with its bias + relu epilogue") {
+  KILN_REQUIRE_GPU();
+  Tensor w = RandomTensor({16, 8}, 50).To(gpu(0)), b = RandomTensor({16}, 51).To(gpu(0));
+  Tensor x = RandomTensor({5, 8}, 52).To(gpu(0));
+  auto dense = [&](const Tensor& in) { return nd::relu(nd::linear(in, w, b)); };
+  auto g = TraceOnGpu(dense, x);
+  for (int call = 0; call < 3; ++call) {  // plain launches, then a captured CUDA graph, then its replay
+    Tensor xi = RandomTensor({5, 8}, static_cast<uint32_t>(60 + call)).To(gpu(0));
+    Tensor eager = dense(xi), compiled = g->Call({xi})[0];
+    CheckUlps(compiled, eager, 10, "call " + std::to_string(call), 1);
+    // and the CPU's separate ops
+    CheckUlps(compiled, nd::relu(nd::linear(xi.To(cpu()), w.To(cpu()), b.To(cpu()))), 10, "vs CPU", 1);
+  }
+  const std::vector<CompileReport::Group> gemm = GroupsOf(*g, "cuBLASLt");
+  REQUIRE(gemm.size() == 1);
+  CHECK(gemm[0].expr == "cuBLASLt matmul(in0, in1) epilogue: bias(in2), relu");
+  CHECK(gemm[0].ops == std::vector<std::string>{"matmul", "add", "relu"});
+  CHECK(gemm[0].num_inputs == 3);
+  const CompileReport report = g->compile_report();
+  CHECK(report.plans[0].fusion == "1 group of 3 ops (GPU: elementwise groups; 1 on cuBLASLt epilogues)");
+  CHECK(report.plans[0].kernels_after == 1);
+  CHECK(report.str().find("cuBLASLt matmul(in0, in1) epilogue: bias(in2), relu") != std::string::npos);
+
+  // Switched off (KILN_DISABLE_PASS=epilogue): the same numbers from a GEMM and an elementwise kernel.
+  {
+    ScopedEnv off("KILN_DISABLE_PASS", "epilogue");
+    auto unfused = TraceOnGpu(dense, x);
+    CheckUlps(unfused->Call({x})[0], g->Call({x})[0], 10, "epilogue pass off", 1);
+    CHECK(GroupsOf(*unfused, "cuBLASLt").empty());
+  }
+}
+
+TEST_CASE("gpu: gemm plans fuse only what cuBLASLt's epilogue expresses; the rest stays correct") {
+  KILN_REQUIRE_GPU();
+  Tensor w = RandomTensor({12, 6}, 70).To(gpu(0)), b = RandomTensor({12}, 71).To(gpu(0));
+  Tensor x = RandomTensor({4, 6}, 72).To(gpu(0)), r = RandomTensor({4, 12}, 73).To(gpu(0));
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+    const char* expr;  // the cuBLASLt group, or "" for none
+  };
+  const std::vector<Case> cases = {
+      {"linear without activation", [&](const Tensor& in) { return nd::linear(in, w, b); },
+       "cuBLASLt matmul(in0, in1) epilogue: bias(in2)"},
+      {"matmul + relu, no bias", [&](const Tensor& in) { return nd::relu(nd::matmul(in, w, false, true)); },
+       "cuBLASLt matmul(in0, in1) epilogue: relu"},
+      // a residual add after the relu: the GEMM takes bias + relu, the add runs on its own
+      {"bias + relu + residual", [&](const Tensor& in) { return nd::add(nd::relu(nd::linear(in, w, b)), r); },
+       "cuBLASLt matmul(in0, in1) epilogue: bias(in2), relu"},
+      // a same-shape add is no bias: nothing for cuBLASLt
+      {"same-shape add", [&](const Tensor& in) { return nd::relu(nd::add(nd::matmul(in, w, false, true), r)); }, ""},
+      // kiln's gelu is exact (x * Phi(x), a tree reading x twice): the GEMM takes the bias, the
+      // gelu stays an elementwise group (cuBLASLt's tanh GELU would change the numbers)
+      {"gelu", [&](const Tensor& in) { return nd::gelu(nd::linear(in, w, b)); },
+       "cuBLASLt matmul(in0, in1) epilogue: bias(in2)"},
+      // float16: the compiled-plan epilogue is float32 only
+      {"float16", [&](const Tensor& in) {
+         return nd::relu(nd::linear(nd::cast(in, DType::kFloat16), nd::cast(w, DType::kFloat16), nd::cast(b, DType::kFloat16)));
+       }, ""},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    auto g = TraceOnGpu(c.f, x);
+    Tensor eager = c.f(x), compiled = g->Call({x})[0];
+    CheckUlps(compiled, eager, compiled.dtype() == DType::kFloat16 ? 2.01 : 10, c.name, 1);
+    const std::vector<CompileReport::Group> gemm = GroupsOf(*g, "cuBLASLt");
+    if (std::string(c.expr).empty()) {
+      CHECK(gemm.empty());
+    } else {
+      REQUIRE(gemm.size() == 1);
+      CHECK(gemm[0].expr == c.expr);
     }
   }
 }
