@@ -1,4 +1,5 @@
-// GPU matmul through cuBLASLt beyond float32 (runtime/gpu_kernels_blas.cc, Platform::Gemm):
+// GPU matmul through cuBLASLt beyond float32 (runtime/gpu_kernels_blas.cc, Platform::Gemm, the
+// simulator's runtime/gpusim/sim_blas.cc):
 // float16 and bfloat16 accumulate in float32 and round once, as the CPU kernel does (within one
 // storage ulp: the two sum in different orders); float64 in float64; TF32 only with
 // KILN_GPU_TF32=1 (relative error ~1e-3 instead of ~1e-6); cuBLASLt's bias + relu / GELU epilogue
@@ -7,12 +8,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "gpu_sim_util.h"
 #include "gpu_skip.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/ops.h"
@@ -349,4 +352,95 @@ TEST_CASE("gpu: gemm plans fuse only what cuBLASLt's epilogue expresses; the res
       CHECK(gemm[0].expr == c.expr);
     }
   }
+}
+
+namespace {
+
+// Device memory of the current simulated device holding `bytes` of `host`.
+struct Buffer {
+  Buffer(const void* host, size_t bytes, gpurt::Stream s) : n(bytes) {
+    p = testing::Sim().Malloc(bytes);
+    testing::Sim().MemcpyAsync(p, host, bytes, gpurt::CopyKind::kHostToDevice, s);
+  }
+  ~Buffer() { testing::Sim().Free(p); }
+  template <class T>
+  std::vector<T> Read(gpurt::Stream s) const {
+    std::vector<T> h(n / sizeof(T));
+    testing::Sim().MemcpyAsync(h.data(), p, n, gpurt::CopyKind::kDeviceToHost, s);
+    return h;
+  }
+  void* p;
+  size_t n;
+};
+
+}  // namespace
+
+TEST_CASE("gpu: gemm Platform::Gemm in float64 with beta, bias and GELU; 16-bit extents; epilogue checks") {
+  gpurt::Platform& p = testing::Sim();
+  gpurt::DeviceGuard dg(0, p);
+  gpurt::Stream s = p.StreamCreate();
+  void* h = p.LibraryHandle(gpurt::Library::kBlasLt, s);
+  // float64, column-major: C (m x n) = gelu(alpha A^T B + beta C + bias), A stored k x m.
+  const int64_t m = 5, n = 4, k = 7;
+  std::vector<double> a(static_cast<size_t>(k * m)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n)),
+      bias(static_cast<size_t>(m));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.7 * static_cast<double>(i)) + 1e-9;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.3 * static_cast<double>(i));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.1 * static_cast<double>(i) - 1;
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.25 * static_cast<double>(i) - 0.5;
+  Buffer da(a.data(), a.size() * 8, s), db(b.data(), b.size() * 8, s), dc(c.data(), c.size() * 8, s),
+      dbias(bias.data(), bias.size() * 8, s);
+  gpurt::GemmArgs g;
+  g.dtype = DType::kFloat64;
+  g.transa = gpurt::BlasOp::kT, g.m = m, g.n = n, g.k = k;
+  g.a = da.p, g.lda = k, g.b = db.p, g.ldb = k, g.c = dc.p, g.ldc = m;
+  g.alpha = 1.5f, g.beta = 0.5f, g.bias = dbias.p, g.act = gpurt::GemmActivation::kGelu;
+  p.Gemm(h, s, g);
+  const std::vector<double> got = dc.Read<double>(s);
+  double worst = 0;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0;
+      for (int64_t l = 0; l < k; ++l) acc += a[static_cast<size_t>(l + i * k)] * b[static_cast<size_t>(l + j * k)];
+      const double want = GeluTanh(1.5 * acc + 0.5 * c[static_cast<size_t>(i + j * m)] + bias[static_cast<size_t>(i)]);
+      worst = std::max(worst, std::abs(got[static_cast<size_t>(i + j * m)] - want));
+    }
+  CHECK(worst < 1e-13);  // double throughout: the float product would be ~1e-7 off
+
+  // float16 operands are 2-byte elements: C with ldc = 83 spans 3 * 83 + 5 = 254 halves (508
+  // bytes) of a 512-byte block, inside; with ldc = 86, 263 halves (526 bytes), past it.
+  std::vector<Half> ha(static_cast<size_t>(m * k), Half(0.5f)), hb(static_cast<size_t>(k * n), Half(2.0f));
+  std::vector<Half> hbias(static_cast<size_t>(m), Half(-3.0f)), hc(256, Half(-1.0f));
+  Buffer dha(ha.data(), ha.size() * 2, s), dhb(hb.data(), hb.size() * 2, s), dhc(hc.data(), hc.size() * 2, s);
+  Buffer dhbias(hbias.data(), hbias.size() * 2, s);
+  gpurt::GemmArgs hg;
+  hg.dtype = DType::kFloat16;
+  hg.m = m, hg.n = n, hg.k = k, hg.a = dha.p, hg.lda = m, hg.b = dhb.p, hg.ldb = k, hg.c = dhc.p, hg.ldc = 83;
+  hg.bias = dhbias.p, hg.act = gpurt::GemmActivation::kRelu;
+  p.Gemm(h, s, hg);
+  const std::vector<Half> hout = dhc.Read<Half>(s);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < 83 && j * 83 + i < 256; ++i)  // relu(7 * 0.5 * 2 - 3) = 4 inside C, -1 between columns
+      CHECK(static_cast<float>(hout[static_cast<size_t>(j * 83 + i)]) == (i < m ? 4.0f : -1.0f));
+  gpurt::GemmArgs over = hg;
+  over.ldc = 86;
+  CHECK(testing::CodeOf([&] { p.Gemm(h, s, over); }) == gpurt::kIllegalAddress);
+  gpurt::GemmArgs host_bias = hg;
+  host_bias.bias = hbias.data();
+  try {
+    p.Gemm(h, s, host_bias);
+    FAIL("no error for a host bias");
+  } catch (const gpurt::GpuError& e) {
+    CHECK(e.code() == gpurt::kIllegalAddress);
+    CHECK(std::string(e.what()).find("the bias is host memory") != std::string::npos);
+  }
+  // What cuBLASLt is not asked for here: integer data, an unknown activation.
+  gpurt::GemmArgs ints = hg;
+  ints.dtype = DType::kInt32;
+  CHECK(testing::CodeOf([&] { p.Gemm(h, s, ints); }) == gpurt::kBlasNotSupported);
+  gpurt::GemmArgs odd = hg;
+  odd.act = static_cast<gpurt::GemmActivation>(9);
+  CHECK(testing::CodeOf([&] { p.Gemm(h, s, odd); }) == gpurt::kBlasNotSupported);
+  p.StreamSynchronize(s);
+  p.StreamDestroy(s);
 }
