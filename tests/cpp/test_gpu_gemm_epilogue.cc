@@ -311,7 +311,7 @@ TEST_CASE("gpu: gemm a hybridized Dense(relu) runs as one cuBLASLt GEMM with its
   }
 }
 
-TEST_CASE("gpu: gemm plans fuse only what cuBLASLt's epilogue expresses; the rest stays correct") {
+TEST_CASE("gpu: gemm plans fuse only what cuBLASLt's epilogue expresses, and the rest stays correct") {
   KILN_REQUIRE_GPU();
   Tensor w = RandomTensor({12, 6}, 70).To(gpu(0)), b = RandomTensor({12}, 71).To(gpu(0));
   Tensor x = RandomTensor({4, 6}, 72).To(gpu(0)), r = RandomTensor({4, 12}, 73).To(gpu(0));
@@ -375,7 +375,7 @@ struct Buffer {
 
 }  // namespace
 
-TEST_CASE("gpu: gemm Platform::Gemm in float64 with beta, bias and GELU; 16-bit extents; epilogue checks") {
+TEST_CASE("gpu: gemm Platform::Gemm in float64 with beta, bias and GELU, 16-bit extents, epilogue checks") {
   gpurt::Platform& p = testing::Sim();
   gpurt::DeviceGuard dg(0, p);
   gpurt::Stream s = p.StreamCreate();
