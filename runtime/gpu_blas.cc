@@ -1,7 +1,8 @@
 // What every GPU platform shares of its BLAS (gpu.h): the names of cuBLAS's status codes, the
 // BlasError they travel in, and cuBLAS's documented argument checks of cublasSgemm and
-// cublasSgemmStridedBatched, run before a GEMM is issued on CUDA and on the simulator alike, so
-// that a wrong leading dimension fails with the same status on both.
+// cublasSgemmStridedBatched (plus the dtype and epilogue a GemmArgs may ask for), run before a
+// GEMM is issued on CUDA and on the simulator alike, so that a wrong leading dimension fails with
+// the same status on both.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -34,7 +35,24 @@ namespace {
 const char* OpName(BlasOp op) { return op == BlasOp::kN ? "N" : op == BlasOp::kT ? "T" : "?"; }
 }  // namespace
 
+const char* GemmActivationName(GemmActivation a) {
+  switch (a) {
+  case GemmActivation::kNone: return "none";
+  case GemmActivation::kRelu: return "relu";
+  case GemmActivation::kGelu: return "gelu";
+  }
+  return "?";
+}
+
 void CheckGemm(const GemmArgs& g, const char* call) {
+  if (g.dtype != DType::kFloat32 && g.dtype != DType::kFloat64 && g.dtype != DType::kFloat16 &&
+      g.dtype != DType::kBFloat16)
+    FailBlas(kBlasNotSupported, call,
+             std::string("dtype ") + DTypeName(g.dtype) +
+                 ": cuBLASLt GEMMs here take float32, float64, float16 or bfloat16; cast the operands");
+  if (g.act != GemmActivation::kNone && g.act != GemmActivation::kRelu && g.act != GemmActivation::kGelu)
+    FailBlas(kBlasNotSupported, call,
+             "activation " + std::to_string(static_cast<int>(g.act)) + " is none of none (0), relu (1), gelu (2)");
   auto bad = [&](const std::string& why) {
     FailBlas(kBlasInvalidValue, call,
              why + " (m=" + std::to_string(g.m) + ", n=" + std::to_string(g.n) + ", k=" + std::to_string(g.k) +
@@ -61,10 +79,15 @@ void CheckGemm(const GemmArgs& g, const char* call) {
     bad("ldc=" + std::to_string(g.ldc) + " is less than max(1, m)=" + std::to_string(std::max<int64_t>(1, g.m)) +
         ", the rows of C");
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;  // nothing is touched
-  if (!g.c) bad("C is null; expected a device pointer to m x n floats");
+  if ((g.bias || g.act != GemmActivation::kNone) && (g.k == 0 || g.alpha == 0.0f))
+    FailBlas(kBlasNotSupported, call,
+             std::string("an epilogue (") + (g.bias ? "bias, " : "") + "activation " + GemmActivationName(g.act) +
+                 ") needs a product to follow: k=" + std::to_string(g.k) + ", alpha=" + std::to_string(g.alpha) +
+                 "; apply the bias and activation as separate ops when k == 0 or alpha == 0");
+  if (!g.c) bad(std::string("C is null; expected a device pointer to m x n ") + DTypeName(g.dtype) + " values");
   if (g.k > 0 && g.alpha != 0.0f) {  // A and B are read only then
-    if (!g.a) bad("A is null; expected a device pointer to op(A), m x k floats");
-    if (!g.b) bad("B is null; expected a device pointer to op(B), k x n floats");
+    if (!g.a) bad(std::string("A is null; expected a device pointer to op(A), m x k ") + DTypeName(g.dtype) + " values");
+    if (!g.b) bad(std::string("B is null; expected a device pointer to op(B), k x n ") + DTypeName(g.dtype) + " values");
   }
 }
 

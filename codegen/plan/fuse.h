@@ -2,6 +2,8 @@
 // fuse_epilogue.cc share this vocabulary, the decisions of passes/fusion.h.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "kiln/codegen/plan.h"
@@ -19,6 +21,11 @@ using passes::ScalarConst;
 /// post-ops express), each bound to one oneDNN call set at the chain's last node in `p`, members
 /// marked in `claimed`. Returns the number of groups.
 int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
+/// The same on a GPU: the chains cuBLASLt's epilogue expresses (a float32 matmul, a per-output-
+/// feature bias add, a relu; the longest such prefix of a chain), each one GEMM
+/// (gpurt::MatmulOnGpu) that GpuEpilogueStep launches.
+int FuseGpuEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed);
+std::function<void(const exec::StepArgs&)> GpuEpilogueStep(std::shared_ptr<const host::EpilogueCall> call);
 }  // namespace fusion
 
 #if KILN_WITH_CODEGEN

@@ -4,12 +4,17 @@
 // primitive's own bias) while the output is in registers, instead of a generated kernel reading
 // the output back. The pass asks this file what the library takes (the anchors, the scalar
 // functions of post-ops); this file builds the call's parameters, the report's text, and runs it.
+// On a GPU the library is cuBLASLt, whose epilogue takes less: a float32 matmul with a first
+// per-output-feature add (the bias) and then relu (gpurt::MatmulOnGpu); the longest prefix of a
+// chain it expresses becomes the group, and the rest stays for elementwise groups.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "kiln/passes/epilogue_fusion.h"
 #include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 #include "fuse.h"
 
 namespace kiln {
@@ -117,6 +122,84 @@ int FuseEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p
     p->num_fused_nodes += static_cast<int>(chain.members.size());
   }
   return static_cast<int>(chains.size());
+}
+
+namespace {
+
+// What cuBLASLt's epilogue takes (gpu.h's MatmulOnGpu): float32 matmuls with a product (k > 0),
+// the bias per column of the row-major output (its last axis), then relu. kiln's gelu is no
+// unary op but a tree (x * Phi(x)), which no chain holds.
+int GpuAnchorChannelAxis(const ir::Node& n) {
+  if (n.op() != static_cast<ir::OpId>(op::kMatmul)) return -1;
+  const ir::Value* out = n.output();
+  if (out->dtype() != DType::kFloat32 || out->shape().rank() < 2) return -1;
+  const Shape& a = n.input(0)->shape();
+  if (a.rank() < 2 || (n.attrs().Bool("transpose_a") ? a[a.rank() - 2] : a[a.rank() - 1]) == 0) return -1;
+  return out->shape().rank() - 1;
+}
+bool GpuSupportsUnary(UnaryFn f) { return f == UnaryFn::kRelu; }
+bool GpuSupportsBinary(BinaryFn f) { return f == BinaryFn::kAdd; }
+
+// How many of the chain's first ops cuBLASLt's epilogue applies: a per-channel add, then a relu.
+size_t GpuPrefix(const passes::EpilogueChain& c) {
+  size_t k = 0;
+  if (k < c.ops.size() && c.ops[k].kind == passes::EpilogueOp::kBinary && c.ops[k].binary == BinaryFn::kAdd &&
+      c.ops[k].per_channel)
+    ++k;
+  if (k < c.ops.size() && c.ops[k].kind == passes::EpilogueOp::kUnary && c.ops[k].unary == UnaryFn::kRelu) ++k;
+  return k;
+}
+
+} // namespace
+
+int FuseGpuEpilogues(const ir::Graph& graph, const std::vector<bool>& live, Plan* p, std::vector<bool>* claimed) {
+  const passes::EpilogueOptions options{GpuAnchorChannelAxis, GpuSupportsUnary, GpuSupportsBinary, 1};
+  int groups = 0;
+  for (const passes::EpilogueChain& chain : passes::FindEpilogueChains(graph, live, *claimed, options)) {
+    const size_t len = GpuPrefix(chain);
+    if (len == 0) continue;  // its ops stay for elementwise groups
+    const ir::Node& anchor = *graph.nodes()[static_cast<size_t>(chain.members.front())];
+    EpilogueCall call = *AnchorCall(anchor);
+    auto fused = std::make_unique<Plan::Fused>();
+    fused->inputs.assign(anchor.inputs().begin(), anchor.inputs().end());
+    PlanReport::Group& r = p->report.groups.emplace_back();
+    r.expr = "cuBLASLt " + anchor.def().name + "(in0, in1) epilogue: ";
+    for (size_t k = 0; k < len; ++k) {
+      host::EpilogueStep s = ToStep(chain.ops[k]);
+      if (s.kind == host::EpilogueStep::kBinary) {  // the bias: the call's third input
+        fused->inputs.push_back(chain.operands[static_cast<size_t>(s.operand)]);
+        s.operand = 0;
+        r.expr += "bias(in2)";
+      } else {
+        r.expr += std::string(k ? ", " : "") + "relu";
+      }
+      call.epilogue.steps.push_back(s);
+    }
+    fused->members.assign(chain.members.begin(), chain.members.begin() + static_cast<std::ptrdiff_t>(len + 1));
+    for (int m : fused->members) r.ops.push_back(graph.nodes()[static_cast<size_t>(m)]->def().name);
+    r.num_inputs = static_cast<int>(fused->inputs.size());
+    fused->epilogue = std::make_shared<const EpilogueCall>(std::move(call));
+    const std::vector<int> members = fused->members;
+    p->fused[static_cast<size_t>(members.back())] = std::move(fused);
+    for (size_t k = 0; k + 1 < members.size(); ++k) p->fused_member[static_cast<size_t>(members[k])] = true;
+    for (int m : members) (*claimed)[static_cast<size_t>(m)] = true;
+    ++p->num_fused_groups;
+    p->num_fused_nodes += static_cast<int>(members.size());
+    ++groups;
+  }
+  return groups;
+}
+
+std::function<void(const exec::StepArgs&)> GpuEpilogueStep(std::shared_ptr<const EpilogueCall> call) {
+  const std::vector<host::EpilogueStep>& steps = call->epilogue.steps;
+  const bool bias = !steps.empty() && steps.front().kind == host::EpilogueStep::kBinary;
+  const gpurt::GemmActivation act = !steps.empty() && steps.back().kind == host::EpilogueStep::kUnary
+                                        ? gpurt::GemmActivation::kRelu
+                                        : gpurt::GemmActivation::kNone;
+  return [call = std::move(call), bias, act](const exec::StepArgs& a) {
+    gpurt::MatmulOnGpu(a.in[0], a.in[1], a.out[0], call->matmul.transpose_a, call->matmul.transpose_b,
+                       bias ? &a.in[2] : nullptr, act);
+  };
 }
 
 } // namespace fusion

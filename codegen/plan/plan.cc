@@ -101,15 +101,20 @@ void Fuse(const ir::Graph& graph, const std::vector<bool>& live, const std::vect
 std::string RunFusion(const ir::Graph& graph, const std::vector<bool>& live, Device device, Plan* p) {
   if (passes::PassDisabled("fusion")) return "disabled";
   std::vector<bool> claimed(graph.nodes().size(), false);
-  if (!device.is_cpu()) {  // elementwise groups only: row and epilogue groups are CPU kernels
+  if (!device.is_cpu()) {  // row groups are CPU kernels; epilogue groups are cuBLASLt's (matmul + bias + relu)
+    const int gemms = passes::PassDisabled("epilogue") ? 0 : fusion::FuseGpuEpilogues(graph, live, p, &claimed);
 #if KILN_WITH_CODEGEN
     Fuse(graph, live, claimed, device, p);
-    if (p->num_fused_groups == 0) return "no fusable group (GPU: elementwise groups only)";
-    return std::to_string(p->num_fused_groups) + (p->num_fused_groups == 1 ? " group of " : " groups of ") +
-           std::to_string(p->num_fused_nodes) + " ops (GPU: elementwise groups only)";
-#else
-    return "unavailable (built without LLVM)";
 #endif
+    const std::string kinds = gemms ? " (GPU: elementwise groups; " + std::to_string(gemms) + " on cuBLASLt epilogues)"
+                                    : " (GPU: elementwise groups only)";
+#if KILN_WITH_CODEGEN
+    if (p->num_fused_groups == 0) return "no fusable group" + kinds;
+#else
+    if (p->num_fused_groups == 0) return "unavailable (built without LLVM)";
+#endif
+    return std::to_string(p->num_fused_groups) + (p->num_fused_groups == 1 ? " group of " : " groups of ") +
+           std::to_string(p->num_fused_nodes) + " ops" + kinds;
   }
 #if KILN_WITH_CODEGEN
   fusion::FuseRows(graph, live, p, &claimed);
@@ -244,7 +249,8 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     st.out = ids(writes(node));
     const Plan::Fused* f = p->fused[node].get();
     if (f && f->epilogue) {
-      st.launch = [call = f->epilogue](const exec::StepArgs& a) { host::RunEpilogueCall(*call, a.in, a.out[0]); };
+      if (!p->device.is_cpu()) st.launch = fusion::GpuEpilogueStep(f->epilogue);  // cuBLASLt's epilogue
+      else st.launch = [call = f->epilogue](const exec::StepArgs& a) { host::RunEpilogueCall(*call, a.in, a.out[0]); };
       continue;
     }
 #if KILN_WITH_CODEGEN

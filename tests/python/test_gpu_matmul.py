@@ -1,7 +1,7 @@
 """nd.matmul on a GPU device runs the platform's cuBLASLt GEMM: here on two simulated GPUs
 (KILN_GPU_SIM=2), each test in a fresh interpreter (the GPU platform is chosen once per process),
 against NumPy: transposes, batches with NumPy broadcasting, device 1, the engine's stream order,
-and the typed error for a dtype the GPU kernel does not take."""
+and float64, float16 and bfloat16 (tests/cpp/test_gpu_gemm_epilogue.cc compares them with the CPU)."""
 import os
 import subprocess
 import sys
@@ -67,16 +67,17 @@ def test_gpu_matmul_is_ordered_after_the_work_that_writes_its_inputs():
     """)
 
 
-def test_gpu_matmul_of_another_dtype_is_a_typed_error():
+def test_gpu_matmul_of_every_float_dtype_matches_numpy():
     run_sim("""
         import numpy as np, kiln
         from kiln import nd
-        a = nd.array(np.ones((2, 3)), dtype="float64").as_in_context(kiln.gpu(0))
-        b = nd.array(np.ones((3, 2)), dtype="float64").as_in_context(kiln.gpu(0))
-        try:
-            nd.matmul(a, b)                           # refused by dispatch, before anything is queued
-        except kiln.DTypeError as e:
-            assert "matmul" in str(e) and "takes float32 only" in str(e) and "float64" in str(e), str(e)
-        else:
-            raise AssertionError("a float64 matmul on a GPU should be a DTypeError")
+        rng = np.random.default_rng(1)
+        x, w = rng.standard_normal((5, 3, 24)), rng.standard_normal((24, 7))
+        for dt, rtol in (("float64", 1e-12), ("float16", 2 ** -9), ("bfloat16", 2 ** -6)):
+            a = nd.array(x, dtype=dt).as_in_context(kiln.gpu(0))
+            b = nd.array(w, dtype=dt).as_in_context(kiln.gpu(0))
+            got = nd.matmul(a, b)                     # float32 accumulation for the 16-bit types
+            assert str(got.dtype) == dt or got.dtype == np.dtype(dt), got.dtype
+            want = np.matmul(a.astype("float64").asnumpy(), b.astype("float64").asnumpy())
+            np.testing.assert_allclose(got.astype("float64").asnumpy(), want, rtol=rtol, atol=rtol)
     """)

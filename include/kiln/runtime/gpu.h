@@ -23,6 +23,10 @@
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpusim/emulator.h"
 
+namespace kiln {
+struct TensorView;
+}
+
 namespace kiln::gpurt {
 
 /// CUresult codes the platform reports (cudart's cudaError_t uses the same numbers for these,
@@ -140,31 +144,58 @@ class BlasError : public GpuError {
 /// cublasOperation_t: CUBLAS_OP_N, CUBLAS_OP_T.
 enum class BlasOp : int { kN = 0, kT = 1 };
 
-/// One (strided-batched) float32 GEMM with cuBLAS's column-major semantics:
-///   C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i]   for i < batch,
+/// The activation a GEMM's epilogue applies after the bias (cublasLtEpilogue_t: DEFAULT/BIAS,
+/// RELU(_BIAS), GELU(_BIAS)). kGelu is cuBLASLt's: the tanh approximation
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), not kiln's exact x * Phi(x) (nd::gelu);
+/// the two differ by less than 5e-4 everywhere.
+enum class GemmActivation : int { kNone = 0, kRelu = 1, kGelu = 2 };
+const char* GemmActivationName(GemmActivation a);
+
+/// One (strided-batched) GEMM with cuBLAS's column-major semantics and cuBLASLt's epilogue:
+///   C[i] = act(alpha * op(A[i]) * op(B[i]) + beta * C[i] + bias)   for i < batch,
 /// op(A) m x k, op(B) k x n, C m x n, all column-major with leading dimensions lda, ldb, ldc;
 /// A[i] = a + i * stride_a (elements; 0 repeats one matrix), likewise B and C. Pointers are device
 /// memory of the stream's device; alpha and beta are host values. beta == 0 never reads C.
 /// Row-major data: C^T = op(B)^T op(A)^T, i.e. pass the operands swapped (m <-> n, a <-> b).
+/// dtype is that of A, B, C and bias: float32 (the default), float16 or bfloat16 (float32
+/// accumulation and scale, the result rounded to nearest even once), or float64 (float64
+/// throughout). tf32: float32 products on tensor cores with inputs rounded to 10 mantissa bits
+/// (CUBLAS_COMPUTE_32F_FAST_TF32, relative error ~1e-3); ignored for other dtypes.
+/// bias: null, or m values (one per row of column-major C, i.e. per column of row-major data,
+/// the same for every batch entry) added before the activation.
 struct GemmArgs {
   BlasOp transa = BlasOp::kN, transb = BlasOp::kN;
   int64_t m = 0, n = 0, k = 0;
   float alpha = 1.0f;
-  const float* a = nullptr;
+  const void* a = nullptr;
   int64_t lda = 0;
-  const float* b = nullptr;
+  const void* b = nullptr;
   int64_t ldb = 0;
   float beta = 0.0f;
-  float* c = nullptr;
+  void* c = nullptr;
   int64_t ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  DType dtype = DType::kFloat32;
+  bool tf32 = false;
+  const void* bias = nullptr;
+  GemmActivation act = GemmActivation::kNone;
 };
 /// cuBLAS's documented argument checks of cublasSgemm(StridedBatched), shared by every platform:
 /// BlasError kBlasInvalidValue when m, n, k or batch < 0, an op is neither N nor T,
 /// lda < max(1, transa == N ? m : k), ldb < max(1, transb == N ? k : n), ldc < max(1, m),
-/// or a pointer the product needs is null.
+/// or a pointer the product needs is null; kBlasNotSupported for a dtype other than float32,
+/// float64, float16 or bfloat16, or an activation out of range.
 void CheckGemm(const GemmArgs& g, const char* call);
+
+/// kiln's matmul (op matmul: row-major out = op(a) op(b), NumPy-broadcast batch dimensions) on the
+/// calling engine worker's stream through Platform::Gemm (runtime/gpu_kernels_blas.cc), with
+/// cuBLASLt's epilogue: `bias` (null, or out's last dimension of values, out's dtype) added per
+/// output column, then `act`. Contiguous operands of one dtype; a DTypeError for dtypes cuBLASLt
+/// is not asked for here (integers, bool). tf32 follows KILN_GPU_TF32. Compiled plans on GPUs
+/// run their matmul + bias + activation groups through it.
+void MatmulOnGpu(const TensorView& a, const TensorView& b, const TensorView& out, bool transpose_a,
+                 bool transpose_b, const TensorView* bias = nullptr, GemmActivation act = GemmActivation::kNone);
 
 class Platform {
  public:
