@@ -14,31 +14,15 @@ for each variant.
 
     python3 gpu_lenet_torch.py [BENCH_GPU.jsonl] [--quick]     (--quick: 12800 images, scaled)
 """
-import json
 import sys
 import time
+
+from gpu_torch_common import emitter, kiln_figures, torch_with_gpu
 
 BENCH = "gpu_lenet"
 
 
-def emit(case, metric, value, unit):
-    print(json.dumps({"bench": BENCH, "case": case, "metric": metric, "value": round(value, 4), "unit": unit}),
-          flush=True)
-
-
-def kiln_figures(files, metric):
-    """{case: value} of bench_gpu's lines for this benchmark and metric."""
-    out = {}
-    for path in files:
-        with open(path) as f:
-            for line in f:
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if d.get("bench") == BENCH and d.get("metric") == metric and d.get("case", "").startswith("kiln_"):
-                    out[d["case"]] = d["value"]
-    return out
+emit = emitter(BENCH, 4)
 
 
 def synthetic(torch, count, batch):
@@ -75,13 +59,8 @@ def lenet(nn, sigmoid):
 def main():
     quick = "--quick" in sys.argv
     files = [a for a in sys.argv[1:] if not a.startswith("--")]
-    try:
-        import torch
-    except ImportError:
-        emit("skipped", "none", 0, "PyTorch is not installed")
-        return
-    if not torch.cuda.is_available():
-        emit("skipped", "none", 0, "PyTorch sees no GPU")
+    torch = torch_with_gpu(emit)
+    if torch is None:
         return
     images = 12800 if quick else 60000
     batches = synthetic(torch, images, 256)
@@ -110,7 +89,7 @@ def main():
             raise RuntimeError(f"the loss is {loss.item()} after the epoch")
         return s * 60000 / images
 
-    kiln = kiln_figures(files, "seconds_per_epoch")
+    kiln = kiln_figures(files, BENCH, "seconds_per_epoch")
     for sigmoid in (False, True):
         torch.manual_seed(0)
         lr, variant = (0.9, "sigmoid_") if sigmoid else (0.2, "")

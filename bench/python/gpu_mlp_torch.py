@@ -7,27 +7,20 @@ ahead).
 
     python3 gpu_mlp_torch.py [BENCH_GPU.jsonl] [--quick]
 """
-import json
 import statistics
 import sys
 import time
 
+from gpu_torch_common import emitter, kiln_figures, torch_with_gpu
 
-def emit(case, metric, value, unit):
-    print(json.dumps({"bench": "gpu_mlp", "case": case, "metric": metric, "value": round(value, 3), "unit": unit}),
-          flush=True)
+emit = emitter("gpu_mlp")
 
 
 def main():
     quick = "--quick" in sys.argv
     files = [a for a in sys.argv[1:] if not a.startswith("--")]
-    try:
-        import torch
-    except ImportError:
-        emit("skipped", "none", 0, "PyTorch is not installed")
-        return
-    if not torch.cuda.is_available():
-        emit("skipped", "none", 0, "PyTorch sees no GPU")
+    torch = torch_with_gpu(emit)
+    if torch is None:
         return
     calls, repeats = (200, 3) if quick else (2000, 7)
     torch.manual_seed(0)
@@ -59,19 +52,8 @@ def main():
         emit("torch_compile_reduce_overhead", "us_per_call", figures["torch_compile"], "us")
     except Exception as e:  # no Triton or no C compiler on this machine
         emit("skipped", "none", 0, "torch.compile failed: " + str(e).splitlines()[0][:120])
-    kiln = {}
-    for path in files:
-        with open(path) as f:
-            for line in f:
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if d.get("bench") == "gpu_mlp" and d.get("metric") == "us_per_call":
-                    kiln[d["case"]] = d["value"]
+    kiln = kiln_figures(files, "gpu_mlp", "us_per_call")
     for k_case, k_us in kiln.items():
-        if not k_case.startswith("kiln_"):
-            continue
         for t_case, t_us in figures.items():
             emit(t_case + "/" + k_case, "speedup", t_us / k_us, "x")
 

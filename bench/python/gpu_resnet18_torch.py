@@ -10,32 +10,16 @@ PyTorch time / kiln time (above 1: kiln is ahead).
 
     python3 gpu_resnet18_torch.py [BENCH_GPU.jsonl] [--quick]
 """
-import json
 import statistics
 import sys
 import time
 
+from gpu_torch_common import emitter, kiln_figures, torch_with_gpu
+
 BENCH = "gpu_resnet18"
 
 
-def emit(case, metric, value, unit):
-    print(json.dumps({"bench": BENCH, "case": case, "metric": metric, "value": round(value, 3), "unit": unit}),
-          flush=True)
-
-
-def kiln_figures(files, metric):
-    """{case: value} of bench_gpu's lines for this benchmark and metric."""
-    out = {}
-    for path in files:
-        with open(path) as f:
-            for line in f:
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if d.get("bench") == BENCH and d.get("metric") == metric and d.get("case", "").startswith("kiln_"):
-                    out[d["case"]] = d["value"]
-    return out
+emit = emitter(BENCH)
 
 
 def resnet18(nn, width=64):
@@ -65,13 +49,8 @@ def resnet18(nn, width=64):
 def main():
     quick = "--quick" in sys.argv
     files = [a for a in sys.argv[1:] if not a.startswith("--")]
-    try:
-        import torch
-    except ImportError:
-        emit("skipped", "none", 0, "PyTorch is not installed")
-        return
-    if not torch.cuda.is_available():
-        emit("skipped", "none", 0, "PyTorch sees no GPU")
+    torch = torch_with_gpu(emit)
+    if torch is None:
         return
     batch, steps, repeats = 256, (5 if quick else 20), 3
     torch.manual_seed(0)
@@ -113,7 +92,7 @@ def main():
         emit("torch_compile_b256", "images_per_s", figures["torch_compile"], "images/s")
     except Exception as e:  # no Triton or no C compiler on this machine
         emit("skipped", "none", 0, "torch.compile failed: " + str(e).splitlines()[0][:120])
-    for k_case, k_ips in kiln_figures(files, "images_per_s").items():
+    for k_case, k_ips in kiln_figures(files, BENCH, "images_per_s").items():
         for t_case, t_ips in figures.items():
             emit(t_case + "/" + k_case, "speedup", k_ips / t_ips, "x")  # = torch time / kiln time
 
