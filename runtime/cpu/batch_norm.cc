@@ -1,0 +1,149 @@
+// CPU kernels of batch norm in training mode (ir/ops_nn.cc): batch_norm_train (x, gamma, beta) ->
+// (y, mean, inv_std) and batch_norm_train_grad (x, gamma, dy, mean, inv_std) -> (dx, dgamma, dbeta),
+// float32 and float64, over contiguous (N, C) or (N, C, H, W) data (dispatch makes the inputs
+// contiguous), channel axis 1. Each channel's M = N*H*W values are read in two passes (the mean,
+// then the biased variance about it, summed in double), so the statistics do not suffer the
+// cancellation of a one-pass E[x^2] - E[x]^2. Channels are split across the fork-join pool; each
+// task walks its channel range sample by sample, so (N, C) rows and NCHW planes are read in order.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/kernel.h"
+
+namespace kiln {
+
+namespace {
+
+// x viewed as N samples of C channels of HW values each.
+struct Dims {
+  explicit Dims(const Shape& s) : N(s[0]), C(s[1]), HW(s.rank() == 4 ? s[2] * s[3] : 1) {}
+  int64_t N, C, HW;
+  int64_t Count() const { return N * HW; }
+  // Channels per task: at least ~32K values of work each.
+  int64_t Grain() const { return std::max<int64_t>(1, 32768 / std::max<int64_t>(Count(), 1)); }
+};
+
+// Calls f(c - c0, p, n) for each plane p (HW values) of channels [c0, c1), sample-major.
+template <class T, class F> void Planes(T* base, const Dims& d, int64_t c0, int64_t c1, F&& f) {
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t c = c0; c < c1; ++c) f(c - c0, base + (n * d.C + c) * d.HW);
+}
+
+template <class T> void Forward(const KernelArgs& k) {
+  const Dims d(k.in[0].shape);
+  const T *x = k.in[0].ptr<T>(), *gamma = k.in[1].ptr<T>(), *beta = k.in[2].ptr<T>();
+  T *y = k.out[0].ptr<T>(), *mean = k.out[1].ptr<T>(), *inv_std = k.out[2].ptr<T>();
+  const double eps = k.attrs.Float("eps"), M = static_cast<double>(d.Count());
+  host::ParallelFor(d.C, d.Grain(), [&](int64_t c0, int64_t c1) {
+    std::vector<double> sum(c1 - c0, 0.0), sq(c1 - c0, 0.0);
+    Planes(x, d, c0, c1, [&](int64_t j, const T* p) {
+      double s = 0;
+      for (int64_t i = 0; i < d.HW; ++i) s += p[i];
+      sum[j] += s;
+    });
+    for (double& s : sum) s /= M;  // the means
+    Planes(x, d, c0, c1, [&](int64_t j, const T* p) {
+      const double m = sum[j];
+      double s = 0;
+      for (int64_t i = 0; i < d.HW; ++i) s += (p[i] - m) * (p[i] - m);
+      sq[j] += s;
+    });
+    std::vector<T> m(c1 - c0), scale(c1 - c0);  // y = (x - m) * scale + beta (no cancellation when |m| >> std)
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t j = c - c0;
+      const double inv = 1.0 / std::sqrt(sq[j] / M + eps);
+      mean[c] = static_cast<T>(sum[j]);
+      inv_std[c] = static_cast<T>(inv);
+      m[j] = static_cast<T>(sum[j]);
+      scale[j] = static_cast<T>(inv * gamma[c]);
+    }
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t at = (n * d.C + c) * d.HW, j = c - c0;
+        const T mj = m[j], a = scale[j], b = beta[c];
+        for (int64_t i = 0; i < d.HW; ++i) y[at + i] = (x[at + i] - mj) * a + b;
+      }
+  });
+}
+
+// With xhat = (x - mean) * inv_std and sums over each channel's M values:
+//   dbeta = sum(dy), dgamma = sum(dy * xhat),
+//   dx = gamma * inv_std / M * (M * dy - dbeta - xhat * dgamma).
+template <class T> void Backward(const KernelArgs& k) {
+  const Dims d(k.in[0].shape);
+  const T *x = k.in[0].ptr<T>(), *gamma = k.in[1].ptr<T>(), *dy = k.in[2].ptr<T>();
+  const T *mean = k.in[3].ptr<T>(), *inv_std = k.in[4].ptr<T>();
+  T *dx = k.out[0].ptr<T>(), *dgamma = k.out[1].ptr<T>(), *dbeta = k.out[2].ptr<T>();
+  const double M = static_cast<double>(d.Count());
+  host::ParallelFor(d.C, d.Grain(), [&](int64_t c0, int64_t c1) {
+    std::vector<double> sdy(c1 - c0, 0.0), sdyx(c1 - c0, 0.0);
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t at = (n * d.C + c) * d.HW, j = c - c0;
+        const double m = mean[c];
+        double s = 0, sx = 0;
+        for (int64_t i = 0; i < d.HW; ++i) {
+          s += dy[at + i];
+          sx += dy[at + i] * (x[at + i] - m);
+        }
+        sdy[j] += s, sdyx[j] += sx;
+      }
+    // dx = a * dy + b * (x - mean) + e per channel, with xhat expanded.
+    std::vector<T> a(c1 - c0), b(c1 - c0), e(c1 - c0);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t j = c - c0;
+      const double inv = inv_std[c], g = gamma[c], ds = sdyx[j] * inv;  // sum(dy * xhat)
+      dbeta[c] = static_cast<T>(sdy[j]);
+      dgamma[c] = static_cast<T>(ds);
+      const double k1 = g * inv / M;
+      a[j] = static_cast<T>(k1 * M);
+      b[j] = static_cast<T>(-k1 * ds * inv);
+      e[j] = static_cast<T>(-k1 * sdy[j]);
+    }
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t at = (n * d.C + c) * d.HW, j = c - c0;
+        const T ka = a[j], kb = b[j], ke = e[j], mc = mean[c];
+        for (int64_t i = 0; i < d.HW; ++i) dx[at + i] = dy[at + i] * ka + (x[at + i] - mc) * kb + ke;
+      }
+  });
+}
+
+template <template <class> class K> void ByDType(const KernelArgs& k) {
+  switch (k.in[0].dtype) {
+    case DType::kFloat32: return K<float>::Run(k);
+    case DType::kFloat64: return K<double>::Run(k);
+    default:
+      KILN_CHECK(false) << k.op.name << ": dispatch let " << DTypeName(k.in[0].dtype)
+                        << " reach a float32/float64 CPU kernel (KernelBinding::dtypes)";
+  }
+}
+template <class T> struct ForwardK {
+  static void Run(const KernelArgs& k) { Forward<T>(k); }
+};
+template <class T> struct BackwardK {
+  static void Run(const KernelArgs& k) { Backward<T>(k); }
+};
+
+void BatchNormTrainKernel(const KernelArgs& k) {
+  if (k.in[0].numel() == 0) return;  // no channels (inference refuses channels without values)
+  ByDType<ForwardK>(k);
+}
+void BatchNormTrainGradKernel(const KernelArgs& k) {
+  if (k.in[0].numel() == 0) return;
+  ByDType<BackwardK>(k);
+}
+
+} // namespace
+
+void BindBatchNormKernels(KernelTable& t) {
+  const uint32_t dtypes = DTypeBit(DType::kFloat32) | DTypeBit(DType::kFloat64);
+  t.Bind(op::kBatchNormTrain, DeviceType::kCPU, {BatchNormTrainKernel, /*contiguous_inputs=*/true, nullptr, dtypes});
+  t.Bind(op::kBatchNormTrainGrad, DeviceType::kCPU,
+         {BatchNormTrainGradKernel, /*contiguous_inputs=*/true, nullptr, dtypes});
+}
+
+} // namespace kiln
