@@ -153,7 +153,7 @@ TEST_CASE("gpu: nd::batch_norm through the op on a GPU matches its composite aft
   }
 }
 
-TEST_CASE("gpu: batch_norm_train takes float32 only on a GPU; nd::batch_norm runs float64 as its composite") {
+TEST_CASE("gpu: batch_norm_train takes float32 only on a GPU, and nd::batch_norm runs float64 as its composite") {
   KILN_REQUIRE_GPU();
   const Shape s{2, 3, 2, 2};
   Tensor x = Tensor::FromVector(Values(s.numel(), -1.0, 1.0, 3), s);
