@@ -64,20 +64,20 @@ template <class T> void Forward(const KernelArgs& k) {
         return v * v;
       });
     });
-    std::vector<T> m(c1 - c0), scale(c1 - c0);  // y = (x - m) * scale + beta (no cancellation when |m| >> std)
+    std::vector<double> inv(c1 - c0);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t j = c - c0;
-      const double inv = 1.0 / std::sqrt(sq[j] / M + eps);
+      inv[j] = 1.0 / std::sqrt(sq[j] / M + eps);
       mean[c] = static_cast<T>(sum[j]);
-      inv_std[c] = static_cast<T>(inv);
-      m[j] = static_cast<T>(sum[j]);
-      scale[j] = static_cast<T>(inv * gamma[c]);
+      inv_std[c] = static_cast<T>(inv[j]);
     }
     for (int64_t n = 0; n < d.N; ++n)
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t at = (n * d.C + c) * d.HW, j = c - c0;
-        const T mj = m[j], a = scale[j], b = beta[c];
-        for (int64_t i = 0; i < d.HW; ++i) y[at + i] = (x[at + i] - mj) * a + b;
+        // In double, rounded once: cuDNN's rounding, so that a CPU and a GPU agree to the last bit
+        // or so (batch norm over few values amplifies rounding differences in training).
+        const double mj = sum[j], k = inv[j], g = gamma[c], b = beta[c];
+        for (int64_t i = 0; i < d.HW; ++i) y[at + i] = static_cast<T>(g * (x[at + i] - mj) * k + b);
       }
   });
 }
@@ -101,23 +101,22 @@ template <class T> void Backward(const KernelArgs& k) {
         sdy[j] += LaneSum(d.HW, [g](int64_t i) { return static_cast<double>(g[i]); });
         sdyx[j] += LaneSum(d.HW, [g, p, m](int64_t i) { return g[i] * (p[i] - m); });
       }
-    // dx = a * dy + b * (x - mean) + e per channel, with xhat expanded.
-    std::vector<T> a(c1 - c0), b(c1 - c0), e(c1 - c0);
+    std::vector<double> ds(c1 - c0);  // sum(dy * xhat)
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t j = c - c0;
-      const double inv = inv_std[c], g = gamma[c], ds = sdyx[j] * inv;  // sum(dy * xhat)
+      ds[j] = sdyx[j] * inv_std[c];
       dbeta[c] = static_cast<T>(sdy[j]);
-      dgamma[c] = static_cast<T>(ds);
-      const double k1 = g * inv / M;
-      a[j] = static_cast<T>(k1 * M);
-      b[j] = static_cast<T>(-k1 * ds * inv);
-      e[j] = static_cast<T>(-k1 * sdy[j]);
+      dgamma[c] = static_cast<T>(ds[j]);
     }
+    // In double, rounded once, as the forward pass.
     for (int64_t n = 0; n < d.N; ++n)
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t at = (n * d.C + c) * d.HW, j = c - c0;
-        const T ka = a[j], kb = b[j], ke = e[j], mc = mean[c];
-        for (int64_t i = 0; i < d.HW; ++i) dx[at + i] = dy[at + i] * ka + (x[at + i] - mc) * kb + ke;
+        const double m = mean[c], inv = inv_std[c], k = gamma[c] * inv / M, sd = sdy[j], sx = ds[j];
+        for (int64_t i = 0; i < d.HW; ++i) {
+          const double xhat = (x[at + i] - m) * inv;
+          dx[at + i] = static_cast<T>(k * (M * dy[at + i] - sd - xhat * sx));
+        }
       }
   });
 }
