@@ -1,8 +1,11 @@
 // Neural-network ops backed by library kernels: matmul (batched, NumPy-broadcast batch dims,
 // optional transposes), 2-D convolution (NCHW data, OIHW weights, stride/padding/dilation/groups)
-// and 2-D max/average pooling (floor mode), with the gradient ops their rules build.
-// Not here: bias (the caller adds it with a broadcast add), ceil-mode pooling, and second-order
-// gradients of convolution and pooling (their gradient ops are declared not differentiable).
+// and 2-D max/average pooling (floor mode), with the gradient ops their rules build; batch norm in
+// training mode over the channel axis 1 of (N, C) or (N, C, H, W) data (batch_norm_train, whose
+// rule builds batch_norm_train_grad).
+// Not here: bias (the caller adds it with a broadcast add), ceil-mode pooling, batch norm over other
+// layouts or in inference mode (nd::batch_norm composes those), and second-order gradients of
+// convolution, pooling and batch norm (their gradient ops are declared not differentiable).
 #include <array>
 #include <string>
 
@@ -291,6 +294,95 @@ void DeclarePool(OpTable& t, bool avg) {
   t.Add(std::move(d));
 }
 
+
+// ---- batch norm (training mode) -----------------------------------------------------------------
+
+std::vector<AttrSpec> BatchNormAttrs() {
+  return {{"axis", AttrKind::kInt, int64_t{1}}, {"eps", AttrKind::kFloat, 1e-5}};
+}
+
+/// Checks x (N, C) or (N, C, H, W) normalized over axis 1 with eps >= 0; returns C.
+int64_t BatchNormChannels(const OpDef& op, const Shape& x, const Attrs& a) {
+  if (x.rank() != 2 && x.rank() != 4)
+    KILN_THROW(ShapeError) << op.name << ": expected x of rank 2 (N, C) or 4 (N, C, H, W), found shape "
+                           << x.str() << "; nd.batch_norm normalizes other ranks with a composite";
+  int axis = NormalizeAxis(a.Int("axis"), x.rank(), op.name.c_str());
+  if (axis != 1)
+    KILN_THROW(ValueError) << op.name << ": the channel axis must be 1 (NCHW), found axis " << a.Int("axis")
+                           << " of x " << x.str() << "; nd.batch_norm normalizes other axes with a composite";
+  if (x.numel() == 0 && x[1] != 0)
+    KILN_THROW(ShapeError) << op.name << ": x " << x.str()
+                           << " has no values per channel to take statistics of; give it a non-empty batch";
+  double eps = a.Float("eps");
+  if (!(eps >= 0))
+    KILN_THROW(ValueError) << op.name << ": eps must be >= 0, found " << eps;
+  return x[1];
+}
+
+void RequireChannelVector(const OpDef& op, const TensorType& t, const char* what, int64_t c, const Shape& x) {
+  if (!(t.shape == Shape{c}))
+    KILN_THROW(ShapeError) << op.name << ": " << what << " must have shape (" << c << "), one value per channel "
+                           << "of x " << x.str() << ", found " << t.shape.str();
+}
+
+void DeclareBatchNorm(OpTable& t) {
+  {
+    OpDef d(op::kBatchNormTrain);
+    d.num_inputs = 3;
+    d.num_outputs = 3;
+    d.attrs = BatchNormAttrs();
+    d.doc = "batch norm with the batch's statistics: (x, gamma, beta) -> (y, mean, inv_std) per channel of axis 1";
+    d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
+      RequireFloat(op, in[0].dtype);
+      RequireSameDType(op, in);
+      const Shape& x = in[0].shape;
+      int64_t c = BatchNormChannels(op, x, a);
+      RequireChannelVector(op, in[1], "gamma", c, x);
+      RequireChannelVector(op, in[2], "beta", c, x);
+      TensorType stat{Shape{c}, in[0].dtype};
+      return std::vector<TensorType>{in[0], stat, stat};
+    };
+    // batch_norm_train_grad gives the gradient through y; gradients reaching the statistics (when
+    // a caller differentiates them) add d(mean)/dx = 1/M and d(inv_std)/dx = -inv_std^3 (x - mean)/M.
+    d.grad = [](GradContext& g) {
+      Value *x = g.input(0), *mean = g.output(1), *inv = g.output(2);
+      std::vector<Value*> r =
+          g.OpN(op::kBatchNormTrainGrad, {x, g.input(1), g.out_grad(0), mean, inv}, g.attrs());
+      const Shape& xs = x->shape();
+      Shape bshape(std::vector<int64_t>(xs.rank(), 1));
+      bshape[1] = xs[1];
+      const double m = static_cast<double>(xs.numel() / std::max<int64_t>(xs[1], 1));
+      const DType dt = x->dtype();
+      if (g.has_out_grad(1)) r[0] = g.Add(r[0], g.Mul(g.Reshape(g.out_grad(1), bshape), g.Scalar(1.0 / m, dt)));
+      if (g.has_out_grad(2)) {
+        Value* k = g.Mul(g.Mul(g.out_grad(2), g.Mul(inv, g.Mul(inv, inv))), g.Scalar(-1.0 / m, dt));
+        r[0] = g.Add(r[0], g.Mul(g.Reshape(k, bshape), g.Sub(x, g.Reshape(mean, bshape))));
+      }
+      return std::vector<Value*>{r[0], r[1], r[2]};
+    };
+    t.Add(std::move(d));
+  }
+  OpDef d(op::kBatchNormTrainGrad);
+  d.num_inputs = 5;
+  d.num_outputs = 3;
+  d.attrs = BatchNormAttrs();
+  d.doc = "gradient of batch_norm_train's y: (x, gamma, dy, mean, inv_std) -> (dx, dgamma, dbeta)";
+  d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
+    RequireFloat(op, in[0].dtype);
+    RequireSameDType(op, in);
+    const Shape& x = in[0].shape;
+    int64_t c = BatchNormChannels(op, x, a);
+    RequireChannelVector(op, in[1], "gamma", c, x);
+    RequireGradShape(op, in[2].shape, x);
+    RequireChannelVector(op, in[3], "mean", c, x);
+    RequireChannelVector(op, in[4], "inv_std", c, x);
+    TensorType param{Shape{c}, in[0].dtype};
+    return std::vector<TensorType>{in[0], param, param};
+  };
+  d.differentiable = false; // second-order gradients of batch norm are not supported
+  t.Add(std::move(d));
+}
+
 } // namespace
 
 void RegisterNNOps(OpTable& t) {
@@ -298,6 +390,7 @@ void RegisterNNOps(OpTable& t) {
   DeclareConv(t);
   DeclarePool(t, /*avg=*/false);
   DeclarePool(t, /*avg=*/true);
+  DeclareBatchNorm(t);
 }
 
 } // namespace kiln::ir

@@ -1,5 +1,6 @@
-// GPU kernels of the convolution and pooling ops (ir/ops_nn.cc) on the platform's cuDNN calls
-// (gpu_dnn.h): conv2d, conv2d_grad_data, conv2d_grad_weight, max_pool2d(_grad), avg_pool2d(_grad);
+// GPU kernels of the convolution, pooling and batch-norm ops (ir/ops_nn.cc) on the platform's cuDNN
+// calls (gpu_dnn.h): conv2d, conv2d_grad_data, conv2d_grad_weight, max_pool2d(_grad),
+// avg_pool2d(_grad), batch_norm_train(_grad);
 // float32, NCHW data and OIHW filters made contiguous by dispatch, on the calling engine worker's
 // stream. Other dtypes are refused by dispatch (the bindings' dtypes) with a DTypeError.
 //
@@ -23,8 +24,14 @@
 // (runtime/cuda/dnn_cuda.cc); its workspace, of the size the platform says that algorithm needs, is
 // a block of the device's caching allocator taken per call, so calls on different streams never
 // share one (the simulator needs none).
-// Not here: batch norm (no op binds it yet); conv bias (nd::conv2d adds it with a broadcast add,
-// which has its own GPU kernel).
+// Batch norm in training mode (batch_norm_train, batch_norm_train_grad) is CUDNN_BATCHNORM_SPATIAL
+// over (N, C, H, W), an (N, C) tensor described as (N, C, 1, 1): the forward call writes the batch
+// mean and cuDNN's saved inverse standard deviation 1 / sqrt(biased var + eps), which are the op's
+// mean and inv_std outputs; it updates no running statistics (null buffers: nd::batch_norm updates
+// them from the outputs), and the backward call reads them back. One call each: a tensor of more
+// than 2^31 - 1 elements is refused with a ShapeError (statistics over chunks of samples would need
+// a kernel of kiln's own).
+// Not here: conv bias (nd::conv2d adds it with a broadcast add, which has its own GPU kernel).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -293,6 +300,57 @@ void GpuAvgPool2dGrad(const KernelArgs& k) {
   });
 }
 
+// ---- batch norm (training mode) ----
+
+// (N, C) or (N, C, H, W) as cuDNN's packed NCHW descriptor; ShapeError past its int sizes.
+DnnTensorDesc BnDesc(const KernelArgs& k, const Shape& s) {
+  if (s.numel() > kMaxElements)
+    KILN_THROW(ShapeError) << k.op.name << " on " << k.device.str() << ": x " << s.str() << " has " << s.numel()
+                           << " elements, more than one cuDNN call addresses (" << kMaxElements
+                           << "); use a smaller batch or run it on kiln.cpu()";
+  const int h = s.rank() == 4 ? static_cast<int>(s[2]) : 1, w = s.rank() == 4 ? static_cast<int>(s[3]) : 1;
+  return DnnTensorDesc::Packed(DnnFormat::kNCHW, static_cast<int>(s[0]), static_cast<int>(s[1]), h, w);
+}
+
+// The parameter descriptor of spatial batch norm over `x`: 1 x C x 1 x 1.
+DnnTensorDesc BnParamDesc(const DnnTensorDesc& x) { return DnnTensorDesc::Packed(DnnFormat::kNCHW, 1, x.c, 1, 1); }
+
+void GpuBatchNormTrain(const KernelArgs& k) {
+  RequireFloat32(k);
+  const TensorView &x = k.in[0], &gamma = k.in[1], &beta = k.in[2];
+  const TensorView &y = k.out[0], &mean = k.out[1], &inv_std = k.out[2];
+  if (x.numel() == 0) return; // no channels (inference refuses channels without values)
+  Dnn d(k);
+  gpurt::BatchNormArgs a;
+  a.mode = gpurt::DnnBatchNormMode::kSpatial;
+  a.x = a.y = BnDesc(k, x.shape);
+  a.param = BnParamDesc(a.x);
+  a.x_data = x.data, a.y_data = y.data;
+  a.scale = gamma.data, a.bias = beta.data;
+  a.exponential_average_factor = 0.0; // no running statistics: nd::batch_norm keeps them
+  a.running_mean = a.running_var = nullptr;
+  a.epsilon = k.attrs.Float("eps");
+  a.save_mean = mean.data, a.save_inv_variance = inv_std.data;
+  d.p.DnnBatchNormForwardTraining(d.h, d.s, a);
+}
+
+void GpuBatchNormTrainGrad(const KernelArgs& k) {
+  RequireFloat32(k);
+  const TensorView &x = k.in[0], &gamma = k.in[1], &dy = k.in[2], &mean = k.in[3], &inv_std = k.in[4];
+  const TensorView &dx = k.out[0], &dgamma = k.out[1], &dbeta = k.out[2];
+  if (x.numel() == 0) return;
+  Dnn d(k);
+  gpurt::BatchNormBackwardArgs a;
+  a.mode = gpurt::DnnBatchNormMode::kSpatial;
+  a.x = a.dy = a.dx = BnDesc(k, x.shape);
+  a.param = BnParamDesc(a.x);
+  a.x_data = x.data, a.dy_data = dy.data, a.dx_data = dx.data;
+  a.scale = gamma.data, a.dscale = dgamma.data, a.dbias = dbeta.data;
+  a.epsilon = k.attrs.Float("eps");
+  a.saved_mean = mean.data, a.saved_inv_variance = inv_std.data;
+  d.p.DnnBatchNormBackward(d.h, d.s, a);
+}
+
 } // namespace
 
 /// For tests (declared there): the elements one cuDNN call's batched tensors may hold, at most
@@ -313,6 +371,8 @@ void BindGpuDnnKernels(KernelTable& t) {
   bind(op::kMaxPool2dGrad, GpuMaxPool2dGrad);
   bind(op::kAvgPool2d, GpuAvgPool2d);
   bind(op::kAvgPool2dGrad, GpuAvgPool2dGrad);
+  bind(op::kBatchNormTrain, GpuBatchNormTrain);
+  bind(op::kBatchNormTrainGrad, GpuBatchNormTrainGrad);
 }
 
 } // namespace kiln

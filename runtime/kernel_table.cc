@@ -46,6 +46,7 @@ const KernelTable& KernelTable::Get() {
     BindReduceKernels(*t);
     BindMovementKernels(*t);
     BindNNKernels(*t);
+    BindBatchNormKernels(*t);
     BindCreationKernels(*t);
     BindGpuBlasKernels(*t);
     BindGpuDnnKernels(*t);

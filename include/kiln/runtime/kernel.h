@@ -85,6 +85,7 @@ void BindElementwiseKernels(KernelTable& t);
 void BindReduceKernels(KernelTable& t);
 void BindMovementKernels(KernelTable& t);
 void BindNNKernels(KernelTable& t);
+void BindBatchNormKernels(KernelTable& t);  // runtime/cpu/batch_norm.cc
 void BindCreationKernels(KernelTable& t);
 /// GPU kernels on the platform's BLAS (runtime/gpu_kernels_blas.cc): matmul.
 void BindGpuBlasKernels(KernelTable& t);

@@ -101,6 +101,8 @@
   X(kMaxPool2dGrad, max_pool2d_grad)                                                               \
   X(kAvgPool2d, avg_pool2d)                                                                        \
   X(kAvgPool2dGrad, avg_pool2d_grad)                                                               \
+  X(kBatchNormTrain, batch_norm_train)                                                             \
+  X(kBatchNormTrainGrad, batch_norm_train_grad)                                                    \
   X(kFull, full)                                                                                   \
   X(kRandomUniform, random_uniform)                                                                \
   X(kRandomNormal, random_normal)                                                                  \
