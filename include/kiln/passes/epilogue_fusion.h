@@ -10,7 +10,8 @@
 // plan builder fills from the runtime's kernels (which anchors have an epilogue kernel, which
 // scalar functions its post-ops apply). Binding the library call is the plan builder's.
 //
-// Not here: trees (x * sigmoid(x) reads x twice), broadcasts other than per channel, GPU epilogues.
+// Not here: trees (x * sigmoid(x) reads x twice), broadcasts other than per channel, and which
+// groups a GPU plan runs as cuBLASLt epilogues (codegen/plan/fuse_epilogue.cc decides that).
 #pragma once
 
 #include <vector>
