@@ -70,12 +70,14 @@ TEST_CASE("gpu: copying the previous result to the host overlaps computing the n
               void* args[] = {&out, &a, &count};
               for (int r = 0; r < repeats; ++r) cuda::LaunchKernel(fn, 512, 256, 0, args);
             });
-  PushTimed(engine::StreamKind::kCopyD2H, "copy_y_prev", {prev.storage()->var()}, {}, d0, d1, [prev, &host, n] {
+  Tensor copied = nd::zeros({1});  // written by the copy task, so that the test can wait for it
+  PushTimed(engine::StreamKind::kCopyD2H, "copy_y_prev", {prev.storage()->var()}, {copied.storage()->var()}, d0, d1,
+            [prev, &host, n] {
     cuda::CopyAsync(host.data(), prev.View().data, static_cast<size_t>(n) * 4, cuda::CopyKind::kDeviceToHost);
     cuda::SynchronizeWorkerStream();  // `host` is read by the test below
   });
-  engine::Engine::Get().WaitForAll();
-  next.ToVector<float>();
+  next.ToVector<float>();  // waits for the two tasks (not WaitForAll: it reports other tests' errors too)
+  copied.ToVector<float>();
   for (gpurt::Event ev : {c0, c1, d0, d1}) p.EventSynchronize(ev);
   const float copy_start_before_compute_end = p.EventElapsedMs(d0, c1);
   const float compute_start_before_copy_end = p.EventElapsedMs(c0, d1);
@@ -133,8 +135,8 @@ TEST_CASE("gpu: CPU work and GPU work run at the same time (host times of both)"
         h[1] = Clock::now();
       },
       std::vector<engine::Var*>{}, std::vector<engine::Var*>{c.storage()->var()}, oc);
-  engine::Engine::Get().WaitForAll();
-  out.ToVector<float>();
+  out.ToVector<float>();  // waits for the two tasks
+  c.ToVector<float>();
   cuda::SynchronizeDevice(gpu(0));
   auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   MESSAGE("GPU " << ms(g[0], g[1]) << " ms, CPU " << ms(h[0], h[1]) << " ms; the CPU began "
