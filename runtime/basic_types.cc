@@ -13,66 +13,9 @@ namespace kiln {
 
 // ---- Half -------------------------------------------------------------------------------------
 
-Half::Half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x007fffffu;
-  int exp = static_cast<int>((x >> 23) & 0xff);
-  if (exp == 0xff) {  // inf or nan
-    bits = static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
-    return;
-  }
-  int e = exp - 127 + 15;
-  if (e >= 0x1f) {  // overflow to inf
-    bits = static_cast<uint16_t>(sign | 0x7c00u);
-    return;
-  }
-  if (e <= 0) {  // subnormal or zero
-    if (e < -10) {
-      bits = static_cast<uint16_t>(sign);
-      return;
-    }
-    mant |= 0x00800000u;
-    uint32_t shift = static_cast<uint32_t>(14 - e);
-    uint32_t half_mant = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    bits = static_cast<uint16_t>(sign | half_mant);
-    return;
-  }
-  uint32_t half = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exponent: fine
-  bits = static_cast<uint16_t>(half);
-}
+Half::Half(float f) : bits(f16::FloatToHalfBits(f)) {}
 
-Half::operator float() const {
-  uint32_t sign = (static_cast<uint32_t>(bits) & 0x8000u) << 16;
-  uint32_t exp = (bits >> 10) & 0x1f;
-  uint32_t mant = bits & 0x3ffu;
-  uint32_t out;
-  if (exp == 0) {
-    if (mant == 0) {
-      out = sign;
-    } else {  // subnormal: normalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while (!(mant & 0x400u));
-      out = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);
-  } else {
-    out = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &out, 4);
-  return f;
-}
+Half::operator float() const { return f16::HalfBitsToFloat(bits); }
 
 // ---- DType ------------------------------------------------------------------------------------
 

@@ -5,63 +5,25 @@
 // computed in double as on the CPU, then rounded to the output dtype; built with
 // -ffp-contract=off (codegen/CMakeLists.txt) so no multiply-add is fused, as on the CPU.
 #include "cu_common.h"
+#include "kiln/runtime/float16_bits.h"
 #include "kiln/runtime/philox.h"
 
 namespace {
 
-// float16 and bfloat16 by their bits, converted as runtime/basic_types.cc does (round to nearest
-// even; NaN stays NaN): T(double) goes through float, as the CPU's compute_t does.
-__device__ unsigned short FloatToHalf(float f) {
-  const unsigned x = __builtin_bit_cast(unsigned, f);
-  const unsigned sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xffu;
-  unsigned m = x & 0x7fffffu;
-  if (e == 0xffu) return static_cast<unsigned short>(sign | 0x7c00u | (m ? 0x200u : 0u));
-  const int exp = static_cast<int>(e) - 127 + 15;
-  if (exp >= 31) return static_cast<unsigned short>(sign | 0x7c00u);
-  if (exp <= 0) {  // a subnormal half, or zero
-    if (exp < -10) return static_cast<unsigned short>(sign);
-    m |= 0x800000u;
-    const int shift = 14 - exp;
-    unsigned h = m >> shift;
-    const unsigned rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<unsigned short>(sign | h);
-  }
-  unsigned h = sign | (static_cast<unsigned>(exp) << 10) | (m >> 13);
-  const unsigned rem = m & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
-  return static_cast<unsigned short>(h);
-}
-
-__device__ float HalfToFloat(unsigned short h) {
-  const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  unsigned x;
-  if (e == 0x1fu) {
-    x = sign | 0x7f800000u | (m << 13);
-  } else if (e == 0) {
-    if (m == 0) return __builtin_bit_cast(float, sign);
-    float v = static_cast<float>(m) * (1.0f / 16777216.0f);  // m * 2^-24
-    return sign ? -v : v;
-  } else {
-    x = sign | ((e + 112u) << 23) | (m << 13);
-  }
-  return __builtin_bit_cast(float, x);
-}
-
-__device__ unsigned short FloatToBFloat16(float f) {
-  const unsigned x = __builtin_bit_cast(unsigned, f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((x >> 16) | 0x40u);  // NaN
-  return static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
+// float16 and bfloat16 by their bits (include/kiln/runtime/float16_bits.h, as the CPU rounds
+// them): T(double) goes through float, as the CPU's compute_t does.
+using kiln::f16::FloatToBFloat16Bits;
+using kiln::f16::FloatToHalfBits;
+using kiln::f16::HalfBitsToFloat;
 
 struct Half {
   unsigned short bits;
-  __device__ explicit Half(double d) : bits(FloatToHalf(static_cast<float>(d))) {}
-  __device__ explicit operator double() const { return HalfToFloat(bits); }
+  __device__ explicit Half(double d) : bits(FloatToHalfBits(static_cast<float>(d))) {}
+  __device__ explicit operator double() const { return HalfBitsToFloat(bits); }
 };
 struct BFloat16 {
   unsigned short bits;
-  __device__ explicit BFloat16(double d) : bits(FloatToBFloat16(static_cast<float>(d))) {}
+  __device__ explicit BFloat16(double d) : bits(FloatToBFloat16Bits(static_cast<float>(d))) {}
   __device__ explicit operator double() const { return __builtin_bit_cast(float, static_cast<unsigned>(bits) << 16); }
 };
 

@@ -11,6 +11,7 @@
 // - an integer division by zero sets *flag (the host raises the CPU's ValueError).
 // Not here: float32 arithmetic on operands the generated kernels read (the fast path).
 #include "cu_common.h"
+#include "kiln/runtime/float16_bits.h"
 
 extern "C" __device__ float __nv_sqrtf(float);
 extern "C" __device__ float __nv_expf(float);
@@ -48,59 +49,15 @@ enum Unary {
 };
 enum Binary { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kEqual, kNotEqual, kLess, kLessEqual, kGreater, kGreaterEqual };
 
-// ---- 16-bit floats, by hand on their bits (runtime/basic_types.cc, include/kiln/runtime/dtype.h)
+// ---- 16-bit floats on their bits (include/kiln/runtime/float16_bits.h, shared with the CPU)
 
 __device__ unsigned FloatBits(float f) { return __builtin_bit_cast(unsigned, f); }
 __device__ float BitsFloat(unsigned u) { return __builtin_bit_cast(float, u); }
 
-__device__ float HalfToFloat(unsigned short h) {
-  unsigned sign = (static_cast<unsigned>(h) & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, out;
-  if (exp == 0) {
-    if (mant == 0) {
-      out = sign;
-    } else {  // subnormal: normalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while (!(mant & 0x400u));
-      out = sign | (static_cast<unsigned>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);
-  } else {
-    out = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return BitsFloat(out);
-}
-
-__device__ unsigned short FloatToHalf(float f) {
-  unsigned x = FloatBits(f), sign = (x >> 16) & 0x8000u, mant = x & 0x007fffffu;
-  int exp = static_cast<int>((x >> 23) & 0xff);
-  if (exp == 0xff) return static_cast<unsigned short>(sign | 0x7c00u | (mant ? 0x200u : 0u));  // inf, NaN
-  int e = exp - 127 + 15;
-  if (e >= 0x1f) return static_cast<unsigned short>(sign | 0x7c00u);  // overflow to inf
-  if (e <= 0) {                                                        // subnormal or zero
-    if (e < -10) return static_cast<unsigned short>(sign);
-    mant |= 0x00800000u;
-    unsigned shift = static_cast<unsigned>(14 - e), half_mant = mant >> shift, rem = mant & ((1u << shift) - 1),
-             halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return static_cast<unsigned short>(sign | half_mant);
-  }
-  unsigned half = sign | (static_cast<unsigned>(e) << 10) | (mant >> 13), rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: fine
-  return static_cast<unsigned short>(half);
-}
-
-__device__ float BFloatToFloat(unsigned short b) { return BitsFloat(static_cast<unsigned>(b) << 16); }
-
-__device__ unsigned short FloatToBFloat(float f) {
-  unsigned u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<unsigned short>(u >> 16);
-}
+__device__ float HalfToFloat(unsigned short h) { return kiln::f16::HalfBitsToFloat(h); }
+__device__ unsigned short FloatToHalf(float f) { return kiln::f16::FloatToHalfBits(f); }
+__device__ float BFloatToFloat(unsigned short b) { return kiln::f16::BFloat16BitsToFloat(b); }
+__device__ unsigned short FloatToBFloat(float f) { return kiln::f16::FloatToBFloat16Bits(f); }
 
 // ---- dtypes: storage S, compute type C (compute_t of dtype.h), load and store -----------------
 

@@ -12,6 +12,7 @@
 //   - one_hot: on/off values given as bits (converted on the host as the CPU converts them).
 // Strided kernels take kDims sizes and strides per operand (unused leading dims size 1, stride 0).
 #include "cu_common.h"
+#include "kiln/runtime/float16_bits.h"
 
 namespace {
 
@@ -82,16 +83,8 @@ struct BFloat16 {
 };
 
 /// The value compared (the CPU's compute type): 16-bit floats widen exactly to float.
-__device__ inline float Value(Half16 h) {
-  const unsigned sign = (h.bits >> 15) & 1u, exp = (h.bits >> 10) & 0x1fu, man = h.bits & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
-    const float f = static_cast<float>(man) * 5.9604644775390625e-08f;
-    return sign ? -f : f;
-  }
-  const unsigned bits = (sign << 31) | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112u) << 23) | (man << 13));
-  return __builtin_bit_cast(float, bits);
-}
-__device__ inline float Value(BFloat16 h) { return __builtin_bit_cast(float, static_cast<unsigned>(h.bits) << 16); }
+__device__ inline float Value(Half16 h) { return kiln::f16::HalfBitsToFloat(h.bits); }
+__device__ inline float Value(BFloat16 h) { return kiln::f16::BFloat16BitsToFloat(h.bits); }
 __device__ inline float Value(float x) { return x; }
 __device__ inline double Value(double x) { return x; }
 __device__ inline int Value(int x) { return x; }
@@ -99,35 +92,9 @@ __device__ inline long long Value(long long x) { return x; }
 __device__ inline int Value(unsigned char x) { return x; }  // uint8 and bool
 
 /// v rounded to the storage type, as the CPU's Half(float) and BFloat16(float) round
-/// (runtime/basic_types.cc, include/kiln/runtime/dtype.h): to nearest even, NaN kept a NaN.
-__device__ inline Half16 Narrow(float f, Half16) {
-  const unsigned x = __builtin_bit_cast(unsigned, f);
-  const unsigned sign = (x >> 16) & 0x8000u;
-  unsigned mant = x & 0x007fffffu;
-  const int exp = static_cast<int>((x >> 23) & 0xff);
-  if (exp == 0xff) return {static_cast<unsigned short>(sign | 0x7c00u | (mant ? 0x200u : 0u))};
-  const int e = exp - 127 + 15;
-  if (e >= 0x1f) return {static_cast<unsigned short>(sign | 0x7c00u)};
-  if (e <= 0) {  // subnormal or zero
-    if (e < -10) return {static_cast<unsigned short>(sign)};
-    mant |= 0x00800000u;
-    const unsigned shift = static_cast<unsigned>(14 - e);
-    unsigned half_mant = mant >> shift;
-    const unsigned rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return {static_cast<unsigned short>(sign | half_mant)};
-  }
-  unsigned half = sign | (static_cast<unsigned>(e) << 10) | (mant >> 13);
-  const unsigned rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent
-  return {static_cast<unsigned short>(half)};
-}
-__device__ inline BFloat16 Narrow(float f, BFloat16) {
-  unsigned u = __builtin_bit_cast(unsigned, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<unsigned short>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return {static_cast<unsigned short>(u >> 16)};
-}
+/// (include/kiln/runtime/float16_bits.h): to nearest even, NaN kept a NaN.
+__device__ inline Half16 Narrow(float f, Half16) { return {kiln::f16::FloatToHalfBits(f)}; }
+__device__ inline BFloat16 Narrow(float f, BFloat16) { return {kiln::f16::FloatToBFloat16Bits(f)}; }
 __device__ inline float Narrow(float v, float) { return v; }
 __device__ inline double Narrow(double v, double) { return v; }
 

@@ -9,6 +9,8 @@
 
 #include "kiln/runtime/error.h"
 
+#include "kiln/runtime/float16_bits.h"
+
 namespace kiln {
 
 enum class DType : uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kBool };
@@ -26,22 +28,8 @@ struct Half {
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  BFloat16(float f) {  // NOLINT
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      bits = static_cast<uint16_t>((u >> 16) | 0x40);  // keep NaN a NaN
-    } else {
-      u += 0x7fffu + ((u >> 16) & 1u);
-      bits = static_cast<uint16_t>(u >> 16);
-    }
-  }
-  operator float() const {
-    uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
+  BFloat16(float f) : bits(f16::FloatToBFloat16Bits(f)) {}  // NOLINT
+  operator float() const { return f16::BFloat16BitsToFloat(bits); }
 };
 
 size_t DTypeSize(DType t);

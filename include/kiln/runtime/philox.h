@@ -4,11 +4,7 @@
 // Plain C++ without the standard library: the GPU side has none.
 #pragma once
 
-#if defined(__CUDA__)
-#define KILN_HOST_DEVICE __attribute__((device))
-#else
-#define KILN_HOST_DEVICE
-#endif
+#include "kiln/runtime/host_device.h"
 
 namespace kiln::philox {
 
