@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "kiln/runtime/cuda.h"
-#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/engine.h"
 
 namespace kiln::distributed {
@@ -202,8 +201,9 @@ void Allreduce(const std::vector<Tensor>& arrays, mpi::ReduceOp op) {
   CheckArrays(arrays, "allreduce");
   if (arrays.empty()) return;
   const bool gpu = arrays[0].device().is_gpu();
-  // Simulated GPUs (KILN_GPU_SIM) have no NCCL: their arrays go through MPI via host copies.
-  const bool staged = gpu && std::string(gpurt::Get().Name()) != "cuda";
+  // Without NCCL for these GPUs (simulated ones, or a build without it) their arrays go through
+  // MPI via host copies.
+  const bool staged = gpu && !mpi::NcclAvailable();
   for (size_t i = 0; i < arrays.size(); ++i) {
     DType t = arrays[i].dtype();
     if (op == mpi::ReduceOp::kMean && !IsFloat(t))
@@ -215,8 +215,6 @@ void Allreduce(const std::vector<Tensor>& arrays, mpi::ReduceOp op) {
           << "allreduce: expected float32, float64, int32, int64 or uint8 " << (gpu ? "arrays on simulated GPUs" : "CPU arrays")
           << ", found " << DTypeName(t) << " (array #" << i << "); cast with astype('float32')";
   }
-  if (gpu && !staged && !mpi::IsLocalWorld() && !mpi::NcclAvailable())
-    mpi::NcclAllreduce(nullptr, 0, arrays[0].dtype(), op, arrays[0].device().index, nullptr); // throws
   if (mpi::IsLocalWorld()) return; // one process: the sum, mean, max and min are the array itself
   PushCollective("allreduce", arrays, [arrays, op, gpu, staged] {
     if (!gpu) return AllreduceCpu(arrays, op);

@@ -5,8 +5,10 @@
 // DeviceError. What it does not do: deadlines (NCCL waits on the stream; a dead peer is
 // caught by the MPI collectives around it), several GPUs per process.
 #include <mutex>
+#include <string>
 
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/mpi.h"
 
 #if KILN_WITH_NCCL
@@ -65,7 +67,7 @@ ncclComm_t CommFor(int device_index) {
 
 } // namespace
 
-bool NcclAvailable() { return true; }
+bool NcclAvailable() { return std::string(gpurt::Get().Name()) == "cuda"; }
 
 void NcclAllreduce(void* buf, int64_t count, DType dtype, ReduceOp op, int device_index, void* stream) {
   ncclComm_t comm = CommFor(device_index);

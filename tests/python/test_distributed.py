@@ -131,7 +131,7 @@ def test_gpu_allreduce_over_nccl():
     if kiln.num_gpus() == 0:
         pytest.skip("needs a real GPU (NCCL between processes; simulated GPUs live in one process): did not run")
     if not kiln._C.distributed.nccl_available():
-        pytest.skip("kiln was built without NCCL")
+        pytest.skip("no NCCL here (kiln built without it): did not run")
     # One rank per GPU (NCCL refuses two ranks on one GPU); one GPU still runs a 1-rank NCCL world.
     nranks = min(2, kiln.num_gpus())
     rc, out, _ = run("gpu.py", np=nranks, timeout=120)

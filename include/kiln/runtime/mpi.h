@@ -89,7 +89,9 @@ uint64_t Fnv1a(std::string_view bytes);
 
 // ---- GPU buffers: NCCL bootstrapped through MPI (runtime/cuda/nccl_dist.cc) ----
 
-/// True when kiln was built with CUDA and NCCL.
+/// True when kiln was built with CUDA and NCCL and the process's GPUs are real ones: NCCL cannot
+/// reach a simulated GPU's memory (KILN_GPU_SIM). Without it, GPU arrays cross processes through
+/// MPI via host copies (frontend/distributed.cc).
 bool NcclAvailable();
 /// In place on gpu(`device_index`), enqueued on `stream` (a cudaStream_t): the reduction over
 /// the ranks. The communicator is created on first use (ncclGetUniqueId on rank 0, broadcast over
