@@ -22,11 +22,14 @@ __all__ = ["concat", "Concat", "stack", "split", "SliceChannel", "pick", "topk",
 
 
 def _op(fn):
-    """Marks an MXNet op; a call with a Symbol among its keyword arguments goes to kiln.sym."""
+    """Marks an MXNet op: drops MXNet's `name`/`attr` keywords (kiln names graph nodes itself); a
+    call with a Symbol among its keyword arguments goes to kiln.sym with every argument positional."""
     sig = _inspect.signature(fn)
 
     @_functools.wraps(fn)
     def call(*args, **kwargs):
+        if kwargs:
+            kwargs.pop("name", None), kwargs.pop("attr", None)
         if kwargs and _b.any(getattr(v, "_kiln_symbol", False) for v in kwargs.values()):
             from . import sym
             bound = sig.bind(*args, **kwargs)
