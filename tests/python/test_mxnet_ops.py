@@ -166,6 +166,7 @@ def _kiln(fn, arrays, diff, device=None):
         xs[i].attach_grad()
     with autograd.record():
         outs = _as_list(fn(nd, *xs))
+        assert all(o.device == xs[0].device for o in outs), [o.device for o in outs]
         total = None
         for o in outs:
             t = (o * nd.array(_head(o.shape), device=device).astype(o.dtype)).sum()
@@ -438,3 +439,22 @@ ERRORS = {
 def test_argument_errors_are_typed_and_say_what_to_do(name):
     fn, exc, *fragments = ERRORS[name]
     _raises(fn, exc, *fragments)
+
+
+def test_every_op_on_a_simulated_gpu_matches_torch():
+    """Every case of CASES on gpu(1) of two simulated GPUs (a fresh interpreter, see test_gpu.py)."""
+    import os
+    from test_gpu import run_sim
+    out = run_sim(f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import numpy as np, kiln
+import test_mxnet_ops as t
+for name, (fn, ref, arrays, diff) in sorted(t.CASES.items()):
+    outs, grads = t._kiln(fn, arrays, diff, device=kiln.gpu(1))
+    want_outs, want_grads = t._torch(ref, arrays, diff)
+    for got, want in zip(outs + grads, want_outs + want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=name)
+print("ok", len(t.CASES))
+""")
+    assert f"ok {len(CASES)}" in out
