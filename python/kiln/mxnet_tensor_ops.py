@@ -188,11 +188,16 @@ def argmin(data, axis=None, keepdims=False):
     return _arg("argmin", data, axis, keepdims)
 
 
+_RANK_LIMIT = 1 << 24  # elements of the pairwise comparison topk may build (64 MiB of float32)
+
+
 @_op
 def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"):
-    """The k largest (smallest with is_ascend) elements along `axis`, found by k rounds of argmax
-    and one-hot masking (O(k*n); k < 1 selects all). ret_typ: 'indices' (in `dtype`), 'value'
-    (differentiable w.r.t. data), 'both' ([value, indices]) or 'mask' (1 where selected)."""
+    """The k largest (smallest with is_ascend) elements along `axis` (k < 1: all of them, sorted).
+    ret_typ: 'indices' (in `dtype`), 'value' (differentiable w.r.t. data), 'both' ([value,
+    indices]) or 'mask' (1 where selected). Ties go to the lower index. kiln has no sort op: small
+    k takes k rounds of argmax and one-hot masking (O(k*n)); larger k ranks every element by
+    pairwise comparison (O(n*n) per row, while that stays under 2**24 elements)."""
     if ret_typ not in ("indices", "value", "both", "mask"):
         raise ArgumentError(f"topk: ret_typ must be 'indices', 'value', 'both' or 'mask', got {ret_typ!r}")
     ax = _axis("topk", -1 if axis is None else axis, data.ndim)
@@ -202,6 +207,11 @@ def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"
     k = n if k < 1 else k
     if k > n:
         raise ArgumentError(f"topk: k={k} is larger than axis {ax} of shape {data.shape} ({n} elements)")
+    rows = 1
+    for d in data.shape:
+        rows *= d
+    if k > 4 and rows * n <= _RANK_LIMIT:
+        return _topk_by_rank(data, ax, k, ret_typ, is_ascend, dtype)
     fill = float("inf") if is_ascend else float("-inf")
     rest = _C.stop_gradient(data)  # only chooses; the values' gradient flows through `data * m`
     values, indices, masks = [], [], []
@@ -214,14 +224,42 @@ def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"
             values.append((data * m).sum(axis=ax))
         rest = _C.where(m > 0, _C.full(rest.shape, fill, rest._dtype_name, rest.device), rest)
     if ret_typ == "mask":
-        out = masks[0]
-        for m in masks[1:]:
-            out = out + m
-        return out
+        return add_n(*masks)
     idx = _C.cast(_C.stack(indices, ax), dtype)
     if ret_typ == "indices":
         return idx
     val = _C.stack(values, ax)
+    return val if ret_typ == "value" else [val, idx]
+
+
+def _topk_by_rank(data, ax, k, ret_typ, is_ascend, dtype):
+    """topk through each element's rank: the count of elements ahead of it (greater, or equal
+    at a lower index); the one-hot of the ranks is the sorting permutation."""
+    n, last = data.shape[ax], data.ndim - 1
+    perm = list(range(data.ndim))
+    perm[ax], perm[last] = perm[last], perm[ax]
+    x = data._transpose(perm) if ax != last else data  # the axis last
+    xs = _C.stop_gradient(x)
+    xi, xj = _C.expand_dims(xs, -1), _C.expand_dims(xs, -2)  # (..., n, 1) and (..., 1, n)
+    ahead = (xj < xi) if is_ascend else (xj > xi)
+    pos = _C.arange(0, n, 1, data._dtype_name, data.device)
+    lower = _C.cast(_C.expand_dims(pos, 0) < _C.expand_dims(pos, 1), data._dtype_name)  # [i, j] = j < i
+    ft = data._dtype_name
+    rank = (_C.cast(ahead, ft) + _C.cast(xj == xi, ft) * lower).sum(axis=-1)  # (..., n)
+    if ret_typ == "mask":
+        out = _C.cast(rank < float(k), ft)
+        return out._transpose(perm) if ax != last else out
+    onehot = _C.one_hot(_C.cast(rank, "int64"), n, 1.0, 0.0, ft)  # (..., i, r): element i has rank r
+    begin, end = [0] * x.ndim, list(x.shape)
+    end[-1] = k
+
+    def first_k(t):
+        t = _C.slice(t, begin, end, None)
+        return t._transpose(perm) if ax != last else t
+    idx = first_k(_C.cast((_C.expand_dims(pos, -1) * onehot).sum(axis=-2), dtype))
+    if ret_typ == "indices":
+        return idx
+    val = first_k((_C.expand_dims(x, -1) * onehot).sum(axis=-2))
     return val if ret_typ == "value" else [val, idx]
 
 

@@ -99,6 +99,10 @@ CASES = {
     "topk_value": (lambda F, x: F.topk(x, k=2, ret_typ="value"), lambda x: torch.topk(x, 2, -1).values, [X3], [0]),
     "topk_value_ascending_axis0": (lambda F, x: F.topk(x, axis=0, k=2, ret_typ="value", is_ascend=True),
                                    lambda x: torch.topk(x, 2, 0, largest=False).values, [X2], [0]),
+    "topk_value_by_rank": (lambda F, x: F.topk(x, axis=1, k=5, ret_typ="value"),
+                           lambda x: torch.topk(x, 5, 1).values, [_r(2, 7, 3)], [0]),
+    "topk_both_ascending_by_rank": (lambda F, x: F.topk(x, k=6, ret_typ="both", is_ascend=True)[0],
+                                    lambda x: torch.topk(x, 6, -1, largest=False).values, [_r(3, 8)], [0]),
     "concat": (lambda F, a, b, c: F.concat(a, b, c, dim=1), lambda a, b, c: torch.cat([a, b, c], 1),
                [X3, _r(2, 1, 4), _r(2, 2, 4)], [0, 1, 2]),
     "stack": (lambda F, a, b: F.stack(a, b, axis=1), lambda a, b: torch.stack([a, b], 1), [X3, _r(2, 3, 4)], [0, 1]),
@@ -239,6 +243,19 @@ def test_index_ops_values():
     assert v.asnumpy().tolist() == [[1, -1, 2, 0]] and i.asnumpy().tolist() == [[0, 1, 1, 1]]
     assert nd.topk(x, k=3, ret_typ="mask").asnumpy().tolist() == [[0, 1, 1, 1], [1, 0, 1, 1]]
     assert nd.topk(x, k=0, ret_typ="value").asnumpy().tolist() == [[5, 5, 3, 1], [4, 2, 0, -1]]  # k < 1: all
+    for k in (3, 6, 0):  # by argmax rounds, by pairwise ranks, everything sorted
+        a = R.permutation(60).reshape(3, 20).astype(np.float32)
+        for ascend in (False, True):
+            v, i = nd.topk(nd.array(a), axis=1, k=k, ret_typ="both", is_ascend=ascend)
+            t = torch.topk(T(a), k or 20, 1, largest=not ascend)
+            assert v.asnumpy().tolist() == t.values.numpy().tolist()
+            assert i.asnumpy().tolist() == t.indices.numpy().tolist() and i.dtype == np.float32
+            mask = nd.topk(nd.array(a), axis=1, k=k, ret_typ="mask", is_ascend=ascend).asnumpy()
+            assert set(np.unique(mask)) <= {0.0, 1.0}
+            assert all(set(np.nonzero(mask[r])[0]) == set(t.indices.numpy()[r]) for r in range(3))
+    ties = nd.array(np.array([[2, 7, 7, 1, 7, 2, 0]], np.float32))
+    assert nd.topk(ties, k=5).asnumpy().tolist() == [[1, 2, 4, 0, 5]]  # ties: the lower index first
+    assert nd.topk(ties, k=3).asnumpy().tolist() == [[1, 2, 4]]
     oh = nd.one_hot(nd.array([1, 0, 7]), 3)
     assert oh.dtype == np.float32 and oh.asnumpy().tolist() == [[0, 1, 0], [1, 0, 0], [0, 0, 0]]
     assert nd.pick(x, nd.array([9, -4]), axis=1).asnumpy().tolist() == [5, 4]  # mode 'clip'
@@ -458,3 +475,43 @@ for name, (fn, ref, arrays, diff) in sorted(t.CASES.items()):
 print("ok", len(t.CASES))
 """)
     assert f"ok {len(CASES)}" in out
+
+
+def test_dot_shapes_as_mxnet():
+    a, m = nd.array(_r(3)), nd.array(_r(3, 4))
+    assert nd.dot(a, m).shape == (4,) and nd.dot(m.T, a).shape == (4,) and nd.dot(a, a).shape == (1,)
+    np.testing.assert_allclose(nd.dot(a, a).asnumpy(), [a.asnumpy() @ a.asnumpy()], rtol=1e-6)
+    np.testing.assert_allclose(nd.dot(a, m).asnumpy(), a.asnumpy() @ m.asnumpy(), rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:.*traced again")  # the inference call after training traces once more
+def test_batchnorm_in_a_hybridized_block_trains_its_moving_statistics_as_eager():
+    class Net(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.gamma = nn.Parameter("gamma", shape=(3,), init=kiln.init.One())
+            self.beta = nn.Parameter("beta", shape=(3,), init=kiln.init.Zero())
+            self.moving_mean = nn.Parameter("moving_mean", shape=(3,), init=kiln.init.Zero(), grad_req="null")
+            self.moving_var = nn.Parameter("moving_var", shape=(3,), init=kiln.init.One(), grad_req="null")
+
+        def hybrid_forward(self, F, x, gamma, beta, moving_mean, moving_var):
+            y = F.BatchNorm(x, gamma, beta, moving_mean, moving_var, fix_gamma=False, momentum=0.5)
+            return F.Activation(y, act_type="tanh")
+
+    x = nd.array(_r(4, 3, 5, 5) * 3 + 1)
+    results = []
+    for hybridize in (False, True):
+        net = Net()
+        net.initialize()
+        if hybridize:
+            net.hybridize()
+        for _ in range(2):
+            with autograd.record():
+                y = net(x)
+            y.backward()
+        results.append([net.moving_mean.data().asnumpy(), net.moving_var.data().asnumpy(),
+                        net.gamma.grad().asnumpy(), net(x).asnumpy()])  # the last: inference
+    mean = x.asnumpy().mean((0, 2, 3))
+    np.testing.assert_allclose(results[0][0], 0.75 * mean, rtol=1e-5, atol=1e-6)
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
