@@ -12,13 +12,13 @@ import functools as _functools
 import inspect as _inspect
 
 from . import _C
-from ._C import ArgumentError, ShapeError, NDArray
+from ._C import ArgumentError, ShapeError
 
 __all__ = ["concat", "Concat", "stack", "split", "SliceChannel", "pick", "topk", "argmax", "argmin", "clip",
            "where", "broadcast_to", "broadcast_like", "broadcast_axis", "broadcast_axes", "sum", "mean", "max",
            "min", "prod", "norm", "reshape", "Reshape", "transpose", "expand_dims", "squeeze", "slice",
            "slice_axis", "swapaxes", "SwapAxis", "tile", "Cast", "add_n", "ElementWiseSum", "BlockGrad",
-           "identity", "softsign", "Flatten"]
+           "identity", "softsign", "Flatten", "repeat", "flip", "reverse", "SequenceMask"]
 
 
 def _op(fn):
@@ -442,6 +442,52 @@ def tile(data, reps):
 @_op
 def Cast(data, dtype):
     return _C.cast(data, dtype)
+
+
+@_op
+def repeat(data, repeats, axis=None):
+    """Each element repeated `repeats` times along `axis` (of the flattened data when None)."""
+    if axis is None:
+        data, axis = data.reshape((-1,)), 0
+    ax = _axis("repeat", axis, data.ndim)
+    if repeats < 1:
+        raise ArgumentError(f"repeat: repeats must be a positive int, got {repeats!r}")
+    shape = tuple(data.shape)
+    y = _C.broadcast_to(_C.expand_dims(data, ax + 1), shape[:ax + 1] + (repeats,) + shape[ax + 1:])
+    return y.reshape(shape[:ax] + (shape[ax] * repeats,) + shape[ax + 1:])
+
+
+@_op
+def flip(data, axis):
+    """data reversed along `axis` (an int or a tuple)."""
+    axes = _axes("flip", axis, data.ndim)
+    b = [data.shape[a] - 1 if a in axes else 0 for a in range(data.ndim)]
+    e = [-data.shape[a] - 1 if a in axes else data.shape[a] for a in range(data.ndim)]
+    return _C.slice(data, b, e, [-1 if a in axes else 1 for a in range(data.ndim)])
+
+
+reverse = flip
+
+
+@_op
+def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0):
+    """data with the steps at or past each sequence's length set to `value`: axis 0 is time and
+    axis 1 the batch (axis=0, data (T, B, ...)) or the other way round (axis=1, data (B, T, ...));
+    sequence_length has one length per batch entry."""
+    if not use_sequence_length:
+        return data
+    if axis not in (0, 1):
+        raise ArgumentError(f"SequenceMask: axis must be 0 or 1 (the time axis), got {axis!r}")
+    seq = _need("SequenceMask", "sequence_length", sequence_length)
+    batch = data.shape[1 - axis]
+    if tuple(seq.shape) != (batch,):
+        raise ShapeError(f"SequenceMask: sequence_length must have shape ({batch},) (one per batch entry of "
+                         f"{data.shape} with time on axis {axis}), found {seq.shape}")
+    pos_shape, len_shape = [1] * data.ndim, [1] * data.ndim
+    pos_shape[axis], len_shape[1 - axis] = data.shape[axis], batch
+    pos = _C.arange(0, data.shape[axis], 1, "float32", data.device).reshape(tuple(pos_shape))
+    keep = pos < _C.cast(seq, "float32").reshape(tuple(len_shape))
+    return _C.where(keep, data, _C.full((1,), float(value), data._dtype_name, data.device))
 
 
 def add_n(*args):
