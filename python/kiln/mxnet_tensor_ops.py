@@ -160,8 +160,9 @@ def pick(data, index, axis=-1, keepdims=False, mode="clip"):
     if mode == "clip":
         index = _C.clip(index, 0, n - 1)
     elif mode == "wrap":
-        index = index - _C.floor(index / float(n)) * float(n) if index._dtype_name not in ("int32", "int64") \
-            else ((index % n) + n) % n
+        if index._dtype_name in ("int32", "int64"):
+            index = _C.cast(index, "float64")
+        index = index - _C.floor(index / float(n)) * float(n)
     else:
         raise ArgumentError(f"pick: mode must be 'clip' or 'wrap', got {mode!r}")
     mask = _one_hot_along(_int_index(index), n, ax, data._dtype_name)

@@ -269,6 +269,8 @@ def test_index_ops_values():
     assert oh.dtype == np.float32 and oh.asnumpy().tolist() == [[0, 1, 0], [1, 0, 0], [0, 0, 0]]
     assert nd.pick(x, nd.array([9, -4]), axis=1).asnumpy().tolist() == [5, 4]  # mode 'clip'
     assert nd.pick(x, nd.array([5, -1]), mode="wrap").asnumpy().tolist() == [5, 0]
+    assert nd.pick(x, nd.array([7, -1], dtype="int32")).asnumpy().tolist() == [5, 4]
+    assert nd.pick(x, nd.array([-1, 6], dtype="int64"), mode="wrap").asnumpy().tolist() == [5, 2]
     assert nd.broadcast_equal(x, nd.array([5.0])).asnumpy().tolist() == [[0, 1, 0, 1], [0, 0, 0, 0]]
     assert nd.broadcast_lesser_equal(x, nd.array([2.0])).dtype == np.float32
     # kiln's own list forms keep working
