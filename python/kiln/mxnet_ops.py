@@ -22,11 +22,12 @@ otherwise (MXNet ignores the head gradient).
 from . import _C
 from ._C import ArgumentError, ShapeError
 from .mxnet_tensor_ops import *  # noqa: F401,F403
-from .mxnet_tensor_ops import __all__ as _tensor_all, _op, _need, _axis, softsign
+from .mxnet_tensor_ops import __all__ as _tensor_all, _op, _need, _axis, repeat, softsign
 
 __all__ = ["Convolution", "Pooling", "FullyConnected", "Activation", "LeakyReLU", "BatchNorm", "Dropout",
            "softmax", "log_softmax", "SoftmaxOutput", "SoftmaxActivation", "dot", "batch_dot", "one_hot",
-           "Embedding"] + _tensor_all
+           "Embedding", "LayerNorm", "InstanceNorm", "L2Normalization", "smooth_l1", "gather_nd",
+           "UpSampling"] + _tensor_all
 
 
 def _pair(op, name, value, default):
@@ -392,3 +393,91 @@ def Embedding(data=None, weight=None, input_dim=None, output_dim=None, dtype="fl
         raise ShapeError(f"{op}: weight must have shape {want} (input_dim, output_dim), found {weight.shape}")
     idx = data if data._dtype_name in ("int32", "int64") else _C.cast(_C.round(data), "int64")
     return _C.take(weight, idx, 0)
+
+
+def _normalize(data, axes, eps):
+    mu = data.mean(axis=axes, keepdims=True)
+    centered = data - mu
+    return centered * _C.rsqrt(_C.square(centered).mean(axis=axes, keepdims=True) + float(eps))
+
+
+def _affine(op, y, gamma, beta, ax):
+    shape = [1] * y.ndim
+    shape[ax] = y.shape[ax]
+    for n, p in (("gamma", gamma), ("beta", beta)):
+        if tuple(p.shape) != (y.shape[ax],):
+            raise ShapeError(f"{op}: {n} must have shape ({y.shape[ax]},) (axis {ax} of data {y.shape}), "
+                             f"found {p.shape}")
+    return y * gamma.reshape(tuple(shape)) + beta.reshape(tuple(shape))
+
+
+@_op
+def LayerNorm(data=None, gamma=None, beta=None, axis=-1, eps=1e-5, output_mean_var=False):
+    """(data - mean) / sqrt(var + eps) * gamma + beta, the statistics over `axis` alone."""
+    if output_mean_var:
+        raise ArgumentError("LayerNorm: output_mean_var=True is not supported")
+    data = _need("LayerNorm", "data", data)
+    ax = _axis("LayerNorm", axis, data.ndim)
+    return _affine("LayerNorm", _normalize(data, (ax,), eps), _need("LayerNorm", "gamma", gamma),
+                   _need("LayerNorm", "beta", beta), ax)
+
+
+@_op
+def InstanceNorm(data=None, gamma=None, beta=None, eps=1e-3):
+    """Normalization of each (sample, channel) over the remaining axes, then gamma and beta per channel."""
+    data = _need("InstanceNorm", "data", data)
+    if data.ndim < 3:
+        raise ShapeError(f"InstanceNorm: data must have 3+ dimensions (N, C, ...), found {data.shape}")
+    return _affine("InstanceNorm", _normalize(data, tuple(range(2, data.ndim)), eps),
+                   _need("InstanceNorm", "gamma", gamma), _need("InstanceNorm", "beta", beta), 1)
+
+
+@_op
+def L2Normalization(data, eps=1e-10, mode="instance"):
+    """data / sqrt(sum(data ** 2) + eps) over every axis but the first ('instance'), over axis 1
+    ('channel') or over the axes after the first two ('spatial')."""
+    axes = {"instance": tuple(range(1, data.ndim)), "channel": (1,), "spatial": tuple(range(2, data.ndim))}.get(mode)
+    if axes is None:
+        raise ArgumentError(f"L2Normalization: mode must be 'instance', 'channel' or 'spatial', found {mode!r}")
+    return data * _C.rsqrt(_C.square(data).sum(axis=axes, keepdims=True) + float(eps))
+
+
+@_op
+def smooth_l1(data, scalar=1.0):
+    """0.5 * (scalar * x) ** 2 where |x| < 1 / scalar ** 2, else |x| - 0.5 / scalar ** 2."""
+    s2 = float(scalar) ** 2
+    a = _C.abs(data)
+    return _C.where(a < 1.0 / s2, _C.square(data) * (0.5 * s2), a - 0.5 / s2)
+
+
+@_op
+def gather_nd(data, indices):
+    """data at the positions indices[:, ...] (the first axis of indices runs over data's first
+    M axes): shape indices.shape[1:] + data.shape[M:]; differentiable w.r.t. data."""
+    m = indices.shape[0] if indices.ndim else 0
+    if indices.ndim < 1 or not 1 <= m <= data.ndim:
+        raise ShapeError(f"gather_nd: indices must have a first axis of 1 to {data.ndim} (data {data.shape}), "
+                         f"found shape {indices.shape}")
+    lead = 1
+    for d in data.shape[:m]:
+        lead *= d
+    linear, stride = None, 1
+    idx = _C.cast(indices, "float64")
+    for i in reversed(range(m)):
+        term = idx[i] * float(stride)
+        linear = term if linear is None else linear + term
+        stride *= data.shape[i]
+    flat = data.reshape((lead,) + tuple(data.shape[m:]))
+    return _C.take(flat, _C.cast(_C.round(linear), "int64"), 0)
+
+
+@_op
+def UpSampling(data, scale=None, sample_type="nearest", num_args=1, num_filter=0, multi_input_mode="concat",
+               workspace=512):
+    """Nearest-neighbour upsampling of NCHW data by the integer `scale`."""
+    if sample_type != "nearest":
+        raise ArgumentError(f"UpSampling: sample_type must be 'nearest' (kiln has no bilinear upsampling), "
+                            f"found {sample_type!r}")
+    scale = _need("UpSampling", "scale", scale)
+    _check_4d("UpSampling", data)
+    return repeat(repeat(data, int(scale), axis=2), int(scale), axis=3)
