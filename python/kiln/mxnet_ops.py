@@ -10,8 +10,9 @@ them for Symbols, and a hybrid_forward(F, x) sees them as F.Convolution.
 
 Each op checks its arguments (typed errors saying what was expected and found) and then maps onto
 kiln's own ops (conv2d, max_pool2d, avg_pool2d, linear, matmul, batch_norm, softmax, ...): no math
-is implemented twice, so they differentiate, hybridize and export as those do. Only 2-D NCHW
-convolution and pooling exist in kiln: other layouts and 1-D/3-D kernels are refused.
+is implemented twice, so they differentiate, hybridize and export as those do. Convolution and
+pooling are kiln's 2-D NCHW ones (1-D NCW data runs as (N, C, 1, W)); other layouts and 3-D
+kernels are refused.
 
 Where kiln differs from MXNet (documented per op): BatchNorm updates its moving statistics in the
 forward pass (MXNet: in the backward pass) with the unbiased batch variance; SoftmaxOutput's
@@ -19,6 +20,8 @@ gradient is MXNet's softmax - one_hot(label) when the head gradient is ones (out
 MXNet uses it: as the network's head), scaled by the mean of the head gradient over classes
 otherwise (MXNet ignores the head gradient).
 """
+import builtins as _b
+
 from . import _C
 from ._C import ArgumentError, ShapeError
 from .mxnet_tensor_ops import *  # noqa: F401,F403
@@ -38,20 +41,35 @@ def _pair(op, name, value, default):
         return (value, value)
     t = tuple(value)
     if len(t) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in t):
-        raise ArgumentError(f"{op}: {name} must be 2 ints (kiln has 2-D {op} only, NCHW), found {name}={value!r}; "
-                            f"for 1-D data add a dimension of size 1 and use ({name[0]}, 1)")
+        raise ArgumentError(f"{op}: {name} must be 2 ints for 4-D (NCHW) data or 1 int for 3-D (NCW) data "
+                            f"(kiln has 1-D and 2-D {op} only), found {name}={value!r}")
     return t
 
 
-def _check_layout(op, layout):
-    if layout not in (None, "NCHW"):
-        raise ArgumentError(f"{op}: layout {layout!r} is not supported; kiln computes in NCHW: transpose the "
-                            f"data to NCHW (nd.transpose(x, axes=(0, 3, 1, 2)) for NHWC) and use layout='NCHW'")
+def _widen(value, pad):
+    """A 1-D argument as the 2-D one of the same op on (N, C, 1, W) data."""
+    if value is None or value == ():
+        return value
+    t = (value,) if isinstance(value, int) else tuple(value)
+    return (pad,) + t if len(t) == 1 else t
+
+
+def _is_1d(data, kernel):
+    return data is not None and data.ndim == 3 and kernel is not None and \
+        (isinstance(kernel, int) or len(tuple(kernel)) == 1)
+
+
+def _check_layout(op, layout, ndim=4):
+    if layout not in (None, "NCHW" if ndim == 4 else "NCW"):
+        raise ArgumentError(f"{op}: layout {layout!r} is not supported; kiln computes in NCHW (NCW for 1-D): "
+                            f"transpose the data (nd.transpose(x, axes=(0, 3, 1, 2)) for NHWC) and use "
+                            f"layout='NCHW'")
 
 
 def _check_4d(op, data):
     if data.ndim != 4:
-        raise ShapeError(f"{op}: data must be 4-D (batch, channel, height, width), found shape {data.shape}")
+        raise ShapeError(f"{op}: data must be 4-D (batch, channel, height, width), or 3-D (batch, channel, "
+                         f"width) with a 1-D kernel, found shape {data.shape}")
 
 
 @_op
@@ -60,8 +78,19 @@ def Convolution(data=None, weight=None, bias=None, kernel=None, stride=(), dilat
     """2-D convolution of NCHW `data` with `weight` (num_filter, C / num_group, kh, kw) and `bias`
     (num_filter,), as MXNet's Convolution (stride, dilate default 1; pad 0)."""
     op = "Convolution"
-    _check_layout(op, layout)
     data, weight = _need(op, "data", data), _need(op, "weight", weight)
+    if _is_1d(data, kernel):  # (N, C, W): as (N, C, 1, W) with a (1, k) kernel
+        _check_layout(op, layout, 3)
+        k = _widen(kernel, 1)[1:]
+        want = (num_filter, data.shape[1] // _b.max(num_group, 1)) + k
+        if tuple(weight.shape) != want:
+            raise ShapeError(f"{op}: weight must have shape {want} (num_filter, channels / num_group, kernel) for "
+                             f"data {data.shape}, found {weight.shape}")
+        w = weight.reshape(tuple(weight.shape[:2]) + (1,) + k)
+        out = Convolution(_C.expand_dims(data, 2), w, bias, _widen(kernel, 1), _widen(stride, 1),
+                          _widen(dilate, 1), _widen(pad, 0), num_filter, num_group, workspace, no_bias)
+        return _C.squeeze(out, [2])
+    _check_layout(op, layout)
     k = _pair(op, "kernel", _need(op, "kernel", kernel), None)
     s, d, p = _pair(op, "stride", stride, (1, 1)), _pair(op, "dilate", dilate, (1, 1)), _pair(op, "pad", pad, (0, 0))
     num_filter = _need(op, "num_filter", num_filter)
@@ -96,8 +125,13 @@ def Pooling(data=None, kernel=(), pool_type="max", global_pool=False, cudnn_off=
     kernel), global_pool pools each whole channel, pooling_convention 'full' rounds the output size
     up (max pooling only when it changes the size), count_include_pad (default True) for avg."""
     op = "Pooling"
-    _check_layout(op, layout)
     data = _need(op, "data", data)
+    if data.ndim == 3 and (global_pool or _is_1d(data, kernel)):  # (N, C, W): as (N, C, 1, W)
+        _check_layout(op, layout, 3)
+        out = Pooling(_C.expand_dims(data, 2), _widen(kernel, 1), pool_type, global_pool, cudnn_off,
+                      pooling_convention, _widen(stride, 1), _widen(pad, 0), p_value, count_include_pad)
+        return _C.squeeze(out, [2])
+    _check_layout(op, layout)
     if pool_type not in ("max", "avg", "sum"):
         raise ArgumentError(f"{op}: pool_type must be 'max', 'avg' or 'sum', found {pool_type!r}"
                             + ("; kiln has no Lp pooling" if pool_type == "lp" else ""))

@@ -37,6 +37,13 @@ CASES = {
     "conv_group_dilate_no_bias": (
         lambda F, x, w: F.Convolution(x, w, kernel=(3, 3), num_filter=6, num_group=2, dilate=(2, 2), no_bias=True),
         lambda x, w: TF.conv2d(x, w, None, dilation=2, groups=2), [XG, WG], [0, 1]),
+    "conv1d": (lambda F, x, w, b: F.Convolution(x, w, b, kernel=(3,), num_filter=4, stride=(2,), pad=(1,), dilate=(2,)),
+               lambda x, w, b: TF.conv1d(x, w, b, stride=2, padding=1, dilation=2), [X3, _r(4, 3, 3), B4], [0, 1, 2]),
+    "pool1d_max": (lambda F, x: F.Pooling(x, kernel=(2,), stride=(1,), pool_type="max"),
+                   lambda x: TF.max_pool1d(x, 2, 1), [X3], [0]),
+    "pool1d_avg_global": (lambda F, x: F.Pooling(x, kernel=(3,), pool_type="avg", pad=(1,)) +
+                          F.Pooling(x, pool_type="avg", global_pool=True),
+                          lambda x: TF.avg_pool1d(x, 3, 1, 1) + x.mean(2, keepdim=True), [X3], [0]),
     "pool_max": (lambda F, x: F.Pooling(x, kernel=(3, 3), pool_type="max", stride=(2, 2), pad=(1, 1)),
                  lambda x: TF.max_pool2d(x, 3, 2, 1), [X4], [0]),
     "pool_avg_stride_defaults_to_1": (lambda F, x: F.Pooling(data=x, kernel=(2, 2), pool_type="avg"),
