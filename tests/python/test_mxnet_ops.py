@@ -365,7 +365,7 @@ def test_softmax_output_value_and_mxnet_gradient():
     np.testing.assert_allclose(grad, p - smooth, rtol=1e-5, atol=1e-6)
 
 
-def test_softmax_output_as_the_head_of_a_hybridized_network():
+def test_softmax_output_as_the_head_of_a_hybridized_network(tmp_path):
     class Net(nn.HybridBlock):
         def __init__(self):
             super().__init__()
@@ -395,6 +395,10 @@ def test_softmax_output_as_the_head_of_a_hybridized_network():
         np.testing.assert_allclose(net.weight.grad().asnumpy(), d.T @ x.asnumpy(), rtol=1e-4, atol=1e-5)
         grads.append(net.weight.grad().asnumpy())
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+    net.export(str(tmp_path / "head"))
+    back = nn.SymbolBlock.imports(str(tmp_path / "head-symbol.json"), ["data0", "data1"],
+                                  str(tmp_path / "head-0000.params"))
+    np.testing.assert_allclose(back(x, label).asnumpy(), p, rtol=1e-5, atol=1e-6)
 
 
 def test_symbols_compose_with_keyword_arguments():
