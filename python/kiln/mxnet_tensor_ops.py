@@ -26,19 +26,31 @@ def _op(fn):
     call with a Symbol among its keyword arguments goes to kiln.sym with every argument positional."""
     sig = _inspect.signature(fn)
 
+    def via_sym(args, kwargs):
+        from . import sym
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if _b.any(_is_symbol(v) for v in bound.kwargs.values()):
+            raise ArgumentError(f"sym.{fn.__name__}: pass Symbols positionally")
+        return getattr(sym, fn.__name__)(*bound.args, **bound.kwargs)
+
     @_functools.wraps(fn)
     def call(*args, **kwargs):
         if kwargs:
-            kwargs.pop("name", None), kwargs.pop("attr", None)
-        if kwargs and _b.any(getattr(v, "_kiln_symbol", False) for v in kwargs.values()):
-            from . import sym
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            if _b.any(getattr(v, "_kiln_symbol", False) for v in bound.kwargs.values()):
-                raise ArgumentError(f"sym.{fn.__name__}: pass Symbols positionally")
-            return getattr(sym, fn.__name__)(*bound.args, **bound.kwargs)
+            if "name" in kwargs or "attr" in kwargs:
+                kwargs.pop("name", None), kwargs.pop("attr", None)
+            for v in kwargs.values():
+                if _is_symbol(v):
+                    return via_sym(args, kwargs)
         return fn(*args, **kwargs)
     return call
+
+
+_PLAIN = {int, float, bool, str, tuple, list, type(None), _C.NDArray}
+
+
+def _is_symbol(v):
+    return type(v) not in _PLAIN and getattr(v, "_kiln_symbol", False)
 
 
 def _need(op, name, value):
@@ -322,6 +334,8 @@ broadcast_axes = broadcast_axis
 
 def _reduce(name):
     def f(data, axis=None, keepdims=False, exclude=False):
+        if not exclude and (axis is None or type(axis) is int):  # the common case, checked by the method
+            return getattr(data, name)(axis=axis, keepdims=keepdims)
         axes = _axes(name, axis, data.ndim, exclude)
         if not axes:
             return data
