@@ -76,9 +76,11 @@ def _check_4d(op, data):
 def Convolution(data=None, weight=None, bias=None, kernel=None, stride=(), dilate=(), pad=(), num_filter=None,
                 num_group=1, workspace=1024, no_bias=False, cudnn_tune=None, cudnn_off=False, layout=None):
     """2-D convolution of NCHW `data` with `weight` (num_filter, C / num_group, kh, kw) and `bias`
-    (num_filter,), as MXNet's Convolution (stride, dilate default 1; pad 0)."""
+    (num_filter,), as MXNet's Convolution (stride, dilate default 1; pad 0); 1-D on NCW data with
+    a 1-element kernel and weight (num_filter, C / num_group, k)."""
     op = "Convolution"
     data, weight = _need(op, "data", data), _need(op, "weight", weight)
+    num_filter = _need(op, "num_filter", num_filter)
     if _is_1d(data, kernel):  # (N, C, W): as (N, C, 1, W) with a (1, k) kernel
         _check_layout(op, layout, 3)
         k = _widen(kernel, 1)[1:]
@@ -93,7 +95,6 @@ def Convolution(data=None, weight=None, bias=None, kernel=None, stride=(), dilat
     _check_layout(op, layout)
     k = _pair(op, "kernel", _need(op, "kernel", kernel), None)
     s, d, p = _pair(op, "stride", stride, (1, 1)), _pair(op, "dilate", dilate, (1, 1)), _pair(op, "pad", pad, (0, 0))
-    num_filter = _need(op, "num_filter", num_filter)
     _check_4d(op, data)
     c = data.shape[1]
     if num_group < 1 or c % num_group or num_filter % num_group:
@@ -118,11 +119,12 @@ def _full_extra(n, k, s, p):
     full = -(-span // s) + 1
     return (full - 1) * s - span
 
+
 @_op
 def Pooling(data=None, kernel=(), pool_type="max", global_pool=False, cudnn_off=False, pooling_convention="valid",
             stride=(), pad=(), p_value=None, count_include_pad=None, layout=None):
-    """2-D max/avg/sum pooling of NCHW `data`, as MXNet's Pooling: stride defaults to 1 (not to the
-    kernel), global_pool pools each whole channel, pooling_convention 'full' rounds the output size
+    """2-D max/avg/sum pooling of NCHW `data` (1-D of NCW data), as MXNet's Pooling: stride
+    defaults to 1 (not to the kernel), global_pool pools each whole channel, pooling_convention 'full' rounds the output size
     up (max pooling only when it changes the size), count_include_pad (default True) for avg."""
     op = "Pooling"
     data = _need(op, "data", data)

@@ -365,6 +365,20 @@ def test_softmax_output_value_and_mxnet_gradient():
     np.testing.assert_allclose(grad, p - smooth, rtol=1e-5, atol=1e-6)
 
 
+def test_softmax_output_multi_output_and_preserve_shape():
+    x, label = _r(2, 4, 3), np.array([[0, 3, 1], [2, 2, 0]], np.float32)  # 4 classes on axis 1
+    p = torch.softmax(T(x), 1).numpy()
+    out, grad = _softmax_output_grad(x, label, multi_output=True)
+    np.testing.assert_allclose(out, p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, p - np.eye(4, dtype=np.float32)[label.astype(int)].transpose(0, 2, 1),
+                               rtol=1e-5, atol=1e-6)
+    x, label = _r(2, 2, 3), np.array([[0, 2], [1, 1]], np.float32)  # 3 classes on the last axis
+    p = torch.softmax(T(x), -1).numpy()
+    out, grad = _softmax_output_grad(x, label, preserve_shape=True, normalization="valid")
+    np.testing.assert_allclose(out, p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, (p - np.eye(3, dtype=np.float32)[label.astype(int)]) / 4, rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_output_as_the_head_of_a_hybridized_network(tmp_path):
     class Net(nn.HybridBlock):
         def __init__(self):
