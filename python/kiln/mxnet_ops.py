@@ -30,7 +30,7 @@ from .mxnet_tensor_ops import __all__ as _tensor_all, _op, _need, _axis, repeat,
 __all__ = ["Convolution", "Pooling", "FullyConnected", "Activation", "LeakyReLU", "BatchNorm", "Dropout",
            "softmax", "log_softmax", "SoftmaxOutput", "SoftmaxActivation", "dot", "batch_dot", "one_hot",
            "Embedding", "LayerNorm", "InstanceNorm", "L2Normalization", "smooth_l1", "gather_nd",
-           "UpSampling"] + _tensor_all
+           "UpSampling", "SequenceMask"] + _tensor_all
 
 
 def _pair(op, name, value, default):
@@ -124,8 +124,9 @@ def _full_extra(n, k, s, p):
 def Pooling(data=None, kernel=(), pool_type="max", global_pool=False, cudnn_off=False, pooling_convention="valid",
             stride=(), pad=(), p_value=None, count_include_pad=None, layout=None):
     """2-D max/avg/sum pooling of NCHW `data` (1-D of NCW data), as MXNet's Pooling: stride
-    defaults to 1 (not to the kernel), global_pool pools each whole channel, pooling_convention 'full' rounds the output size
-    up (max pooling only when it changes the size), count_include_pad (default True) for avg."""
+    defaults to 1 (not to the kernel), global_pool pools each whole channel, pooling_convention
+    'full' rounds the output size up (max pooling only when it changes the size),
+    count_include_pad (default True) for avg."""
     op = "Pooling"
     data = _need(op, "data", data)
     if data.ndim == 3 and (global_pool or _is_1d(data, kernel)):  # (N, C, W): as (N, C, 1, W)
@@ -517,3 +518,24 @@ def UpSampling(data, scale=None, sample_type="nearest", num_args=1, num_filter=0
     scale = _need("UpSampling", "scale", scale)
     _check_4d("UpSampling", data)
     return repeat(repeat(data, int(scale), axis=2), int(scale), axis=3)
+
+
+@_op
+def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0):
+    """data with the steps at or past each sequence's length set to `value`: axis 0 is time and
+    axis 1 the batch (axis=0, data (T, B, ...)) or the other way round (axis=1, data (B, T, ...));
+    sequence_length has one length per batch entry."""
+    if not use_sequence_length:
+        return data
+    if axis not in (0, 1):
+        raise ArgumentError(f"SequenceMask: axis must be 0 or 1 (the time axis), got {axis!r}")
+    seq = _need("SequenceMask", "sequence_length", sequence_length)
+    batch = data.shape[1 - axis]
+    if tuple(seq.shape) != (batch,):
+        raise ShapeError(f"SequenceMask: sequence_length must have shape ({batch},) (one per batch entry of "
+                         f"{data.shape} with time on axis {axis}), found {seq.shape}")
+    pos_shape, len_shape = [1] * data.ndim, [1] * data.ndim
+    pos_shape[axis], len_shape[1 - axis] = data.shape[axis], batch
+    pos = _C.arange(0, data.shape[axis], 1, "float32", data.device).reshape(tuple(pos_shape))
+    keep = pos < _C.cast(seq, "float32").reshape(tuple(len_shape))
+    return _C.where(keep, data, _C.full((1,), float(value), data._dtype_name, data.device))

@@ -14,11 +14,11 @@ import inspect as _inspect
 from . import _C
 from ._C import ArgumentError, ShapeError
 
-__all__ = ["concat", "Concat", "stack", "split", "SliceChannel", "pick", "topk", "argmax", "argmin", "clip",
-           "where", "broadcast_to", "broadcast_like", "broadcast_axis", "broadcast_axes", "sum", "mean", "max",
-           "min", "prod", "norm", "reshape", "Reshape", "transpose", "expand_dims", "squeeze", "slice",
-           "slice_axis", "swapaxes", "SwapAxis", "tile", "Cast", "add_n", "ElementWiseSum", "BlockGrad",
-           "identity", "softsign", "Flatten", "repeat", "flip", "reverse", "SequenceMask"]
+__all__ = ["concat", "Concat", "stack", "split", "SliceChannel", "pick", "topk", "sort", "argsort", "argmax", "argmin",
+           "clip", "where", "broadcast_to", "broadcast_like", "broadcast_axis", "broadcast_axes", "sum", "mean", "max",
+           "min", "prod", "norm", "reshape", "Reshape", "transpose", "expand_dims", "squeeze", "slice", "slice_axis",
+           "swapaxes", "SwapAxis", "tile", "Cast", "add_n", "ElementWiseSum", "BlockGrad", "identity", "softsign",
+           "Flatten", "repeat", "flip", "reverse"]
 
 
 def _op(fn):
@@ -39,11 +39,27 @@ def _op(fn):
         if kwargs:
             if "name" in kwargs or "attr" in kwargs:
                 kwargs.pop("name", None), kwargs.pop("attr", None)
+            if "out" in kwargs:
+                out = kwargs.pop("out")
+                return _into(fn.__name__, call(*args, **kwargs), out)
             for v in kwargs.values():
                 if _is_symbol(v):
                     return via_sym(args, kwargs)
         return fn(*args, **kwargs)
     return call
+
+
+def _into(op, result, out):
+    """MXNet's out=: the result written into `out` (same shape and dtype), which is returned."""
+    if out is None:
+        return result
+    if not isinstance(result, _C.NDArray):
+        raise ArgumentError(f"{op}: out= takes one array, and {op} returns {len(result)}; assign the results")
+    if tuple(out.shape) != tuple(result.shape) or out._dtype_name != result._dtype_name:
+        raise ShapeError(f"{op}: out= must be an array of shape {result.shape} and dtype {result._dtype_name}, "
+                         f"found {out.shape} {out._dtype_name}")
+    result.copyto(out)
+    return out
 
 
 _PLAIN = {int, float, bool, str, tuple, list, type(None), _C.NDArray}
@@ -202,6 +218,7 @@ def argmin(data, axis=None, keepdims=False):
 
 
 _RANK_LIMIT = 1 << 24  # elements of the pairwise comparison topk may build (64 MiB of float32)
+_MAX_ROUNDS = 256  # argmax rounds topk may take otherwise (each is a handful of ops)
 
 
 @_op
@@ -225,6 +242,11 @@ def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"
         rows *= d
     if k > 4 and rows * n <= _RANK_LIMIT:
         return _topk_by_rank(data, ax, k, ret_typ, is_ascend, dtype)
+    if k > _MAX_ROUNDS:
+        raise ArgumentError(f"topk: k={k} of {n} elements per row of {data.shape} is too large for kiln, which has "
+                            f"no sort op: its composition handles k <= {_MAX_ROUNDS}, or any k while "
+                            f"size * n <= 2**24 ({rows * n} here); take a smaller k, or sort on the host "
+                            f"(np.sort(x.asnumpy()))")
     fill = float("inf") if is_ascend else float("-inf")
     rest = _C.stop_gradient(data)  # only chooses; the values' gradient flows through `data * m`
     values, indices, masks = [], [], []
@@ -274,6 +296,18 @@ def _topk_by_rank(data, ax, k, ret_typ, is_ascend, dtype):
         return idx
     val = first_k((_C.expand_dims(x, -1) * onehot).sum(axis=-2))
     return val if ret_typ == "value" else [val, idx]
+
+
+@_op
+def sort(data, axis=-1, is_ascend=True):
+    """data sorted along `axis` (ascending by default), differentiable w.r.t. data (see topk)."""
+    return topk(data, axis=axis, k=0, ret_typ="value", is_ascend=is_ascend)
+
+
+@_op
+def argsort(data, axis=-1, is_ascend=True, dtype="float32"):
+    """The indices that sort data along `axis`, in `dtype` (float32 as MXNet; see topk)."""
+    return topk(data, axis=axis, k=0, ret_typ="indices", is_ascend=is_ascend, dtype=dtype)
 
 
 @_op
@@ -482,27 +516,6 @@ def flip(data, axis):
 
 
 reverse = flip
-
-
-@_op
-def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0):
-    """data with the steps at or past each sequence's length set to `value`: axis 0 is time and
-    axis 1 the batch (axis=0, data (T, B, ...)) or the other way round (axis=1, data (B, T, ...));
-    sequence_length has one length per batch entry."""
-    if not use_sequence_length:
-        return data
-    if axis not in (0, 1):
-        raise ArgumentError(f"SequenceMask: axis must be 0 or 1 (the time axis), got {axis!r}")
-    seq = _need("SequenceMask", "sequence_length", sequence_length)
-    batch = data.shape[1 - axis]
-    if tuple(seq.shape) != (batch,):
-        raise ShapeError(f"SequenceMask: sequence_length must have shape ({batch},) (one per batch entry of "
-                         f"{data.shape} with time on axis {axis}), found {seq.shape}")
-    pos_shape, len_shape = [1] * data.ndim, [1] * data.ndim
-    pos_shape[axis], len_shape[1 - axis] = data.shape[axis], batch
-    pos = _C.arange(0, data.shape[axis], 1, "float32", data.device).reshape(tuple(pos_shape))
-    keep = pos < _C.cast(seq, "float32").reshape(tuple(len_shape))
-    return _C.where(keep, data, _C.full((1,), float(value), data._dtype_name, data.device))
 
 
 def add_n(*args):

@@ -110,6 +110,8 @@ CASES = {
                            lambda x: torch.topk(x, 5, 1).values, [_r(2, 7, 3)], [0]),
     "topk_both_ascending_by_rank": (lambda F, x: F.topk(x, k=6, ret_typ="both", is_ascend=True)[0],
                                     lambda x: torch.topk(x, 6, -1, largest=False).values, [_r(3, 8)], [0]),
+    "sort_descending": (lambda F, x: F.sort(x, axis=0, is_ascend=False),
+                        lambda x: torch.sort(x, 0, descending=True).values, [_r(9, 2)], [0]),
     "concat": (lambda F, a, b, c: F.concat(a, b, c, dim=1), lambda a, b, c: torch.cat([a, b, c], 1),
                [X3, _r(2, 1, 4), _r(2, 2, 4)], [0, 1, 2]),
     "stack": (lambda F, a, b: F.stack(a, b, axis=1), lambda a, b: torch.stack([a, b], 1), [X3, _r(2, 3, 4)], [0, 1]),
@@ -302,6 +304,19 @@ def test_index_ops_values():
     assert nd.stack([nd.ones(2), nd.zeros(2)], 1).shape == (2, 2)
     assert nd.concat(nd.ones((1, 2)), nd.zeros((1, 2))).shape == (1, 4)  # MXNet's dim=1
     assert nd.split(nd.ones((2, 4)), num_outputs=1).shape == (2, 4)   # one part: an array, as MXNet
+
+
+def test_sort_argsort_and_out():
+    a = R.permutation(24).reshape(2, 12).astype(np.float32)
+    assert nd.sort(nd.array(a)).asnumpy().tolist() == np.sort(a, 1).tolist()
+    assert nd.sort(nd.array(a), axis=0, is_ascend=False).asnumpy().tolist() == (-np.sort(-a, 0)).tolist()
+    i = nd.argsort(nd.array(a))
+    assert i.dtype == np.float32 and i.asnumpy().tolist() == np.argsort(a, 1).tolist()
+    z = nd.zeros((2, 12))
+    assert nd.elemwise_add(nd.array(a), nd.ones((2, 12)), out=z) is z  # MXNet's out=
+    assert z.asnumpy().tolist() == (a + 1).tolist()
+    _raises(lambda: nd.sum(nd.array(a), axis=1, out=z), kiln.ShapeError, "out= must be an array of shape (2,)")
+    _raises(lambda: nd.topk(nd.ones((1, 5000)), k=300), kiln.ArgumentError, "too large", "np.sort")
 
 
 def test_dropout_follows_training_mode_and_p():
