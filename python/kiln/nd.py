@@ -100,3 +100,6 @@ def from_dlpack(obj):
 def to_dlpack(x):
     """The DLPack capsule of `x` (as x.__dlpack__()); it shares x's memory."""
     return _C.to_dlpack(x)
+
+
+from .mxnet_ops import *  # noqa: E402,F401,F403  (the MXNet 1.x operator API: Convolution, Pooling, ...)
