@@ -1,10 +1,13 @@
 // kiln._C bindings of hybridize: TraceScope (a context manager), CachedGraph, and the bounded
-// SignatureCache a HybridBlock keeps its compiled graphs in.
+// SignatureCache a HybridBlock keeps its compiled graphs in; the graphs read from
+// NAME-symbol.json (LoadedGraph), re-shaped for other input shapes before they are compiled.
 #include "bind.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/signature_cache.h"
 #include "kiln/ir/serialize.h"
 #include "kiln/ir/text.h"
+#include "kiln/passes/inline_calls.h"
+#include "kiln/passes/reshape_inputs.h"
 
 namespace kiln::py {
 
@@ -128,6 +131,13 @@ std::shared_ptr<void> Hold(pyb::object o) {
   });
 }
 
+// What export writes of a compiled graph: the graph itself, or, when it calls other compiled
+// graphs (a SymbolBlock inside a hybridized block), a copy with those calls inlined.
+std::string ExportJson(const CachedGraph& g, const ir::GraphManifest& m) {
+  if (!passes::HasCalls(g.graph())) return ir::GraphToJson(g.graph(), m);
+  return ir::GraphToJson(*passes::InlineCalls(g.graph(), RegisteredGraphBody), m);
+}
+
 ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::vector<std::string>& params,
                            pyb::handle structure) {
   ir::GraphManifest m;
@@ -193,13 +203,14 @@ KILN_PY_BIND(50) {
          "What compiling did, per plan built so far: the text KILN_REPORT=1 prints, or its fields as a dict.")
       .def("to_json", [](const CachedGraph& g, const std::vector<std::string>& inputs,
                          const std::vector<std::string>& params, pyb::handle structure) {
-        return ir::GraphToJson(g.graph(), Manifest(inputs, params, structure));
-      }, pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"))
+        return ExportJson(g, Manifest(inputs, params, structure));
+      }, pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
+         "NAME-symbol.json's text; calls of other compiled graphs (SymbolBlocks) are inlined.")
       .def("save", [](const CachedGraph& g, const std::string& path, const std::vector<std::string>& inputs,
                       const std::vector<std::string>& params, pyb::handle structure) {
-        ir::SaveGraph(path, g.graph(), Manifest(inputs, params, structure));
+        ir::WriteFileAtomic(path, ExportJson(g, Manifest(inputs, params, structure)));
       }, pyb::arg("path"), pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
-         "Writes NAME-symbol.json atomically.");
+         "Writes NAME-symbol.json atomically (calls of other compiled graphs inlined).");
 
   pyb::class_<PyLoadedGraph>(m, "LoadedGraph")
       .def_property_readonly("input_names", [](const PyLoadedGraph& g) { return g.loaded.manifest.inputs; })
@@ -215,6 +226,14 @@ KILN_PY_BIND(50) {
         return FromStructure(g.loaded.manifest.output_structure);
       })
       .def("graph_text", [](const PyLoadedGraph& g) { return ir::PrintGraph(*g.loaded.graph); })
+      .def("reshaped", [](const PyLoadedGraph& g, const std::vector<pyb::object>& shapes) {
+        if (!g.loaded.graph) KILN_THROW(StateError) << "this loaded graph was already compiled";
+        std::vector<Shape> s;
+        for (const auto& h : shapes) s.push_back(ToShape(h));
+        return PyLoadedGraph{{passes::ReshapeInputs(*g.loaded.graph, s), g.loaded.manifest}};
+      }, pyb::arg("input_shapes"),
+         "A copy re-shaped for these data input shapes (passes/reshape_inputs.h): ShapeError naming the "
+         "node and the input when that cannot be done soundly.")
       .def("compile", [](PyLoadedGraph& g, const std::vector<Tensor>& params, const Device& device) {
         if (!g.loaded.graph) KILN_THROW(StateError) << "this loaded graph was already compiled";
         int n = static_cast<int>(g.loaded.manifest.inputs.size());
