@@ -142,6 +142,10 @@ const std::vector<Tensor>& Module::params() const { return s_->params; }
 int Module::num_outputs() const { return s_->compiled->num_outputs(); }
 const ir::OutputStructure& Module::output_structure() const { return s_->manifest.output_structure; }
 Device Module::device() const { return s_->device; }
+size_t Module::num_reshaped_plans() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->reshaped.size();
+}
 const CachedGraph& Module::compiled() const { return *s_->compiled; }
 
 }  // namespace kiln

@@ -54,6 +54,8 @@ class Module {
   const ir::OutputStructure& output_structure() const;
   /// Where the parameters live and the model runs.
   Device device() const;
+  /// Plans kept for other input shapes than the exported ones (at most kMaxReshapedPlans).
+  size_t num_reshaped_plans() const;
   /// The compiled graph underneath, for the exported input shapes.
   const CachedGraph& compiled() const;
 
