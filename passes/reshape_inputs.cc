@@ -78,12 +78,20 @@ bool Fits(const Ints& spec, int64_t numel) {
   return infer ? known != 0 && numel % known == 0 : known == numel;
 }
 
-// A reshape's target: ambiguous entries are settled by the element count when exactly one choice
-// of which of them take the new size fits it.
+// A reshape's target. Its leading entries that equal the input's leading dimensions are those
+// dimensions (MXNet's reshape code 0, "copy this dimension": how flatten keeps the batch), so
+// they take the input's new sizes. Of the others, ambiguous entries are settled by the element
+// count when exactly one choice of which of them take the new size fits it.
 Ints ReshapeTarget(const Node& n, const Ints& spec, const Resizing& r, const std::set<int64_t>& local_kept,
-                   int64_t numel) {
+                   const Shape& was, const Shape& is) {
+  size_t prefix = 0;
+  while (prefix < spec.size() && static_cast<int>(prefix) < was.rank() && spec[prefix] == was[static_cast<int>(prefix)])
+    ++prefix;
+  Ints rest(spec.begin() + static_cast<std::ptrdiff_t>(prefix), spec.end());
   std::vector<size_t> amb;
-  Ints base = Substitute(spec, r, local_kept, &amb);
+  Ints base = Substitute(rest, r, local_kept, &amb);
+  base.insert(base.begin(), is.begin(), is.begin() + prefix);
+  for (size_t& i : amb) i += prefix;
   if (amb.empty()) return base;
   if (amb.size() > 12) Fail(n, r, "its target shape has too many sizes that may or may not be the resized one");
   std::vector<Ints> fitting;
@@ -91,14 +99,14 @@ Ints ReshapeTarget(const Node& n, const Ints& spec, const Resizing& r, const std
     Ints c = base;
     for (size_t b = 0; b < amb.size(); ++b)
       if (mask & (1u << b)) c[amb[b]] = r.to.at(c[amb[b]]);
-    if (Fits(c, numel)) fitting.push_back(c);
+    if (Fits(c, is.numel())) fitting.push_back(c);
   }
   if (fitting.size() == 1) return fitting[0];
   std::ostringstream s;
   s << "its target shape " << AttrValueStr(spec) << " holds the traced size " << spec[amb[0]]
     << ", which is both a resized dimension and one that kept its size, and "
     << (fitting.empty() ? "no choice" : "more than one choice") << " of which entries take the new size fits "
-    << numel << " elements";
+    << is.numel() << " elements";
   Fail(n, r, s.str());
 }
 
@@ -137,7 +145,7 @@ ir::Attrs Rewrite(const Node& n, const std::vector<Value*>& now, const Resizing&
     if (!IsSizeList(name) || !std::holds_alternative<Ints>(value)) continue;
     const Ints& v = std::get<Ints>(value);
     if (n.op() == op::kReshape) {
-      value = ReshapeTarget(n, v, r, local_kept, now[0]->shape().numel());
+      value = ReshapeTarget(n, v, r, local_kept, n.input(0)->shape(), now[0]->shape());
       continue;
     }
     std::vector<size_t> amb;

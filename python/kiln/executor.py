@@ -139,7 +139,8 @@ class Executor:
         """Runs the graph; `kwargs` replace data inputs (or parameters) by name first. Returns
         (and keeps in .outputs) the outputs as a list of NDArrays."""
         if is_train:
-            raise StateError("Executor.forward(is_train=True): an Executor runs the inference graph; train "
+            raise StateError("Executor.forward(is_train=True): an Executor runs the inference graph and computes "
+                             "no gradients; train "
                              "the blocks with autograd.record(), or make nn.SymbolBlock(outputs, inputs)")
         for k, v in kwargs.items():
             if k not in self.arg_dict and k not in self._symbol.list_arguments():

@@ -88,11 +88,22 @@ TEST_CASE("reshape_inputs: a size that is both the batch and a kept dimension is
                                             "return %r\n"));
 }
 
+TEST_CASE("reshape_inputs: a reshape keeping its input's leading sizes keeps the new ones (flatten)") {
+  // Traced at batch 3 with 3x3 feature maps: the leading 3 of [3, -1] is the input's axis 0.
+  const char* g =
+      "%x = input \"data\" : float32(3, 4, 3, 3)\n"
+      "%r = reshape(%x) {shape=[3, -1]} : float32(3, 36)\n"
+      "return %r\n";
+  CHECK(Reshaped(g, {Shape{1, 4, 3, 3}}) == Canon("%x = input \"data\" : float32(1, 4, 3, 3)\n"
+                                                  "%r = reshape(%x) {shape=[1, -1]} : float32(1, 36)\n"
+                                                  "return %r\n"));
+}
+
 TEST_CASE("reshape_inputs: an ambiguous node is a ShapeError naming the node and the input") {
-  // [4, -1] of a (4, 4) batch-3 input: (3, 4) and (4, 3) both fit, so which 4 is the batch is unknown.
+  // [-1, 4] of a (4, 4) batch-3 input: (4, 3) and (3, 4) both fit, so which 4 is the batch is unknown.
   const char* g =
       "%x = input \"data\" : float32(4, 4)\n"
-      "%r = reshape(%x) {shape=[4, -1]} : float32(4, 4)\n"
+      "%r = reshape(%x) {shape=[-1, 4]} : float32(4, 4)\n"
       "return %r\n";
   std::string msg = ErrorOf<ShapeError>([&] { Reshaped(g, {Shape{3, 4}}); });
   CHECK(Contains(msg, "cannot re-shape node 0 (reshape, value %1) for input 'data' (4, 4) -> (3, 4)"));
