@@ -8,7 +8,8 @@ namespace kiln::passes {
 namespace {
 
 // Appends `src`'s nodes to `dst`; `map` holds `src`'s inputs already and gains its node outputs.
-void CopyInlining(const ir::Graph& src, ir::Graph& dst, ir::ValueMap& map, const GraphBodyFn& body, int depth) {
+void CopyInlining(const ir::Graph& src, ir::Graph& dst, ir::ValueMap& map, const GraphBodyFn& body,
+                  int depth) {
   KILN_CHECK(depth < 64) << "InlineCalls: calls nested more than 64 deep (a graph calling itself?)";
   for (const auto& node : src.nodes()) {
     const ir::Node& n = *node;
@@ -30,7 +31,8 @@ void CopyInlining(const ir::Graph& src, ir::Graph& dst, ir::ValueMap& map, const
     ir::ValueMap inner;
     for (size_t k = 0; k < in.size(); ++k) {
       KILN_CHECK(callee.inputs()[k]->type() == in[k]->type())
-          << "InlineCalls: input " << k << " of node " << n.id() << " does not have the type the called graph takes";
+          << "InlineCalls: input " << k << " of node " << n.id()
+          << " does not have the type the called graph takes";
       inner[callee.inputs()[k]] = in[k];
     }
     CopyInlining(callee, dst, inner, body, depth + 1);
@@ -38,7 +40,7 @@ void CopyInlining(const ir::Graph& src, ir::Graph& dst, ir::ValueMap& map, const
   }
 }
 
-}  // namespace
+} // namespace
 
 bool HasCalls(const ir::Graph& g) {
   for (const auto& n : g.nodes())
@@ -57,4 +59,4 @@ std::unique_ptr<ir::Graph> InlineCalls(const ir::Graph& g, const GraphBodyFn& bo
   return out;
 }
 
-}  // namespace kiln::passes
+} // namespace kiln::passes

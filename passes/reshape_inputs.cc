@@ -25,9 +25,9 @@ bool IsSizeList(std::string_view name) { return name == "shape" || name.ends_wit
 
 // What changed at the data inputs.
 struct Resizing {
-  std::map<int64_t, int64_t> to;            // traced size -> new size
-  std::set<int64_t> kept;                   // sizes of data input dimensions that did not change
-  std::string inputs;                       // "input 'data' (64, 784) -> (3, 784)", for messages
+  std::map<int64_t, int64_t> to; // traced size -> new size
+  std::set<int64_t> kept;        // sizes of data input dimensions that did not change
+  std::string inputs;            // "input 'data' (64, 784) -> (3, 784)", for messages
 };
 
 std::string Describe(const Node& n) {
@@ -56,13 +56,16 @@ std::set<int64_t> KeptAt(const Node& n, const std::vector<Value*>& now) {
 }
 
 // One size-valued list rewritten; `ambiguous` receives the positions that could be either.
-Ints Substitute(const Ints& v, const Resizing& r, const std::set<int64_t>& local_kept, std::vector<size_t>* ambiguous) {
+Ints Substitute(const Ints& v, const Resizing& r, const std::set<int64_t>& local_kept,
+                std::vector<size_t>* ambiguous) {
   Ints out = v;
   for (size_t i = 0; i < v.size(); ++i) {
     auto it = r.to.find(v[i]);
     if (it == r.to.end()) continue;
-    if (r.kept.count(v[i]) || local_kept.count(v[i])) ambiguous->push_back(i);
-    else out[i] = it->second;
+    if (r.kept.count(v[i]) || local_kept.count(v[i]))
+      ambiguous->push_back(i);
+    else
+      out[i] = it->second;
   }
   return out;
 }
@@ -72,8 +75,10 @@ bool Fits(const Ints& spec, int64_t numel) {
   int64_t known = 1;
   bool infer = false;
   for (int64_t d : spec) {
-    if (d == -1) infer = true;
-    else known *= d;
+    if (d == -1)
+      infer = true;
+    else
+      known *= d;
   }
   return infer ? known != 0 && numel % known == 0 : known == numel;
 }
@@ -85,7 +90,8 @@ bool Fits(const Ints& spec, int64_t numel) {
 Ints ReshapeTarget(const Node& n, const Ints& spec, const Resizing& r, const std::set<int64_t>& local_kept,
                    const Shape& was, const Shape& is) {
   size_t prefix = 0;
-  while (prefix < spec.size() && static_cast<int>(prefix) < was.rank() && spec[prefix] == was[static_cast<int>(prefix)])
+  while (prefix < spec.size() && static_cast<int>(prefix) < was.rank() &&
+         spec[prefix] == was[static_cast<int>(prefix)])
     ++prefix;
   Ints rest(spec.begin() + static_cast<std::ptrdiff_t>(prefix), spec.end());
   std::vector<size_t> amb;
@@ -93,7 +99,8 @@ Ints ReshapeTarget(const Node& n, const Ints& spec, const Resizing& r, const std
   base.insert(base.begin(), is.begin(), is.begin() + prefix);
   for (size_t& i : amb) i += prefix;
   if (amb.empty()) return base;
-  if (amb.size() > 12) Fail(n, r, "its target shape has too many sizes that may or may not be the resized one");
+  if (amb.size() > 12)
+    Fail(n, r, "its target shape has too many sizes that may or may not be the resized one");
   std::vector<Ints> fitting;
   for (uint32_t mask = 0; mask < (1u << amb.size()); ++mask) {
     Ints c = base;
@@ -134,12 +141,13 @@ ir::Attrs Rewrite(const Node& n, const std::vector<Value*>& now, const Resizing&
   ir::Attrs attrs = n.attrs();
   std::set<int64_t> local_kept = KeptAt(n, now);
   bool changed_in = false;
-  for (size_t k = 0; k < now.size(); ++k) changed_in |= !(now[k]->shape() == n.input(static_cast<int>(k))->shape());
+  for (size_t k = 0; k < now.size(); ++k)
+    changed_in |= !(now[k]->shape() == n.input(static_cast<int>(k))->shape());
   if (n.op() == op::kCallGraph || n.op() == op::kCallGraphBackward) {
     if (changed_in) Fail(n, r, "a call of another compiled graph has fixed shapes; inline it first");
     return attrs;
   }
-  Shape slice_was, slice_is;  // the shapes a slice's bounds refer to
+  Shape slice_was, slice_is; // the shapes a slice's bounds refer to
   if (n.op() == op::kSlice) slice_was = n.input(0)->shape(), slice_is = now[0]->shape();
   for (auto& [name, value] : attrs.items()) {
     if (!IsSizeList(name) || !std::holds_alternative<Ints>(value)) continue;
@@ -157,7 +165,8 @@ ir::Attrs Rewrite(const Node& n, const std::vector<Value*>& now, const Resizing&
            "ambiguous";
       Fail(n, r, s.str());
     }
-    if (n.op() == op::kSliceGrad && std::string_view(name) == "shape") slice_was = Shape(v), slice_is = Shape(out);
+    if (n.op() == op::kSliceGrad && std::string_view(name) == "shape")
+      slice_was = Shape(v), slice_is = Shape(out);
     value = std::move(out);
   }
   if (n.op() == op::kSlice || n.op() == op::kSliceGrad) {
@@ -172,19 +181,20 @@ ir::Attrs Rewrite(const Node& n, const std::vector<Value*>& now, const Resizing&
     const Shape& was = n.input(0)->shape();
     int axis = NormalizeAxis(attrs.Int("axis"), was.rank(), "split");
     if (was[axis] != now[0]->shape()[axis])
-      Fail(n, r, "it cuts axis " + std::to_string(axis) + ", which is resized, into parts of constant sizes " +
-                     AttrValueStr(attrs.Ints("sections")));
+      Fail(n, r,
+           "it cuts axis " + std::to_string(axis) + ", which is resized, into parts of constant sizes " +
+               AttrValueStr(attrs.Ints("sections")));
   }
   return attrs;
 }
 
-}  // namespace
+} // namespace
 
 std::unique_ptr<ir::Graph> ReshapeInputs(const ir::Graph& g, std::span<const Shape> shapes) {
-  KILN_CHECK(shapes.size() <= g.inputs().size()) << "ReshapeInputs: " << shapes.size() << " shapes for "
-                                                 << g.inputs().size() << " graph inputs";
+  KILN_CHECK(shapes.size() <= g.inputs().size())
+      << "ReshapeInputs: " << shapes.size() << " shapes for " << g.inputs().size() << " graph inputs";
   Resizing r;
-  std::map<int64_t, std::string> first;  // traced size -> the input dimension that resized it first
+  std::map<int64_t, std::string> first; // traced size -> the input dimension that resized it first
   auto graph = std::make_unique<Graph>();
   ir::ValueMap map;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
@@ -193,10 +203,10 @@ std::unique_ptr<ir::Graph> ReshapeInputs(const ir::Graph& g, std::span<const Sha
     if (i < shapes.size()) {
       const Shape& is = shapes[i];
       if (is.rank() != t.shape.rank())
-        KILN_THROW(ShapeError) << "input '" << in->name() << "' has shape " << is.str() << " of rank " << is.rank()
-                               << ", but the graph was traced with " << t.shape.str() << " of rank "
-                               << t.shape.rank() << "; only sizes can change, pass a rank-" << t.shape.rank()
-                               << " input";
+        KILN_THROW(ShapeError) << "input '" << in->name() << "' has shape " << is.str() << " of rank "
+                               << is.rank() << ", but the graph was traced with " << t.shape.str()
+                               << " of rank " << t.shape.rank() << "; only sizes can change, pass a rank-"
+                               << t.shape.rank() << " input";
       for (int j = 0; j < is.rank(); ++j) {
         int64_t was = t.shape[j];
         if (is[j] < 0)
@@ -248,4 +258,4 @@ std::unique_ptr<ir::Graph> ReshapeInputs(const ir::Graph& g, std::span<const Sha
   return graph;
 }
 
-}  // namespace kiln::passes
+} // namespace kiln::passes

@@ -26,4 +26,4 @@ bool HasCalls(const ir::Graph& g);
 /// call_graph_backward node, and InternalError when a body's inputs or outputs do not match its call.
 std::unique_ptr<ir::Graph> InlineCalls(const ir::Graph& g, const GraphBodyFn& body);
 
-}  // namespace kiln::passes
+} // namespace kiln::passes

@@ -11,10 +11,10 @@
 // input dimensions or the graph's data input dimensions; otherwise the node is ambiguous and
 // ReshapeInputs throws. A reshape's leading target sizes that equal its input's leading sizes are
 // taken as those dimensions (MXNet's reshape code 0; flatten's batch), and its other ambiguous
-// entries are settled by the element count when only one choice fits. A slice on a resized axis must take the whole axis (constant bounds on a
-// batch axis have no meaning at another batch size); split on a resized axis must cut it into
-// equal parts. Every other failure of inference on the new types is rethrown naming the node.
-// What it cannot see: a size that entered the graph as a *value* (a scalar count folded into a
+// entries are settled by the element count when only one choice fits. A slice on a resized axis must take the
+// whole axis (constant bounds on a batch axis have no meaning at another batch size); split on a resized axis
+// must cut it into equal parts. Every other failure of inference on the new types is rethrown naming the
+// node. What it cannot see: a size that entered the graph as a *value* (a scalar count folded into a
 // constant); kiln's reductions (mean) carry their counts in the op, so traced graphs have none.
 // Not here: call_graph nodes (inline them first, passes/inline_calls.h), rank changes.
 #pragma once
@@ -33,4 +33,4 @@ namespace kiln::passes {
 /// impossible re-shaping), and what to do.
 std::unique_ptr<ir::Graph> ReshapeInputs(const ir::Graph& g, std::span<const Shape> shapes);
 
-}  // namespace kiln::passes
+} // namespace kiln::passes
