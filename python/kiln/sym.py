@@ -294,15 +294,21 @@ class Symbol:
 
 def var(name, shape=None, dtype="float32", **kwargs):
     """A symbolic input named `name`. `shape` may be left out (the usual MXNet way): the shapes
-    come from a query, or from a block's last call (see the module's docstring)."""
+    come from a query, or from a block's last call (see the module's docstring). MXNet's attr,
+    lr_mult, wd_mult, init and stype are accepted and have no effect on a data input."""
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"var: the name must be a non-empty string, got {name!r}")
+    unknown = sorted(set(kwargs) - {"attr", "lr_mult", "wd_mult", "init", "stype"})
+    if unknown:
+        raise ArgumentError(f"var({name!r}): unknown argument(s) {unknown}; var takes name, shape and dtype")
+    if kwargs.get("stype") not in (None, "default"):
+        raise ArgumentError(f"var({name!r}): stype={kwargs['stype']!r}: kiln has dense arrays only")
     if shape is not None:
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
             raise ShapeError(f"var({name!r}): every dimension must be positive, got {shape}")
     from .nn.parameter import _dtype_name
-    return Symbol(name, var=(shape, _dtype_name(dtype)))
+    return Symbol(name, var=(shape, _dtype_name("float32" if dtype is None else dtype)))
 
 
 Variable = var

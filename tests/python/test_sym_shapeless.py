@@ -263,3 +263,9 @@ def test_on_two_simulated_gpus():
                 np.testing.assert_allclose(again(x[:3]).asnumpy(), w[:3], rtol=1e-5, atol=1e-5)
         print("ok")
     """)
+
+
+def test_var_takes_mxnet_keywords():
+    assert sym.var("data", dtype=None, lr_mult=1.0, attr={"a": "b"}).infer_type(data=(1, 2))[0] == ["float32"]
+    with pytest.raises(kiln.ArgumentError, match=r"unknown argument\(s\) \['frobnicate'\]"):
+        sym.var("data", frobnicate=1)
