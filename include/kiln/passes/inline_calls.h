@@ -1,7 +1,8 @@
 // Inlining calls of compiled graphs: every `call_graph` node (a SymbolBlock, or any compiled graph,
 // called inside a traced block) is replaced by a copy of the called graph's nodes, recursively, so
 // that the result holds plain ops only. Export needs it: a call_graph node names a graph of this
-// process by its registry id, which means nothing in a file. Not here: `call_graph_backward`
+// process by its registry id, which means nothing in a file. Like ReshapeInputs it returns a new
+// graph (Graph has no node replacement) and is no pipeline pass. Not here: `call_graph_backward`
 // (training graphs are not exported; InlineCalls refuses them), where the bodies come from (the
 // registry's payload belongs to the frontend, which passes them in).
 #pragma once

@@ -9,14 +9,19 @@
 // only when the entry cannot be a different dimension that happens to have the same size, so an
 // entry is rewritten only when the traced size does not also occur, unchanged, among the node's
 // input dimensions or the graph's data input dimensions; otherwise the node is ambiguous and
-// ReshapeInputs throws. A reshape's leading target sizes that equal its input's leading sizes are
-// taken as those dimensions (MXNet's reshape code 0; flatten's batch), and its other ambiguous
-// entries are settled by the element count when only one choice fits. A slice on a resized axis must take the
-// whole axis (constant bounds on a batch axis have no meaning at another batch size); split on a resized axis
-// must cut it into equal parts. Every other failure of inference on the new types is rethrown naming the
-// node. What it cannot see: a size that entered the graph as a *value* (a scalar count folded into a
-// constant); kiln's reductions (mean) carry their counts in the op, so traced graphs have none.
-// Not here: call_graph nodes (inline them first, passes/inline_calls.h), rank changes.
+// ReshapeInputs throws. A reshape's leading target sizes that equal its input's leading sizes
+// are taken as those dimensions (MXNet's reshape code 0; flatten's batch), and its other
+// ambiguous entries are settled by the element count when only one choice fits. A slice on a
+// resized axis must take the whole axis (constant bounds on a batch axis mean nothing at another
+// batch size); split on a resized axis must cut it into equal parts. Every other failure of
+// inference on the new types is rethrown naming the node.
+//
+// What it cannot see: a size that entered the graph as a *value* (a count folded into a scalar
+// constant). kiln's reductions (mean) carry their counts in the op; the one such value a traced
+// block writes is BatchNorm's unbiasing factor in training mode, and exported graphs are the
+// inference ones. It returns a new graph rather than rewriting in place (Graph has no node
+// replacement), and is no pipeline pass: it runs where a loaded graph meets new inputs, before
+// compiling. Not here: call_graph nodes (inline them first, passes/inline_calls.h), rank changes.
 #pragma once
 
 #include <memory>
