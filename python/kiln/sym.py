@@ -165,10 +165,10 @@ class Symbol:
             example = ", ".join(f"{n}=(batch, ...)" for n in missing)
             raise ShapeError(
                 f"Symbol.{what}: var {', '.join(repr(n) for n in missing)} has no shape yet, and kiln "
-                f"traces a graph at known shapes; give the shapes: {self.name}.infer_shape({example}) "
-                f"(or simple_bind / eval with them), or sym.var({missing[0]!r}, shape=...), or run a "
-                f"batch through the hybridized block first (any batch size: the exported graph runs "
-                f"at others too)")
+                f"traces a graph at known shapes; give them first: call infer_shape({example}) on "
+                f"this Symbol (or simple_bind / eval with them), or create sym.var({missing[0]!r}, "
+                f"shape=...), or run a batch through the hybridized block (any batch size: an exported "
+                f"graph runs at others too)")
         return shapes
 
     def _graph(self, given=None, what="tojson"):

@@ -269,3 +269,17 @@ def test_var_takes_mxnet_keywords():
     assert sym.var("data", dtype=None, lr_mult=1.0, attr={"a": "b"}).infer_type(data=(1, 2))[0] == ["float32"]
     with pytest.raises(kiln.ArgumentError, match=r"unknown argument\(s\) \['frobnicate'\]"):
         sym.var("data", frobnicate=1)
+
+
+def test_a_nested_symbolblock_run_at_another_batch_exports_its_re_shaped_graph(exported_cnn, tmp_path):
+    _, x, big, sym_file, params_file = exported_cnn
+    outer = _Outer(nn.SymbolBlock.imports(sym_file, ["data"], params_file))
+    outer.head.initialize()
+    outer.hybridize()
+    want = outer(big).asnumpy()  # the inner graph, exported at batch 4, runs re-shaped for 6
+    files = outer.export(str(tmp_path / "outer6"))
+    doc = json.load(open(files[0]))
+    assert doc["inputs"][0]["shape"] == [6, 1, 8, 8]
+    back = nn.SymbolBlock.imports(files[0], ["data"], files[1])
+    np.testing.assert_allclose(back(big).asnumpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(back(x).asnumpy(), outer(x).asnumpy(), rtol=1e-5, atol=1e-5)
