@@ -110,6 +110,9 @@ def test_a_symbolblock_of_a_shapeless_symbol_takes_the_shapes_of_its_first_call(
     net = _cnn()
     data = sym.var("data")
     block = nn.SymbolBlock(net(data), data)
+    assert "shapes from the first call" in repr(block)
+    with pytest.raises(kiln.StateError, match="run a batch through the block first"):
+        block.export("never")
     x = nd.random.normal(shape=(3, 1, 8, 8))
     want = net(x).asnumpy()
     np.testing.assert_allclose(block(x).asnumpy(), want, rtol=1e-5, atol=1e-5)

@@ -204,6 +204,8 @@ class SymbolBlock(HybridBlock):
         return self.forward(*args)
 
     def __repr__(self):
+        if self._graph_text is None:
+            return f"SymbolBlock({', '.join(self._symbol_inputs)}: shapes from the first call; of {self._source})"
         inputs = ", ".join(f"{n}: {d}{s}" for n, (s, d) in zip(self._input_names, self._input_types))
         return f"SymbolBlock({inputs}; {len(self._param_names)} parameters; from {self._source})"
 
