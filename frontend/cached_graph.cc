@@ -359,6 +359,8 @@ std::shared_ptr<CachedGraph> CachedGraph::FromTrace(trace::TracedGraph t, bool f
   return cg;
 }
 
+const ir::Graph& RegisteredGraphBody(int64_t graph_id) { return *EntryOf(*ir::FindGraph(graph_id)).forward->graph; }
+
 const ir::Graph& CachedGraph::graph() const { return *EntryOf(*ref_).forward->graph; }
 size_t CachedGraph::arena_bytes() const { return EntryOf(*ref_).forward->arena_bytes; }
 int CachedGraph::num_fused_groups() const { return EntryOf(*ref_).forward->num_fused_groups; }

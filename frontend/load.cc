@@ -1,11 +1,15 @@
 // kiln::load: an exported graph and its parameters, checked against each other, uploaded and
 // compiled (see include/kiln/frontend/load.h). The file formats and their checks live in ir/;
-// this file adds the context of a load (both file names) and the per-call input checks.
+// this file adds the context of a load (both file names), the per-call input checks, and the
+// plans for other input shapes (passes/reshape_inputs.h), compiled on first use and cached.
 #include "kiln/frontend/load.h"
 
 #include <filesystem>
+#include <list>
+#include <mutex>
 
 #include "kiln/frontend/cached_graph.h"
+#include "kiln/passes/reshape_inputs.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln {
@@ -16,7 +20,39 @@ struct Module::State {
   std::vector<ir::TensorType> input_types;
   std::vector<Tensor> params;
   Device device;
+  std::unique_ptr<ir::Graph> traced;  // the graph as exported, re-shaped for other input shapes
+  // Plans for input shapes other than the exported ones, most recently used first.
+  mutable std::mutex mu;
+  mutable std::list<std::pair<std::vector<Shape>, std::shared_ptr<CachedGraph>>> reshaped;
+
+  std::shared_ptr<CachedGraph> PlanFor(const std::vector<Tensor>& inputs) const;
 };
+
+std::shared_ptr<CachedGraph> Module::State::PlanFor(const std::vector<Tensor>& inputs) const {
+  std::vector<Shape> shapes;
+  bool same = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    shapes.push_back(inputs[i].shape());
+    same = same && inputs[i].shape() == input_types[i].shape;
+  }
+  if (same) return compiled;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = reshaped.begin(); it != reshaped.end(); ++it)
+    if (it->first == shapes) {
+      reshaped.splice(reshaped.begin(), reshaped, it);
+      return it->second;
+    }
+  std::unique_ptr<ir::Graph> g;
+  try {
+    g = passes::ReshapeInputs(*traced, shapes);
+  } catch (const ShapeError& e) {
+    KILN_THROW(ShapeError) << "model call: " << e.what();
+  }
+  auto plan = CachedGraph::FromGraph(std::move(g), static_cast<int>(inputs.size()), params, device);
+  reshaped.emplace_front(std::move(shapes), plan);
+  if (reshaped.size() > kMaxReshapedPlans) reshaped.pop_back();
+  return plan;
+}
 
 namespace {
 
@@ -64,6 +100,7 @@ Module load(const std::string& symbol_file, const std::string& param_file, Devic
   for (size_t i = 0; i < s->manifest.inputs.size(); ++i) s->input_types.push_back(ins[i]->type());
   for (const ir::HostTensor* t : ordered)
     s->params.push_back(Tensor::FromHost(t->bytes.data(), t->shape, t->dtype, device));
+  s->traced = ir::CopyGraph(*loaded.graph);
   s->compiled = CachedGraph::FromGraph(std::move(loaded.graph), static_cast<int>(s->manifest.inputs.size()),
                                        s->params, device);
   return Module(std::move(s));
@@ -87,16 +124,15 @@ std::vector<Tensor> Module::operator()(const std::vector<Tensor>& inputs) const 
     if (t.dtype() != want.dtype)
       KILN_THROW(DTypeError) << "model call: " << mismatch << "; cast it with AsType(" << DTypeName(want.dtype)
                              << ")";
-    if (!(t.shape() == want.shape))
-      KILN_THROW(ShapeError) << "model call: " << mismatch
-                             << "; an exported graph runs only the shapes it was exported with, export "
-                                "it again for other shapes";
+    if (t.shape().rank() != want.shape.rank())
+      KILN_THROW(ShapeError) << "model call: " << mismatch << "; only the sizes of an input can change, "
+                             << "pass a rank-" << want.shape.rank() << " tensor";
     if (!t.impl()->symbol && t.device() != s.device)
       KILN_THROW(DeviceError) << "model call: input '" << name << "' is on " << t.device().str()
                               << " but the model was loaded on " << s.device.str() << "; move it with To("
                               << s.device.str() << ")";
   }
-  return s.compiled->Call(inputs);
+  return s.PlanFor(inputs)->Call(inputs);
 }
 
 const std::vector<std::string>& Module::input_names() const { return s_->manifest.inputs; }
@@ -106,6 +142,10 @@ const std::vector<Tensor>& Module::params() const { return s_->params; }
 int Module::num_outputs() const { return s_->compiled->num_outputs(); }
 const ir::OutputStructure& Module::output_structure() const { return s_->manifest.output_structure; }
 Device Module::device() const { return s_->device; }
+size_t Module::num_reshaped_plans() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->reshaped.size();
+}
 const CachedGraph& Module::compiled() const { return *s_->compiled; }
 
 }  // namespace kiln

@@ -2,7 +2,8 @@
 //   kiln_run_fixture write DIR   exports a small MLP as DIR/mlp-symbol.json + DIR/mlp-0000.params
 //                                with its input DIR/data.npy, the eager result DIR/expected0.npy
 //                                and broken .npy files (fortran.npy, bigendian.npy, truncated.npy,
-//                                wrongshape.npy, int64.npy).
+//                                wrongshape.npy of rank 3, int64.npy), and a batch of 5 rows,
+//                                batch5.npy, with its eager result expected_batch5.npy.
 //   kiln_run_fixture compare A.npy B.npy   exit 0 when both hold the same array (rtol 1e-5).
 #include <cmath>
 #include <cstdio>
@@ -46,7 +47,10 @@ void Write(const std::string& dir) {
   ir::HostTensor hx = ToHost(x);
   tools::WriteNpy(path("data.npy"), hx);
   tools::WriteNpy(path("expected0.npy"), ToHost(net(x)));
-  tools::WriteNpy(path("wrongshape.npy"), ToHost(nd::ones({3, 8})));
+  tools::WriteNpy(path("wrongshape.npy"), ToHost(nd::ones({2, 8, 1})));
+  Tensor x5 = nd::random::normal(0, 1, {5, 8});
+  tools::WriteNpy(path("batch5.npy"), ToHost(x5));
+  tools::WriteNpy(path("expected_batch5.npy"), ToHost(net(x5)));
   tools::WriteNpy(path("int64.npy"), ToHost(nd::ones({2, 8}, DType::kInt64)));
   std::string good = tools::NpyBytes(hx);
   auto patch = [&](const std::string& from, const std::string& to) {

@@ -27,4 +27,6 @@ net.hybridize()                                  # the next call traces; later c
 y = net(X)                                       # one engine task per call, no Python per op
 net.export("mlp")                                # mlp-symbol.json + mlp-0000.params
 net2 = nn.SymbolBlock.imports("mlp-symbol.json", ["data"], "mlp-0000.params")
+y5 = net2(X[:5])                                 # other batch sizes too: re-shaped, compiled once per shape
+assert y5.shape == (5, 10) and (y5 - net(X)[:5]).abs().max().item() < 1e-5
 print("imported block gives the same output:", bool((net2(X) - net(X)).abs().max().item() < 1e-5))

@@ -1,32 +1,43 @@
-"""kiln.sym: the ops a hybridized block sees while it is traced (F in hybrid_forward), and a small
-Symbol API in the names of mxnet.symbol for looking at the graph a block compiles to.
+"""kiln.sym: the ops a hybridized block sees while it is traced (F in hybrid_forward), and the
+Symbol API of mxnet.symbol for composing and looking at the graph a block compiles to.
 
 Inside a trace the same functions as kiln.nd apply to symbolic arrays and are recorded into the
 graph instead of run; they are re-exported here so that code written for Gluon's F.* reads the
 same.
 
-    data = sym.var("data", shape=(1, 512))
-    out = net(data)                        # a Symbol: net traced on a (1, 512) input
+    data = sym.var("data")                 # no shape needed, as in MXNet
+    out = net(data)                        # a Symbol: a recipe, traced when shapes are known
     out.list_arguments()                   # ['data', '0.weight', '0.bias', ...]
     out.infer_shape(data=(8, 512))         # ([(8, 512), (256, 512), ...], [(8, 2)], [])
     text = out.tojson()                    # what net.export() writes as NAME-symbol.json
+    exe = out.simple_bind(kiln.cpu(), data=(8, 512)); exe.forward(data=x)[0]
+    nn.SymbolBlock(out, data)              # a block of it (runs at any batch size, exports)
 
-How it works and what it does not do (kiln is not MXNet's symbolic engine):
-- A Symbol is a recipe (vars, and HybridBlocks called on Symbols) plus the graph it was traced to.
-  Calling a HybridBlock on Symbols traces it at once, on symbolic inputs of the vars' shapes and
-  dtypes, in inference mode, on the device of the block's parameters. kiln traces with static
-  shapes, so every var needs a shape; infer_shape() with other shapes traces the recipe again.
+How it works (kiln is not MXNet's symbolic engine, but answers as it does):
+- A Symbol is a recipe: vars, and HybridBlocks (or nd functions and operators: sym.relu(s),
+  s * 2 + 1) called on Symbols. Building one traces nothing; kiln's graphs have static shapes,
+  so the recipe is traced, in inference mode on the device of the blocks' parameters, when a
+  query needs the graph, at the vars' shapes: those given to the query (infer_shape(data=...),
+  simple_bind, eval), else var(shape=...), else the shapes last given to this Symbol, else the
+  shapes a block that takes the var was last called with (a hybridized block that ran a batch,
+  a SymbolBlock's exported shapes). A var whose shape none of these gives is a ShapeError that
+  names it and says what to call. Traces are cached per shapes (the last few).
+- The batch size a graph is traced at does not matter for export: SymbolBlock.imports,
+  kiln::load and kiln-run re-shape an exported graph for other input sizes.
+- list_arguments() needs no shapes: the vars in order of first use, then the blocks' parameters
+  in collect_params() order (when several blocks are composed and their names clash, each is
+  prefixed by the block's position in call order: '0.', '1.', ...), then the tensors a trace
+  captured that are no parameter ('const0', ...; known once traced). infer_shape() answers in
+  this order. tojson() lists the parameters the graph reads, in the order it reads them.
+- BatchNorm's running statistics are arguments like any parameter: kiln has no auxiliary-state
+  category (export writes them as parameters, marked not trainable), so list_auxiliary_states()
+  and the aux lists of infer_shape() are empty.
 - The block must be initialized (net.initialize()); a deferred shape is completed by one eager
   call on zeros of the vars' shapes.
-- The nd functions here and Symbol's operators also compose Symbols (sym.relu(s), s * 2 + 1):
-  each such call becomes a small block in the recipe.
-- Parameters are named by their structural names in the block (collect_params()); when several
-  blocks are composed and their names clash, each is prefixed by the block's position in call
-  order ('0.', '1.', ...). Captured tensors that are no parameter are named 'const0', ...
-- BatchNorm's running statistics are arguments like any parameter: kiln has no auxiliary-state
-  category, so infer_shape() returns an empty aux_shapes list.
-- There is no symbolic executor (bind/simple_bind): use nn.SymbolBlock or a hybridized block.
+- Executors (bind, simple_bind, eval) run the inference graph; there is no backward through an
+  executor: train with autograd and a HybridBlock, or nn.SymbolBlock(out, data).
 """
+import collections
 import json
 
 from .nd import *  # noqa: F401,F403
@@ -34,27 +45,40 @@ from .nd import random  # noqa: F401
 from . import _C
 from ._C import ArgumentError, ShapeError, StateError
 
-__all__ = ["Symbol", "var", "Variable"]
+__all__ = ["Symbol", "var", "Variable", "Executor"]
+
+_MAX_TRACES = 8  # traces a Symbol keeps, one per set of input shapes
 
 
 class _Graph:
-    """One trace of a Symbol's recipe: the compiled graph and its manifest."""
+    """One trace of a Symbol's recipe: the compiled graph and its manifest, its parameters in
+    list_arguments() order (`param_names`, `captured`; `order` indexes the graph's captured)."""
 
-    def __init__(self, graph, input_names, param_names, structure):
-        self.graph, self.input_names, self.param_names = graph, input_names, param_names
-        self.structure = structure
-        self.doc = json.loads(graph.to_json(input_names, param_names, structure))
+    def __init__(self, graph, input_names, param_names, structure, shapes, order):
+        self.graph, self.input_names, self.structure, self.shapes = graph, input_names, structure, shapes
+        self.order = list(order)
+        self.param_names = [param_names[i] for i in self.order]
+        captured = graph.captured
+        self.captured = [captured[i] for i in self.order]
+        self.doc = json.loads(self.tojson())
+
+    def tojson(self):
+        return self.graph.to_json(self.input_names, self.param_names, self.structure, param_order=self.order)
+
+    def save(self, fname):
+        self.graph.save(fname, self.input_names, self.param_names, self.structure, param_order=self.order)
 
 
 class Symbol:
     """A symbolic input (var) or the outputs of HybridBlocks called on Symbols."""
 
-    def __init__(self, name, var=None, call=None, item=None, shapes=None):
+    def __init__(self, name, var=None, call=None, item=None):
         self.name = name
         self._var = var      # (shape or None, dtype) of a var
         self._call = call    # (block, args) of a block output
         self._item = item    # (Symbol, index) of one output of a multi-output Symbol
-        self._traced = None if var is not None else _trace(self, shapes or {})
+        self._traces = collections.OrderedDict()  # input shapes -> _Graph, most recent last
+        self._known = {}     # var name -> the shape last given to a query of this Symbol
 
     _kiln_symbol = True  # how nn.block tells a Symbol argument, without importing this module
 
@@ -67,27 +91,46 @@ class Symbol:
 
     # -- structure --------------------------------------------------------------------------------
 
+    def _args(self):
+        return self._call[1] if self._call else [self._item[0]] if self._item else []
+
     def _vars(self, out=None):
         """The vars this Symbol depends on, in order of first use."""
         out = {} if out is None else out
         if self._var is not None:
             out.setdefault(self.name, self)
-        for arg in (self._call[1] if self._call else [self._item[0]] if self._item else []):
+        for arg in self._args():
             if isinstance(arg, Symbol):
                 arg._vars(out)
         return out
 
     def _blocks(self, out=None):
         out = [] if out is None else out
-        for arg in (self._call[1] if self._call else [self._item[0]] if self._item else []):
+        for arg in self._args():
             if isinstance(arg, Symbol):
                 arg._blocks(out)
         if self._call and not any(b is self._call[0] for b in out):
             out.append(self._call[0])
         return out
 
+    def _called_shapes(self, out=None):
+        """var name -> the shape a block taking it directly was last called with."""
+        out = {} if out is None else out
+        if self._call:
+            shapes = _last_input_shapes(self._call[0])
+            for i, arg in enumerate(self._call[1]):
+                if isinstance(arg, Symbol) and arg._var is not None and shapes and i < len(shapes) \
+                        and shapes[i] is not None:
+                    out.setdefault(arg.name, tuple(shapes[i]))
+        for arg in self._args():
+            if isinstance(arg, Symbol):
+                arg._called_shapes(out)
+        return out
+
     def _outputs_count(self):
-        return 1 if self._var is not None else len(self._traced.doc["outputs"])
+        if self._var is not None or self._item is not None:
+            return 1
+        return len(self._graph(what="list_outputs").doc["outputs"])
 
     def __getitem__(self, index):
         n = self._outputs_count()
@@ -100,19 +143,61 @@ class Symbol:
     def __len__(self):
         return self._outputs_count()
 
-    # -- the MXNet-style queries ------------------------------------------------------------------
+    # -- shapes and traces ------------------------------------------------------------------------
 
-    def _need_graph(self, what):
-        if self._traced is None:
+    def _shapes(self, given, what):
+        """Every var's shape for a trace (see the module's docstring for where each comes from)."""
+        variables = self._vars()
+        called = None
+        shapes, missing = {}, []
+        for name, v in variables.items():
+            shape = given.get(name, v._var[0])
+            if shape is None:
+                shape = self._known.get(name)
+            if shape is None:
+                called = self._called_shapes() if called is None else called
+                shape = called.get(name)
+            if shape is None:
+                missing.append(name)
+            else:
+                shapes[name] = tuple(shape)
+        if missing:
+            example = ", ".join(f"{n}=(batch, ...)" for n in missing)
+            raise ShapeError(
+                f"Symbol.{what}: var {', '.join(repr(n) for n in missing)} has no shape yet, and kiln "
+                f"traces a graph at known shapes; give them first: call infer_shape({example}) on "
+                f"this Symbol (or simple_bind / eval with them), or create sym.var({missing[0]!r}, "
+                f"shape=...), or run a batch through the hybridized block (any batch size: an exported "
+                f"graph runs at others too)")
+        return shapes
+
+    def _graph(self, given=None, what="tojson"):
+        """The trace at the vars' shapes (given ones first); remembers given shapes."""
+        if self._var is not None:
             raise StateError(f"Symbol.{what}: var '{self.name}' alone has no graph; call a HybridBlock "
                              f"on it (out = net({self.name})) and ask the result")
-        return self._traced
+        shapes = self._shapes(given or {}, what)
+        if given:
+            self._known.update({k: v for k, v in shapes.items() if k in given})
+        key = tuple(sorted(shapes.items()))
+        t = self._traces.get(key)
+        if t is None:
+            t = self._traces[key] = _trace(self, shapes)
+            while len(self._traces) > _MAX_TRACES:
+                self._traces.popitem(last=False)
+        self._traces.move_to_end(key)
+        return t
+
+    # -- the MXNet-style queries ------------------------------------------------------------------
 
     def list_arguments(self):
-        """The data inputs (vars) in order, then the parameters by name."""
+        """The data inputs (vars) in order, then the parameters by name (no shapes needed)."""
         if self._var is not None:
             return [self.name]
-        return list(self._traced.input_names) + list(self._traced.param_names)
+        params = list(_merged_params(self._blocks()))
+        consts = [n for t in list(self._traces.values())[-1:] for n in t.param_names if n.startswith("const")
+                  and n not in params]
+        return list(self._vars()) + params + consts
 
     list_inputs = list_arguments
 
@@ -128,28 +213,35 @@ class Symbol:
 
     def tojson(self):
         """The graph as NAME-symbol.json holds it (see HybridBlock.export)."""
-        t = self._need_graph("tojson")
-        return t.graph.to_json(t.input_names, t.param_names, t.structure)
+        return self._graph(what="tojson").tojson()
 
     def save(self, fname):
         """Writes tojson() to `fname` atomically."""
-        t = self._need_graph("save")
-        t.graph.save(fname, t.input_names, t.param_names, t.structure)
+        self._graph(what="save").save(fname)
 
-    def _types(self, shapes, dtypes_too=False):
+    def _types(self, given, what):
+        """(arg shapes, out shapes, arg dtypes, out dtypes) in list_arguments() order."""
         if self._var is not None:
             shape, dtype = self._var
-            shape = shapes.get(self.name, shape)
+            shape = given.get(self.name, shape)
             if shape is None:
-                raise ShapeError(_NO_SHAPE.format(name=self.name))
+                raise ShapeError(f"Symbol.{what}: var '{self.name}' has no shape; pass it: "
+                                 f"{self.name}.{what}({self.name}=(batch, ...))")
             return [tuple(shape)], [tuple(shape)], [dtype], [dtype]
-        t = self._traced
-        if any(tuple(s) != tuple(v._var[0] or ()) for n, s in shapes.items() for v in [self._vars()[n]]):
-            t = _trace(self, shapes)
+        t = self._graph(given, what)
         doc = t.doc
-        args = doc["inputs"] + doc["params"]
-        return ([tuple(a["shape"]) for a in args], [tuple(o["shape"]) for o in doc["outputs"]],
-                [a["dtype"] for a in args], [o["dtype"] for o in doc["outputs"]])
+        traced = {a["name"]: (tuple(a["shape"]), a["dtype"]) for a in doc["params"]}
+        traced.update({a["name"]: (tuple(a["shape"]), a["dtype"]) for a in doc["inputs"]})
+        params = _merged_params(self._blocks())
+        args = []
+        for name in self.list_arguments():
+            if name in traced:
+                args.append(traced[name])
+            else:  # a parameter the graph does not read
+                p = params[name]
+                args.append((tuple(p.shape) if p.shape is not None else None, p.dtype))
+        return ([a[0] for a in args], [tuple(o["shape"]) for o in doc["outputs"]],
+                [a[1] for a in args], [o["dtype"] for o in doc["outputs"]])
 
     def _shape_args(self, args, kwargs, what):
         names = list(self._vars())
@@ -160,40 +252,86 @@ class Symbol:
             if k not in names:
                 raise ArgumentError(f"Symbol.{what}: '{k}' is not an input of {self!r}; its inputs are {names}")
             given[k] = v
-        return {k: tuple(int(d) for d in v) for k, v in given.items() if v is not None}
+        out = {}
+        for k, v in given.items():
+            if v is None:
+                continue
+            v = (v,) if isinstance(v, int) else tuple(int(d) for d in v)
+            if any(d <= 0 for d in v):
+                raise ShapeError(f"Symbol.{what}: {k}={v}: every dimension must be positive")
+            out[k] = v
+        return out
 
     def infer_shape(self, *args, **kwargs):
         """(arg_shapes, out_shapes, aux_shapes) as MXNet: arguments in list_arguments() order.
-        Input shapes default to the vars' shapes; other shapes trace the recipe again."""
-        arg, out, _, _ = self._types(self._shape_args(args, kwargs, "infer_shape"))
+        Shapes given here are remembered as this Symbol's (tojson() and save() then trace at them)."""
+        arg, out, _, _ = self._types(self._shape_args(args, kwargs, "infer_shape"), "infer_shape")
         return arg, out, []
 
     def infer_type(self, *args, **kwargs):
-        """(arg_types, out_types, aux_types) as dtype names, for the vars' shapes."""
-        _, _, arg, out = self._types({})
+        """(arg_types, out_types, aux_types) as dtype names (vars are float32 unless var(dtype=))."""
+        _, _, arg, out = self._types(self._shape_args(args, kwargs, "infer_type"), "infer_type")
         return arg, out, []
 
+    # -- executors --------------------------------------------------------------------------------
 
-_NO_SHAPE = "kiln traces with static shapes: give var({name!r}, shape=...)"
+    def simple_bind(self, ctx=None, grad_req="null", type_dict=None, **shapes):
+        """An Executor for inputs of `shapes` on `ctx`: its data inputs are zeros (fill them, or
+        pass arrays to forward()), its parameters the blocks' own arrays (copied to `ctx`)."""
+        from .executor import Executor
+        return Executor._simple(self, ctx, grad_req, shapes)
+
+    def bind(self, ctx=None, args=None, args_grad=None, grad_req="null", aux_states=None, **kwargs):
+        """An Executor on `ctx` reading `args`: a dict by name or a list in list_arguments() order;
+        the vars must be there, parameters left out read the blocks' own arrays."""
+        from .executor import Executor
+        return Executor._bind(self, ctx, args, args_grad, grad_req)
+
+    def eval(self, ctx=None, **kwargs):
+        """The outputs, as a list of NDArrays, for the vars bound to the arrays in `kwargs`."""
+        return self.bind(ctx, kwargs).forward()
 
 
-def var(name, shape=None, dtype="float32"):
-    """A symbolic input named `name`; `shape` is needed before a block is called on it."""
+def var(name, shape=None, dtype="float32", **kwargs):
+    """A symbolic input named `name`. `shape` may be left out (the usual MXNet way): the shapes
+    come from a query, or from a block's last call (see the module's docstring). MXNet's attr,
+    lr_mult, wd_mult, init and stype are accepted and have no effect on a data input."""
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"var: the name must be a non-empty string, got {name!r}")
+    unknown = sorted(set(kwargs) - {"attr", "lr_mult", "wd_mult", "init", "stype"})
+    if unknown:
+        raise ArgumentError(f"var({name!r}): unknown argument(s) {unknown}; var takes name, shape and dtype")
+    if kwargs.get("stype") not in (None, "default"):
+        raise ArgumentError(f"var({name!r}): stype={kwargs['stype']!r}: kiln has dense arrays only")
     if shape is not None:
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
             raise ShapeError(f"var({name!r}): every dimension must be positive, got {shape}")
     from .nn.parameter import _dtype_name
-    return Symbol(name, var=(shape, _dtype_name(dtype)))
+    return Symbol(name, var=(shape, _dtype_name("float32" if dtype is None else dtype)))
 
 
 Variable = var
 
 
+def _last_input_shapes(block):
+    """The shapes of the data arguments `block` was last called with (None for a non-array
+    argument), or None when it records none."""
+    specs = None
+    last = getattr(block, "_last_trace", None)
+    if last is not None:
+        specs = last.specs
+    elif getattr(block, "_eager_specs", None) is not None:
+        specs = block._eager_specs
+    elif getattr(block, "_input_types", None) is not None:  # a SymbolBlock: its exported shapes
+        return [s for s, _ in block._input_types]
+    if specs is None:
+        return None
+    return [tuple(a.shape) if hasattr(a, "shape") and hasattr(a, "device") else None for a in specs]
+
+
 def _apply(block, args):
-    """block(*args) where some args are Symbols: the Symbol of its outputs (traced now)."""
+    """block(*args) where some args are Symbols: the Symbol of its outputs (traced when needed)."""
     for a in args:
         if isinstance(a, _C.NDArray):
             raise ArgumentError(f"{type(block).__name__} was called on Symbols and NDArrays together; "
@@ -219,8 +357,8 @@ def _eval(s, env, memo):
     return out
 
 
-def _param_names(blocks, captured):
-    from .nn._structure import _captured_names
+def _merged_params(blocks):
+    """The blocks' parameters by name, each once, prefixed by block position when names clash."""
     from .nn.parameter import ParameterDict
     dicts = [b.collect_params() for b in blocks]
     merged, seen = ParameterDict(), set()
@@ -231,20 +369,14 @@ def _param_names(blocks, captured):
             if id(p) not in seen:
                 seen.add(id(p))
                 merged[f"{i}.{k}" if prefix else k] = p
-    return _captured_names(captured, merged)
+    return merged
 
 
 def _trace(s, shapes):
-    """Traces the recipe of `s` on symbolic inputs (`shapes` overriding the vars' shapes)."""
+    """Traces the recipe of `s` on symbolic inputs of `shapes` (every var's)."""
     from . import autograd, nd
     from .nn._structure import _flatten, _structure_indices
-    variables = s._vars()
-    types = {}
-    for name, v in variables.items():
-        shape = shapes.get(name, v._var[0])
-        if shape is None:
-            raise ShapeError(_NO_SHAPE.format(name=name))
-        types[name] = (tuple(shape), v._var[1])
+    types = {name: (tuple(shapes[name]), v._var[1]) for name, v in s._vars().items()}
     blocks = s._blocks()
     params = [p for b in blocks for p in b.collect_params().values()]
     device = next((p.list_device()[0] for p in params if p._data is not None or p._deferred), _C.cpu())
@@ -260,7 +392,10 @@ def _trace(s, shapes):
                     raise ArgumentError(f"{s!r}: a block returned {type(a).__name__}; a traced block must "
                                         f"return NDArrays (or lists/tuples of them)")
             graph = scope.finish(arrays)
-    return _Graph(graph, list(types), _param_names(blocks, graph.captured), _structure_indices(structure)[0])
+    from .nn._structure import _captured_names, _param_order
+    merged = _merged_params(blocks)
+    names = _captured_names(graph.captured, merged)
+    return _Graph(graph, list(types), names, _structure_indices(structure)[0], types, _param_order(names, merged))
 
 
 # ---- ops on Symbols -----------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 // kiln._C bindings of hybridize: TraceScope (a context manager), CachedGraph, and the bounded
-// SignatureCache a HybridBlock keeps its compiled graphs in.
+// SignatureCache a HybridBlock keeps its compiled graphs in; the graphs read from
+// NAME-symbol.json (LoadedGraph), re-shaped for other input shapes before they are compiled.
 #include "bind.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/signature_cache.h"
 #include "kiln/ir/serialize.h"
 #include "kiln/ir/text.h"
+#include "kiln/passes/inline_calls.h"
+#include "kiln/passes/reshape_inputs.h"
 
 namespace kiln::py {
 
@@ -128,6 +131,38 @@ std::shared_ptr<void> Hold(pyb::object o) {
   });
 }
 
+// What export writes of a compiled graph: the graph with its parameter inputs in `order` (indices
+// into the captured tensors; empty: as traced), and calls of other compiled graphs (a SymbolBlock
+// inside a hybridized block) inlined.
+std::string ExportJson(const CachedGraph& g, const ir::GraphManifest& m, const std::vector<int>& order) {
+  const ir::Graph& src = g.graph();
+  std::unique_ptr<ir::Graph> copy;
+  if (!order.empty()) {
+    size_t n = static_cast<size_t>(g.num_data_inputs());
+    size_t np = src.inputs().size() - n;
+    std::vector<bool> seen(np, false);
+    if (order.size() != np)
+      KILN_THROW(ValueError) << "export: param_order has " << order.size() << " entries for " << np << " parameters";
+    copy = std::make_unique<ir::Graph>();
+    ir::ValueMap map;
+    for (size_t i = 0; i < n; ++i) map[src.inputs()[i]] = copy->AddInput(src.inputs()[i]->name(), src.inputs()[i]->type());
+    for (int k : order) {
+      if (k < 0 || static_cast<size_t>(k) >= np || seen[static_cast<size_t>(k)])
+        KILN_THROW(ValueError) << "export: param_order must be a permutation of 0.." << np - 1;
+      seen[static_cast<size_t>(k)] = true;
+      const ir::Value* v = src.inputs()[n + static_cast<size_t>(k)];
+      map[v] = copy->AddInput(v->name(), v->type());
+    }
+    ir::CopyNodes(src, *copy, map);
+    std::vector<ir::Value*> outs;
+    for (const ir::Value* v : src.outputs()) outs.push_back(map.at(v));
+    copy->SetOutputs(std::move(outs));
+  }
+  const ir::Graph& ordered = copy ? *copy : src;
+  if (!passes::HasCalls(ordered)) return ir::GraphToJson(ordered, m);
+  return ir::GraphToJson(*passes::InlineCalls(ordered, RegisteredGraphBody), m);
+}
+
 ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::vector<std::string>& params,
                            pyb::handle structure) {
   ir::GraphManifest m;
@@ -192,14 +227,18 @@ KILN_PY_BIND(50) {
       }, pyb::arg("as_dict") = false,
          "What compiling did, per plan built so far: the text KILN_REPORT=1 prints, or its fields as a dict.")
       .def("to_json", [](const CachedGraph& g, const std::vector<std::string>& inputs,
-                         const std::vector<std::string>& params, pyb::handle structure) {
-        return ir::GraphToJson(g.graph(), Manifest(inputs, params, structure));
-      }, pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"))
+                         const std::vector<std::string>& params, pyb::handle structure, const std::vector<int>& order) {
+        return ExportJson(g, Manifest(inputs, params, structure), order);
+      }, pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
+         pyb::arg("param_order") = std::vector<int>{},
+         "NAME-symbol.json's text: `param_names` name the parameters in `param_order` (indices into "
+         "captured; empty: as traced); calls of other compiled graphs (SymbolBlocks) are inlined.")
       .def("save", [](const CachedGraph& g, const std::string& path, const std::vector<std::string>& inputs,
-                      const std::vector<std::string>& params, pyb::handle structure) {
-        ir::SaveGraph(path, g.graph(), Manifest(inputs, params, structure));
+                      const std::vector<std::string>& params, pyb::handle structure, const std::vector<int>& order) {
+        ir::WriteFileAtomic(path, ExportJson(g, Manifest(inputs, params, structure), order));
       }, pyb::arg("path"), pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
-         "Writes NAME-symbol.json atomically.");
+         pyb::arg("param_order") = std::vector<int>{},
+         "Writes to_json()'s text to NAME-symbol.json atomically.");
 
   pyb::class_<PyLoadedGraph>(m, "LoadedGraph")
       .def_property_readonly("input_names", [](const PyLoadedGraph& g) { return g.loaded.manifest.inputs; })
@@ -215,6 +254,14 @@ KILN_PY_BIND(50) {
         return FromStructure(g.loaded.manifest.output_structure);
       })
       .def("graph_text", [](const PyLoadedGraph& g) { return ir::PrintGraph(*g.loaded.graph); })
+      .def("reshaped", [](const PyLoadedGraph& g, const std::vector<pyb::object>& shapes) {
+        if (!g.loaded.graph) KILN_THROW(StateError) << "this loaded graph was already compiled";
+        std::vector<Shape> s;
+        for (const auto& h : shapes) s.push_back(ToShape(h));
+        return PyLoadedGraph{{passes::ReshapeInputs(*g.loaded.graph, s), g.loaded.manifest}};
+      }, pyb::arg("input_shapes"),
+         "A copy re-shaped for these data input shapes (passes/reshape_inputs.h): ShapeError naming the "
+         "node and the input when that cannot be done soundly.")
       .def("compile", [](PyLoadedGraph& g, const std::vector<Tensor>& params, const Device& device) {
         if (!g.loaded.graph) KILN_THROW(StateError) << "this loaded graph was already compiled";
         int n = static_cast<int>(g.loaded.manifest.inputs.size());

@@ -208,12 +208,33 @@ TEST_CASE("load: params that differ from the graph are listed, every one") {
   CHECK(msg.find("export both again") != std::string::npos);
 }
 
+TEST_CASE("load: an exported graph runs at other batch sizes, one plan per input shape, bounded") {
+  TempDir dir;
+  ExportedMlp m(dir);
+  Module model = load(m.symbol, m.params);
+  for (int64_t batch : {1, 5, 3, 1}) {
+    Tensor x = nd::random::normal(0, 1, {batch, 8});
+    std::vector<Tensor> y = model({x});
+    REQUIRE(y.size() == 1);
+    CHECK(y[0].shape() == Shape{batch, 4});
+    CheckClose(y[0], m.net(x));
+  }
+  CHECK(model.num_reshaped_plans() == 2);  // batch 1 and 5; batch 3 is the exported plan
+  for (int64_t batch = 10; batch < 10 + static_cast<int64_t>(kMaxReshapedPlans) + 3; ++batch)
+    model({nd::ones({batch, 8})});
+  CHECK(model.num_reshaped_plans() == kMaxReshapedPlans);
+  // Rows are independent: row 0 of a batch of 7 is the batch-1 result of that row.
+  Tensor x7 = nd::random::normal(0, 1, {7, 8});
+  Tensor row = nd::slice(x7, {0}, {1});
+  CheckClose(nd::slice(model({x7})[0], {0}, {1}), model({row})[0]);
+}
+
 TEST_CASE("load: a call with wrong inputs names the input and both types") {
   TempDir dir;
   ExportedMlp m(dir);
   Module model = load(m.symbol, m.params);
-  CHECK_THROWS_WITH_AS(model({nd::ones({2, 8})}),
-                       doctest::Contains("input 'data' expects float32(3, 8), found float32(2, 8)"), ShapeError);
+  CHECK_THROWS_WITH_AS(model({nd::ones({3, 8, 1})}),
+                       doctest::Contains("input 'data' expects float32(3, 8), found float32(3, 8, 1)"), ShapeError);
   CHECK_THROWS_WITH_AS(model({nd::ones({3, 8}, DType::kFloat64)}),
                        doctest::Contains("input 'data' expects float32(3, 8), found float64(3, 8)"), DTypeError);
   CHECK_THROWS_WITH_AS(model({}), doctest::Contains("expected 1 input(s) (data: float32(3, 8)), found 0"),

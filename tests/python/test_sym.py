@@ -70,10 +70,14 @@ def test_tojson_is_the_export_format(tmp_path):
     assert kiln._C.load_graph(str(tmp_path / "s.json")).input_names == ["data"]
 
 
-def test_var_without_shape_is_a_clear_error():
+def test_var_without_a_known_shape_is_a_clear_error_when_a_graph_is_needed():
     net = _mlp()
-    with pytest.raises(kiln.ShapeError, match=r"kiln traces with static shapes: give var\('data', shape=...\)"):
-        net(sym.var("data"))
+    out = net(sym.var("data"))  # a Symbol, as in MXNet: nothing is traced yet
+    assert isinstance(out, sym.Symbol)
+    assert out.list_arguments()[0] == "data"  # names need no shapes
+    with pytest.raises(kiln.ShapeError, match=r"Symbol.tojson: var 'data' has no shape yet.*"
+                                              r"infer_shape\(data=\(batch, ...\)\)"):
+        out.tojson()
 
 
 def test_two_inputs_tuple_output_and_indexing():

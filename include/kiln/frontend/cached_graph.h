@@ -113,6 +113,11 @@ class CachedGraph {
   std::vector<Assign> assigns_;
 };
 
+/// The graph a registered id runs (the forward of a CachedGraph, or a training variant), as
+/// compiled: what passes::InlineCalls copies in place of a call_graph node. ValueError when no
+/// live graph has that id.
+const ir::Graph& RegisteredGraphBody(int64_t graph_id);
+
 /// Compiled graphs alive in the registry (forward graphs and training variants), after freeing
 /// those released while the engine was busy if it is idle now. For tests and leak checks.
 size_t NumLiveGraphs();

@@ -5,9 +5,13 @@
 //   kiln::Module model = kiln::load("mlp-symbol.json", "mlp-0000.params", kiln::cpu());
 //   kiln::Tensor y = model({x})[0];
 //
-// A Module checks every call's inputs (count, dtype, shape, device) against the exported ones and
-// names the offending input. Not here: training an imported model (parameters are frozen),
-// shapes other than the exported ones (export again with the new shape), Python's SymbolBlock.
+// A Module checks every call's inputs (count, dtype, rank, device) against the exported ones and
+// names the offending input. Inputs of other sizes than the exported ones (another batch size)
+// run too, as MXNet rebinds its executor: the graph is re-shaped for them (shapes inferred again,
+// size-valued attributes rewritten: passes/reshape_inputs.h) and compiled once per input shapes,
+// the plans of the last kMaxReshapedPlans such shapes kept. A graph that cannot be re-shaped
+// soundly is a ShapeError naming the node and the input. Not here: training an imported model
+// (parameters are frozen), Python's SymbolBlock.
 #pragma once
 
 #include <memory>
@@ -22,13 +26,18 @@ namespace kiln {
 
 class CachedGraph;
 
+/// Plans a Module keeps for input shapes other than the exported ones (least recently used dropped).
+inline constexpr size_t kMaxReshapedPlans = 8;
+
 /// A loaded, compiled model. A cheap, copyable handle: copies share the compiled graph and the
 /// parameters.
 class Module {
  public:
   /// Runs the model on `inputs` (one per input_names(), in that order, on device()): one engine
-  /// task; returns the outputs flattened in order (see output_structure()). Throws ValueError for
-  /// a wrong number of inputs, DTypeError / ShapeError / DeviceError naming the input otherwise.
+  /// task; returns the outputs flattened in order (see output_structure()). Inputs of other sizes
+  /// than input_types() re-shape the graph (compiled on their first call). Throws ValueError for
+  /// a wrong number of inputs, DTypeError / ShapeError / DeviceError naming the input otherwise,
+  /// and ShapeError naming the node when the graph cannot be re-shaped for these sizes.
   std::vector<Tensor> operator()(const std::vector<Tensor>& inputs) const;
 
   /// Names of the data inputs, in call order (e.g. {"data"}).
@@ -45,7 +54,9 @@ class Module {
   const ir::OutputStructure& output_structure() const;
   /// Where the parameters live and the model runs.
   Device device() const;
-  /// The compiled graph underneath.
+  /// Plans kept for other input shapes than the exported ones (at most kMaxReshapedPlans).
+  size_t num_reshaped_plans() const;
+  /// The compiled graph underneath, for the exported input shapes.
   const CachedGraph& compiled() const;
 
   struct State;

@@ -65,3 +65,12 @@ def _captured_names(captured, params):
         used.add(name)
         names.append(name)
     return names
+
+
+def _param_order(names, params):
+    """The order export writes a graph's captured tensors named `names` in: the parameters in
+    `params`' (collect_params) order, then the rest ('const0', ...) as the trace read them; so
+    that a Symbol's list_arguments() and the file list parameters alike, traced or not. Returns
+    indices into `names`."""
+    rank = {k: i for i, k in enumerate(params)}
+    return sorted(range(len(names)), key=lambda i: (rank.get(names[i], len(rank)), i))

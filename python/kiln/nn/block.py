@@ -14,7 +14,7 @@ import threading
 from .._C import ArgumentError, FormatError, NDArray as _NDArray, SignatureCache as _SignatureCache, StateError
 from .._C import is_recording as _is_recording, is_training as _is_training
 from .. import init as _init
-from ._structure import _captured_names, _data_input_names, _flatten, _structure_indices, _unflatten
+from ._structure import _captured_names, _data_input_names, _flatten, _param_order, _structure_indices, _unflatten
 from .parameter import Parameter, ParameterDict, _devices
 from . import serialization
 
@@ -386,7 +386,8 @@ class HybridBlock(Block):
         in inference mode, so BatchNorm uses its running statistics and Dropout is off). Every
         tensor the graph reads is saved under its parameter's structural name from
         collect_params() ('0.weight'), or as 'const0', 'const1'... when it is no parameter.
-        The graph has the static input shapes it was traced with. A block hybridized with
+        The graph records the input shapes it was traced with; SymbolBlock.imports, kiln::load and
+        kiln-run also run it at other sizes (another batch size), re-shaping it. A block hybridized with
         freeze=True exports its frozen graph: its constants (parameters and what was folded from
         them) are saved as 'const0', 'const1'..., which SymbolBlock.imports loads with grad_req
         'null', so the imported block is for inference, as the frozen one.
@@ -416,7 +417,8 @@ class HybridBlock(Block):
         names = _captured_names(traced.graph.captured, params)
         frozen = [n for n in names if n not in params or params[n].grad_req == "null"]
         return _export_graph(traced.graph, path, epoch, traced.input_names, names, frozen,
-                             _structure_indices(traced.structure)[0], type(self).__name__)
+                             _structure_indices(traced.structure)[0], type(self).__name__,
+                             _param_order(names, params))
 
     def forward(self, x, *args):
         if type(self).hybrid_forward is HybridBlock.hybrid_forward:
@@ -429,20 +431,20 @@ class HybridBlock(Block):
         raise NotImplementedError
 
 
-def _export_graph(graph, path, epoch, input_names, param_names, frozen, structure, who):
+def _export_graph(graph, path, epoch, input_names, param_names, frozen, structure, who, order=None):
     """Writes `graph` (whose captured tensors are named `param_names`) and those tensors; the
     params file's metadata lists the `frozen` ones (grad_req 'null': running statistics,
-    constants) so that SymbolBlock.imports does not train them."""
-    if " call_graph(" in graph.graph_text():
-        # The node names a graph of this process by id; the file would be meaningless elsewhere.
-        raise StateError(f"{who}.export('{path}'): the graph calls another compiled graph (a "
-                         f"SymbolBlock used inside a hybridized block); exporting that is not "
-                         f"supported yet: export the SymbolBlock itself, or the block it came from")
+    constants) so that SymbolBlock.imports does not train them. A call of another compiled graph in
+    it (a SymbolBlock used inside a hybridized block) is written inlined: graph.save inlines it, so
+    the file holds plain ops and loads anywhere (passes/inline_calls.h). `order` (indices into the
+    captured tensors) is the order the files list the parameters in; None: as traced."""
     if not isinstance(epoch, int) or not 0 <= epoch <= 9999:
         raise ArgumentError(f"{who}.export: epoch must be an integer in [0, 9999], got {epoch!r}")
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
-    graph.save(symbol_file, list(input_names), list(param_names), structure)
-    serialization.save_arrays(params_file, dict(zip(param_names, graph.captured)),
+    order = list(range(len(param_names))) if order is None else list(order)
+    names, captured = [param_names[i] for i in order], graph.captured
+    graph.save(symbol_file, list(input_names), names, structure, param_order=order)
+    serialization.save_arrays(params_file, {param_names[i]: captured[i] for i in order},
                              {"format": "kiln", FROZEN_KEY: json.dumps(list(frozen))})
     return symbol_file, params_file
 
