@@ -7,7 +7,8 @@
 
 MXNet 1.x code runs with its imports changed (`import kiln as mx`, `from kiln.gluon import nn`):
 mx.nd, mx.sym/mx.symbol, mx.autograd, mx.init/mx.initializer, mx.gluon, mx.context, mx.Context,
-mx.random, mx.kv/mx.kvstore, mx.cpu(), mx.gpu(i) are the same objects as kiln's own names.
+mx.random, mx.kv/mx.kvstore, mx.base.MXNetError, mx.cpu(), mx.gpu(i) are the same objects as
+kiln's own names.
 """
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
@@ -17,8 +18,8 @@ from . import ndarray as _ndarray  # adds indexing and the Python-side methods t
 from . import nd, autograd
 from .context import Context  # mx.Context: every kiln.Device is one
 
-__all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "cpu", "gpu", "num_gpus", "gpus", "waitall",
-           "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
+__all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "MXNetError", "cpu", "gpu",
+           "num_gpus", "gpus", "waitall", "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "codegen_stats"]
 
@@ -51,10 +52,11 @@ def _lazy(name):
 _LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
 # MXNet's module names: mx.gluon and mx.context are modules of their own, the others kiln's under
 # MXNet's name (mx.symbol is kiln.sym).
-_MXNET_MODULES = ("gluon", "context")
+_MXNET_MODULES = ("gluon", "context", "base")
 _MXNET_ALIASES = {"symbol": "sym", "initializer": "init", "kv": "kvstore"}
 
 random = nd.random  # mx.random.seed / uniform / normal, as mx.nd.random
+MXNetError = KilnError  # mx.MXNetError and mx.base.MXNetError
 
 
 def __getattr__(name):

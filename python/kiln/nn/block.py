@@ -91,11 +91,11 @@ class Block:
 
     @property
     def params(self):
-        """This block's and its children's parameters by structural name, as collect_params().
-        As in Gluon 1.x, `self.params.get('weight', shape=(2, 3))` in __init__ returns the
-        parameter named so (or the one ending in '.weight') and else creates it on this block."""
+        """This block's own parameters (not its children's; use collect_params for those), as
+        Gluon 1.x's. `self.params.get('weight', shape=(2, 3))` in __init__ returns the parameter
+        named so and else creates it on this block (Gluon 1.x's way to declare one)."""
         params = ParameterDict(shared=self.__dict__.get("_shared_params"))
-        self._collect("", params, set())
+        params.update(self._reg_params)
         params._owner = self
         return params
 
