@@ -86,6 +86,8 @@ def _no_stype(fn, kwargs):
 def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None, dtype=None, device=None):
     """Evenly spaced values in [start, stop), as MXNet's nd.arange: arange(3) is [0, 1, 2];
     `repeat` repeats each value (arange(2, repeat=2) is [0, 0, 1, 1]); float32 unless `dtype`."""
+    if infer_range:
+        raise ArgumentError("nd.arange: infer_range (deprecated in MXNet) is not supported; give stop")
     dtype, device = _placement("arange", (), dtype, device, ctx)
     x = _C.arange(start, stop, step, dtype, device)
     repeat = int(repeat)

@@ -332,6 +332,15 @@ def test_param_data_on_a_device_it_does_not_live_on_is_a_runtime_error():
     fresh = nn.Dense(3)
     with pytest.raises(RuntimeError, match="initialize"):
         fresh.weight.data()
+    # as Gluon: with copies on several devices, data() means the one on the current context, cpu(0)
+    two = nn.Dense(3, in_units=2)
+    two.initialize(ctx=[mx.cpu(1), mx.cpu(2)])
+    weight = two.params.get("weight")
+    with pytest.raises(RuntimeError, match=r"not initialized on cpu\(0\).*\[cpu\(1\), cpu\(2\)\]"):
+        weight.data()
+    assert weight.data(mx.cpu(2)).context == mx.cpu(2)
+    two.initialize(ctx=[mx.cpu(1), mx.cpu(0)], force_reinit=True)
+    assert weight.data().context == mx.cpu(0) and weight.grad().context == mx.cpu(0)
 
 
 def test_initialize_with_init_ctx_list_and_force_reinit():
@@ -536,7 +545,12 @@ def test_sim_gpus_params_and_allreduce_training_as_d2lzh():
             l.backward()
         trainer.step(8)
         nd.waitall()
-        w = net[0].weight
+        w = net[0].params.get("weight")
+        try:
+            w.data()                            # d2lzh: "not initialized on cpu(0)"
+            raise AssertionError("no error")
+        except RuntimeError as e:
+            assert "not initialized on cpu(0)" in str(e), e
         assert w.list_ctx() == ctx and w.data(mx.gpu(1)).context == mx.gpu(1)
         np.testing.assert_allclose(w.data(ctx[0]).asnumpy(), w.data(ctx[1]).asnumpy(), rtol=1e-6)
         assert w.grad(ctx[1]).context == ctx[1]

@@ -234,8 +234,8 @@ class HybridBlock(Block):
     frozen block, that graph is the frozen one, whose constants are saved as 'const0', 'const1'...
     """
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, prefix=None, params=None):
+        super().__init__(prefix, params)
         self._active = False
         self._freeze = False
         self._flags = {}

@@ -194,16 +194,19 @@ class Parameter:
 
     def _copy_on(self, arrays, device):
         if device is None:
-            return arrays[0]
+            if len(arrays) == 1:
+                return arrays[0]
+            device = cpu(0)  # as Gluon: with several copies, None means the current context, cpu(0)
         for arr in arrays:
             if arr.device == device:
                 return arr
         raise StateError(f"Parameter '{self.name}' was not initialized on {device}; it lives on "
-                         f"{self.list_device()}. Initialize it there (net.initialize(ctx=[..., {device}])) or "
-                         f"move the input to one of those devices (x.as_in_context(...))")
+                         f"{self.list_device()}. Name one of those (data(ctx)), initialize it there "
+                         f"(net.initialize(ctx=[..., {device}])) or move the input (x.as_in_context(...))")
 
     def data(self, device=None, ctx=None):
-        """The copy on `device` (the first copy when None)."""
+        """The copy on `device`. None means the only copy, or with copies on several devices the
+        one on cpu(0) (Gluon's current context): a StateError (a RuntimeError) when there is none."""
         self._check_initialized()
         return self._copy_on(self._data, device if device is not None else ctx)
 
@@ -212,7 +215,7 @@ class Parameter:
         return list(self._data)
 
     def grad(self, device=None, ctx=None):
-        """The gradient of the copy on `device` (the first copy when None)."""
+        """The gradient of the copy on `device` (None: as data())."""
         return self._copy_on(self.list_grad(), device if device is not None else ctx)
 
     def list_grad(self):
