@@ -213,6 +213,8 @@ def _setitem(self, key, value):
     if begins and not view._shares_storage(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")
     if isinstance(value, NDArray):
+        if _is_same_view(value, view):
+            return  # `a[i] += b`: the in-place operator already wrote through the view
         src = value
     elif isinstance(value, (int, float, bool, _np.generic)) or (isinstance(value, _np.ndarray) and value.ndim == 0):
         _C.full(view.shape, value, self._dtype_name, self.device).copyto(view)
@@ -227,6 +229,11 @@ def _setitem(self, key, value):
     if src._dtype_name != self._dtype_name:
         src = src.astype(self._dtype_name)
     src.copyto(view)
+
+
+def _is_same_view(a, b):
+    return (not _C.tracing() and a._shares_storage(b) and a.shape == b.shape and a.dtype == b.dtype
+            and a._strides() == b._strides() and a._data_ptr() == b._data_ptr())
 
 
 def _T(self):
