@@ -480,6 +480,16 @@ def test_sim_gpus_ctx_copyto_as_in_context_and_in_place():
         a += 1
         assert a is alias and (alias.asnumpy() == np.arange(1, 7).reshape(2, 3)).all()
         assert alias.norm().asscalar() == np.float32(np.sqrt(91))
+        # strided slices of a GPU array are written in place too
+        ref = alias.asnumpy()
+        a[1:, 1:] += 1; ref[1:, 1:] += 1
+        a[:, 0] = nd.array([5, 6], ctx=g1); ref[:, 0] = [5, 6]
+        a[1:, ::2] *= 2; ref[1:, ::2] *= 2
+        a[:, 1:] = a[:, :-1]; ref[:, 1:] = ref[:, :-1].copy()
+        np.testing.assert_array_equal(alias.asnumpy(), ref)
+        host = nd.zeros((2, 3))
+        host[:, 1] = nd.ones((2,), ctx=g0)
+        np.testing.assert_array_equal(host.asnumpy(), [[0, 1, 0], [0, 1, 0]])
         print("ok")
     """)
 
