@@ -1,15 +1,16 @@
 """kiln.nd: creating arrays and every eager op, as mxnet.nd / mxnet.np.
 
 Every function queues its work on the engine and returns at once; asnumpy(), item(),
-wait_to_read() and kiln.waitall() wait.
+wait_to_read() and kiln.waitall() wait. Creation functions take MXNet's signatures
+(zeros(shape, ctx, dtype), arange(start, stop, step, repeat, ctx=, dtype=), random.uniform(low,
+high, shape, dtype, ctx)) and kiln's device= as well.
 """
 import types as _types
 
 import numpy as _np
 
 from . import _C
-from ._C import ArgumentError
-from ._C import (NDArray, Device, invoke, waitall, stop_gradient, sigmoid, gelu, flatten,
+from ._C import (ArgumentError, NDArray, Device, invoke, waitall, stop_gradient, sigmoid, gelu, flatten,
                  where, cast, clip, broadcast_to, expand_dims,
                  squeeze, slice, concat, stack, split, take, one_hot, matmul, linear, conv2d, max_pool2d,
                  avg_pool2d, global_avg_pool2d, softmax, log_softmax, softmax_cross_entropy, dropout,
@@ -127,6 +128,7 @@ def ones_like(x, dtype=None, ctx=None, device=None):
 
 
 def full_like(x, val, dtype=None, ctx=None, device=None):
+    """`val` in x's shape, on x's device and of its dtype unless told otherwise."""
     return _C.full(x.shape, val, dtype or x._dtype_name, device or ctx or x.device)
 
 
