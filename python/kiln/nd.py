@@ -5,6 +5,7 @@ wait_to_read() and kiln.waitall() wait. Creation functions take MXNet's signatur
 (zeros(shape, ctx, dtype), arange(start, stop, step, repeat, ctx=, dtype=), random.uniform(low,
 high, shape, dtype, ctx)) and kiln's device= as well.
 """
+import os as _os
 import types as _types
 
 import numpy as _np
@@ -207,6 +208,38 @@ def _out(x, out):
 
 random = _types.SimpleNamespace(uniform=_uniform, normal=_normal, bernoulli=_bernoulli, randint=_randint,
                                 seed=_seed)
+
+
+_SAVED_AS = "kiln.nd.save"  # metadata key: 'list' or 'dict', what nd.load gives back
+
+
+def save(fname, data):
+    """Writes an NDArray, a list of them or a dict str -> NDArray to `fname`, as MXNet's nd.save
+    (in kiln's params format, safetensors' layout; nd.load reads it back)."""
+    if isinstance(data, NDArray):
+        data = [data]
+    if isinstance(data, dict):
+        kind, named = "dict", [(str(k), v) for k, v in data.items()]
+    elif isinstance(data, (list, tuple)):
+        kind, named = "list", [(str(i), v) for i, v in enumerate(data)]
+    else:
+        raise TypeError(f"nd.save: data must be an NDArray, a list of them or a dict str -> NDArray, "
+                        f"got {type(data).__name__}")
+    for name, v in named:
+        if not isinstance(v, NDArray):
+            raise TypeError(f"nd.save: entry '{name}' is a {type(v).__name__}, not an NDArray")
+    _C.save_params(_os.fspath(fname), [(n, _C.HostTensor(v)) for n, v in named], {_SAVED_AS: kind})
+
+
+def load(fname, ctx=None, device=None):
+    """What nd.save wrote: a list of NDArrays, or a dict when a dict was saved (a params file
+    written by save_parameters or export reads as a dict)."""
+    _, device = _placement("load", (), None, device, ctx)
+    arrays, metadata = _C.load_params(_os.fspath(fname), device)
+    arrays = dict(arrays)
+    if dict(metadata).get(_SAVED_AS) == "list":
+        return [arrays[str(i)] for i in range(len(arrays))]
+    return arrays
 
 
 def from_dlpack(obj):

@@ -232,6 +232,27 @@ def test_attach_grad_grad_and_wait_to_read():
     assert y.asscalar() == 28
 
 
+def test_nd_save_and_load_as_d2lzh(tmp_path):
+    x = nd.ones(3)
+    nd.save(str(tmp_path / "x"), x)
+    x2 = nd.load(str(tmp_path / "x"))
+    assert isinstance(x2, list) and len(x2) == 1
+    np.testing.assert_array_equal(x2[0].asnumpy(), [1, 1, 1])
+    y = nd.zeros(4, dtype="int32")
+    nd.save(str(tmp_path / "xy"), [x, y])
+    x2, y2 = nd.load(str(tmp_path / "xy"))
+    assert y2.dtype == np.int32 and x2.shape == (3,)
+    mydict = {"x": x, "y": y}
+    nd.save(str(tmp_path / "mydict"), mydict)
+    back = nd.load(str(tmp_path / "mydict"), ctx=mx.cpu(1))
+    assert sorted(back) == ["x", "y"] and back["x"].context == mx.cpu(1)
+    with pytest.raises(TypeError, match="not an NDArray"):
+        nd.save(str(tmp_path / "bad"), [x, 3])
+    with pytest.raises(mx.FormatError):
+        (tmp_path / "junk").write_bytes(b"not a params file")
+        nd.load(str(tmp_path / "junk"))
+
+
 # ---- gluon.utils ----
 
 def test_clip_global_norm_scales_in_place_only_above_the_limit():
