@@ -297,9 +297,10 @@ class ParameterDict(dict):
     """An ordered name -> Parameter mapping (what Block.collect_params and Block.params return).
 
     As Gluon 1.x, ParameterDict(prefix='', shared=None) also makes parameters: get(name, **kwargs)
-    returns the entry `prefix + name`, or the one entry whose name ends with '.name' or '_name'
-    ('weight' finds '0.weight'), or one from `shared`, and else creates Parameter(prefix + name,
-    **kwargs) and adds it (to its Block too when the dict is a Block's `params`).
+    returns the entry `prefix + name`, or the one entry whose structural name ends with '.name'
+    ('weight' finds '0.weight' when no other name ends so), or the one `shared` has, and else
+    creates Parameter(prefix + name, **kwargs) and adds it (to its Block too when the dict is a
+    Block's `params`).
     """
 
     def __init__(self, prefix="", shared=None):
@@ -320,7 +321,7 @@ class ParameterDict(dict):
         full = self._prefix + name
         if full in self:
             return self[full]
-        matches = [k for k in self if k.endswith(("." + name, "_" + name))]
+        matches = [k for k in self if k.endswith("." + name)]
         if len(matches) > 1:
             raise ArgumentError(f"ParameterDict.get('{name}'): {len(matches)} parameters end with it "
                                 f"({matches}); use the full name")
