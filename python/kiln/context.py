@@ -1,9 +1,12 @@
 """kiln.context: devices in the names of mxnet.context (Context, cpu, gpu, num_gpus,
 current_context), for MXNet code that says `mx.context.num_gpus()` or `isinstance(c, mx.Context)`.
 
-A Context is a kiln.Device: `mx.Context('gpu', 1) == mx.gpu(1)`. Not here: `with ctx:` scopes
-that change the default device; kiln's default is always cpu(0).
+A Context is a kiln.Device: `mx.Context('gpu', 1) == mx.gpu(1)`. As in MXNet, `with mx.gpu(1):`
+makes gpu(1) the default device of this thread's creation functions (nd.zeros, nd.array of data
+from the host, nd.random.*) and of initialize() without ctx; the default is otherwise cpu(0).
 """
+import threading
+
 from ._C import ArgumentError, Device, cpu, gpu, num_gpus
 
 __all__ = ["Context", "cpu", "gpu", "num_gpus", "current_context", "cpu_pinned"]
@@ -35,6 +38,26 @@ def cpu_pinned(device_id=0):
     return cpu(device_id)
 
 
+_local = threading.local()  # .stack: the devices of the enclosing `with device:` blocks
+
+
 def current_context():
-    """The default device of creation functions: cpu(0)."""
-    return cpu(0)
+    """The default device of creation functions: the innermost `with device:` of this thread,
+    else cpu(0)."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else cpu(0)
+
+
+def _enter(device):
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    _local.stack.append(device)
+    return device
+
+
+def _exit(device, *exc_info):
+    _local.stack.pop()
+
+
+Device.__enter__ = _enter
+Device.__exit__ = _exit

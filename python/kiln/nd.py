@@ -19,6 +19,7 @@ from ._C import (ArgumentError, NDArray, Device, invoke, waitall, stop_gradient,
 # The elementwise ops of the op list (kiln/runtime/op_list.h): negative, exp, relu, add, maximum, ...
 globals().update({_n: getattr(_C, _n) for _n in _C.elementwise_op_names()})
 from . import ndarray as _ndarray  # noqa: F401  (methods on NDArray)
+from .context import current_context
 
 dot = matmul
 
@@ -40,7 +41,7 @@ def _placement(fn, args, dtype=None, device=None, ctx=None):
     if device is not None and not isinstance(device, Device):
         raise ArgumentError(f"nd.{fn}: ctx/device must be a kiln.Device such as kiln.gpu(0), "
                             f"got {type(device).__name__} {device!r}")
-    return dtype, device if device is not None else _C.cpu()
+    return dtype, device if device is not None else current_context()
 
 
 def _one(fn, what, given, positional):
@@ -110,7 +111,8 @@ def array(obj, *args, dtype=None, device=None, ctx=None):
     number gives shape (1,), as MXNet's nd.array."""
     given = device is not None or ctx is not None or any(isinstance(a, Device) for a in args)
     dtype, device = _placement("array", args, dtype, device, ctx)
-    x = _C.array(obj, dtype, device if given else None)
+    # an NDArray stays on its device unless told otherwise; host data goes to the default device
+    x = _C.array(obj, dtype, device if given or not isinstance(obj, NDArray) else None)
     if isinstance(obj, NDArray) and x._shares_storage(obj):
         x = x.copy()
     elif isinstance(obj, (_np.ndarray, _np.generic)) and obj.ndim == 0 and x.ndim != 0:

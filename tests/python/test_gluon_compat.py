@@ -57,6 +57,28 @@ def test_top_level_mxnet_names():
         nd.zeros((1,), ctx=mx.gpu())
 
 
+def test_with_a_device_makes_it_the_default():
+    assert mx.context.current_context() == mx.cpu(0)
+    outside = nd.ones((1,))
+    with mx.cpu(1) as c:
+        assert c == mx.cpu(1) and mx.context.current_context() == mx.cpu(1)
+        assert nd.zeros((2,)).context == mx.cpu(1) and nd.random.uniform(shape=(2,)).context == mx.cpu(1)
+        assert nd.array([1, 2]).context == mx.cpu(1) and nd.arange(3).context == mx.cpu(1)
+        assert nd.ones((1,), ctx=mx.cpu(2)).context == mx.cpu(2)            # an explicit ctx wins
+        assert nd.array(outside).context == mx.cpu(0)                        # an NDArray stays put
+        with mx.cpu(2):
+            assert nd.full((1,), 3).context == mx.cpu(2)
+        net = nn.Dense(2, in_units=3)
+        net.initialize()
+        assert net.weight.list_ctx() == [mx.cpu(1)]
+        assert net.weight.data().context == mx.cpu(1)
+    assert nd.zeros((2,)).context == mx.cpu(0) and mx.context.current_context() == mx.cpu(0)
+    with pytest.raises(KeyError):
+        with mx.cpu(1):
+            raise KeyError("left through an exception")
+    assert mx.context.current_context() == mx.cpu(0)
+
+
 def test_mx_random_seed_makes_draws_repeat():
     mx.random.seed(7)
     a = mx.random.uniform(shape=(3,)).asnumpy()
@@ -486,6 +508,13 @@ def test_sim_gpus_ctx_copyto_as_in_context_and_in_place():
                   nd.random.randint(0, 3, shape=(2,), ctx=g1)):
             assert x.context == g1 and x.ctx.device_type == "gpu" and x.ctx.device_id == 1, x
         assert nd.ones((2,), ctx=g0, dtype="float64").dtype == np.float64
+        with g1:                                 # the default device, as MXNet's `with mx.gpu(1):`
+            assert nd.zeros((2,)).context == g1 and nd.array([1.0]).context == g1
+            from kiln.gluon import nn
+            dense = nn.Dense(2, in_units=2)
+            dense.initialize()
+            assert dense.weight.list_ctx() == [g1] and dense(nd.ones((1, 2))).context == g1
+        assert nd.zeros((2,)).context == mx.cpu(0)
         a = nd.ones((2, 3), ctx=g0)
         alias = a
         assert a.as_in_context(g0) is a

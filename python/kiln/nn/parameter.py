@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import autograd, nd
 from .. import init as _init
-from .._C import ArgumentError, Device, ShapeError, StateError, cpu
+from .._C import ArgumentError, Device, ShapeError, StateError
+from ..context import current_context
 
 __all__ = ["Parameter", "ParameterDict", "DeferredInitializationError"]
 
@@ -44,10 +45,11 @@ def _dtype_object(name):
 
 
 def _devices(device=None, ctx=None):
-    """A list of devices from a Device, a list of them, or None (cpu)."""
+    """A list of devices from a Device, a list of them, or None (the current context: cpu(0)
+    outside a `with device:` block)."""
     device = device if device is not None else ctx
     if device is None:
-        return [cpu()]
+        return [current_context()]
     if isinstance(device, Device):
         return [device]
     devices = list(device)
@@ -196,7 +198,7 @@ class Parameter:
         if device is None:
             if len(arrays) == 1:
                 return arrays[0]
-            device = cpu(0)  # as Gluon: with several copies, None means the current context, cpu(0)
+            device = current_context()  # as Gluon: with several copies, None means the current context
         for arr in arrays:
             if arr.device == device:
                 return arr
@@ -206,7 +208,8 @@ class Parameter:
 
     def data(self, device=None, ctx=None):
         """The copy on `device`. None means the only copy, or with copies on several devices the
-        one on cpu(0) (Gluon's current context): a StateError (a RuntimeError) when there is none."""
+        one on the current context (cpu(0) outside `with device:`), as Gluon: a StateError (a
+        RuntimeError) when there is none."""
         self._check_initialized()
         return self._copy_on(self._data, device if device is not None else ctx)
 
@@ -239,7 +242,7 @@ class Parameter:
         src = data if isinstance(data, nd.NDArray) else nd.array(np.asarray(data), dtype=self._dtype)
         if self._data is None:
             self.shape = src.shape
-            devices = self._deferred[1] if self._deferred is not None else [cpu()]
+            devices = self._deferred[1] if self._deferred is not None else [current_context()]
             self._deferred = None
             self._set_copies([nd.zeros(src.shape, self._dtype, d) for d in devices])
         if src.shape != self._shape:
