@@ -50,8 +50,8 @@ def _lazy(name):
 # Submodules that pull in more (nn, data, utils...) load on first use; each one exists
 # (tests/python/test_utils.py imports every name).
 _LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
-# MXNet's module names: mx.gluon and mx.context are modules of their own, the others kiln's under
-# MXNet's name (mx.symbol is kiln.sym).
+# MXNet's module names: mx.gluon, mx.context and mx.base are modules of their own, the others
+# kiln's under MXNet's name (mx.symbol is kiln.sym).
 _MXNET_MODULES = ("gluon", "context", "base")
 _MXNET_ALIASES = {"symbol": "sym", "initializer": "init", "kv": "kvstore"}
 
