@@ -3,9 +3,11 @@
 
 #include "kiln/frontend/tracer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "kiln/frontend/dispatch.h"
 #include "kiln/runtime/cpu/copy.h"
@@ -155,12 +157,40 @@ void Tensor::CopyTo(const Tensor& dst) const {
     engine::Engine::Get().Push([src, dst] { host::CopyConvert(src.View(), dst.View()); }, r, w, o);
     return;
   }
-  // GPU transfers move contiguous bytes; strided sides go through a contiguous temporary.
+  // GPU transfers move contiguous bytes; a strided source goes through a contiguous temporary.
   if (!src.is_contiguous()) src = src.Contiguous();
-  if (!dst.is_contiguous()) {
+  if (!dst.is_contiguous() && dd.is_cpu()) {
     Tensor tmp = Tensor::Empty(dst.shape(), dst.dtype(), dd);
     src.CopyTo(tmp);
-    tmp.CopyTo(dst);
+    tmp.CopyTo(dst);  // host to host
+    return;
+  }
+  if (!dst.is_contiguous()) {
+    // A strided destination on a GPU (a slice being assigned: a[1:, 1:] += b) is written run by
+    // run from a contiguous copy on its device, each run a contiguous stretch of its innermost
+    // dimension (a copy of its own, so that a source overlapping the destination reads old values).
+    if (!(src.device() == dd) || src.SharesStorage(dst)) src = src.To(dd, /*copy=*/true);
+    r[0] = src.storage()->var();
+    o.device = dd;
+    o.stream = engine::StreamKind::kCopyH2D;
+    engine::Engine::Get().Push([src, dst] {
+      const int rank = dst.rank();
+      const bool inner_dense = dst.strides()[rank - 1] == 1;
+      const int outer = inner_dense ? rank - 1 : rank;  // dimensions that select a run
+      const int64_t run = inner_dense ? dst.shape()[rank - 1] : 1;
+      const size_t es = DTypeSize(dst.dtype());
+      char* dbase = static_cast<char*>(dst.View().data);
+      const char* sbase = static_cast<const char*>(src.View().data);
+      std::vector<int64_t> idx(static_cast<size_t>(outer), 0);
+      for (int64_t k = 0, runs = dst.numel() / std::max<int64_t>(run, 1); k < runs; ++k) {
+        int64_t off = 0;
+        for (int d = 0; d < outer; ++d) off += idx[static_cast<size_t>(d)] * dst.strides()[d];
+        cuda::CopyAsync(dbase + off * static_cast<int64_t>(es), sbase + k * run * static_cast<int64_t>(es),
+                        static_cast<size_t>(run) * es, cuda::CopyKind::kDeviceToDevice);
+        for (int d = outer - 1; d >= 0 && ++idx[static_cast<size_t>(d)] == dst.shape()[d]; --d)
+          idx[static_cast<size_t>(d)] = 0;
+      }
+    }, r, w, o);
     return;
   }
   r[0] = src.storage()->var();

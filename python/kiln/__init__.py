@@ -4,6 +4,11 @@
     from kiln import nd, autograd
     x = nd.ones((2, 3))
     print((x + 1).asnumpy())
+
+MXNet 1.x code runs with its imports changed (`import kiln as mx`, `from kiln.gluon import nn`):
+mx.nd, mx.sym/mx.symbol, mx.autograd, mx.init/mx.initializer, mx.gluon, mx.context, mx.Context,
+mx.random, mx.kv/mx.kvstore, mx.base.MXNetError, mx.cpu(), mx.gpu(i) are the same objects as
+kiln's own names.
 """
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
@@ -11,9 +16,10 @@ from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatE
                  codegen_stats, gpu_memory_stats, empty_cache, cuda_graph_stats)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
+from .context import Context  # mx.Context: every kiln.Device is one
 
-__all__ = ["nd", "autograd", "NDArray", "Device", "cpu", "gpu", "num_gpus", "gpus", "waitall",
-           "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
+__all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "MXNetError", "cpu", "gpu",
+           "num_gpus", "gpus", "waitall", "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "codegen_stats"]
 
@@ -44,11 +50,20 @@ def _lazy(name):
 # Submodules that pull in more (nn, data, utils...) load on first use; each one exists
 # (tests/python/test_utils.py imports every name).
 _LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
+# MXNet's module names: mx.gluon, mx.context and mx.base are modules of their own, the others
+# kiln's under MXNet's name (mx.symbol is kiln.sym).
+_MXNET_MODULES = ("gluon", "context", "base")
+_MXNET_ALIASES = {"symbol": "sym", "initializer": "init", "kv": "kvstore"}
+
+random = nd.random  # mx.random.seed / uniform / normal, as mx.nd.random
+MXNetError = KilnError  # mx.MXNetError and mx.base.MXNetError
 
 
 def __getattr__(name):
-    if name in _LAZY_MODULES:
+    if name in _LAZY_MODULES or name in _MXNET_MODULES:
         return _lazy(name)
+    if name in _MXNET_ALIASES:
+        return _lazy(_MXNET_ALIASES[name])
     if name == "Trainer":
         return _lazy("trainer").Trainer
     if name == "DistributedError":

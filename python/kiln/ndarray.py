@@ -1,4 +1,5 @@
-"""The Python side of NDArray: NumPy-style indexing, dtype objects and convenience methods.
+"""The Python side of NDArray: NumPy-style indexing, dtype objects and convenience methods,
+MXNet's among them (reshape's special values 0/-1/-2/-3/-4, asscalar, norm, as_in_context).
 
 The class itself is kiln._C.NDArray (the C++ Tensor); the methods here are attached to it, so an
 NDArray made anywhere has them.
@@ -6,7 +7,7 @@ NDArray made anywhere has them.
 import numpy as _np
 
 from . import _C
-from ._C import NDArray
+from ._C import ArgumentError, NDArray, ShapeError
 
 _BF16 = "bfloat16"
 
@@ -24,10 +25,116 @@ def _shape_arg(args):
 
 
 def _reshape(self, *shape, **kwargs):
-    shape = _shape_arg(shape) if shape else tuple(kwargs.pop("shape"))
+    """A view with a new shape. As MXNet's NDArray.reshape, besides sizes the shape may hold
+    0 (copy this input dimension), -1 (infer it from the others), -2 (copy every remaining input
+    dimension), -3 (merge the next two input dimensions) and -4 (split the input dimension into the
+    next two values, one of which may be -1); reverse=True matches them from the right."""
+    reverse = bool(kwargs.pop("reverse", False))
+    shape = _shape_arg(shape) if shape else _shape_arg((kwargs.pop("shape"),))
     if kwargs:
         raise TypeError(f"reshape: unexpected arguments {sorted(kwargs)}")
-    return self._reshape(shape)
+    return self._reshape(infer_reshape(self.shape, shape, reverse))
+
+
+def infer_reshape(src, shape, reverse=False):
+    """The output shape of reshaping `src` to `shape` under MXNet's special values."""
+    src, shape = tuple(int(d) for d in src), tuple(int(d) for d in shape)
+    if reverse:
+        if -4 in shape:
+            raise ArgumentError(f"reshape: -4 cannot be used with reverse=True (shape {shape})")
+        return tuple(reversed(infer_reshape(src[::-1], shape[::-1])))
+    out, infer_at, i, j = [], None, 0, 0  # i walks `shape`, j walks `src`
+
+    def need(k, code):
+        if j + k > len(src):
+            raise ShapeError(f"reshape: {code} at position {i} of {shape} needs input dimension {j + k - 1}, "
+                             f"but the input has shape {src}")
+    while i < len(shape):
+        v = shape[i]
+        if v > 0:
+            out.append(v)
+            j += 1
+        elif v == 0:
+            need(1, "0")
+            out.append(src[j])
+            j += 1
+        elif v == -1:
+            if infer_at is not None:
+                raise ShapeError(f"reshape: only one dimension can be inferred (-1), got {shape}")
+            infer_at = len(out)
+            out.append(1)
+            j += 1
+        elif v == -2:
+            out.extend(src[j:])
+            j = len(src)
+        elif v == -3:
+            need(2, "-3")
+            out.append(src[j] * src[j + 1])
+            j += 2
+        elif v == -4:
+            need(1, "-4")
+            if i + 2 >= len(shape):
+                raise ShapeError(f"reshape: -4 must be followed by two sizes, got {shape}")
+            d0, d1, d2 = src[j], shape[i + 1], shape[i + 2]
+            if d1 == -1 and d2 > 0 and d0 % d2 == 0:
+                d1 = d0 // d2
+            elif d2 == -1 and d1 > 0 and d0 % d1 == 0:
+                d2 = d0 // d1
+            if d1 <= 0 or d2 <= 0 or d1 * d2 != d0:
+                raise ShapeError(f"reshape: -4 splits input dimension {j} of size {d0} into "
+                                 f"({shape[i + 1]}, {shape[i + 2]}), which does not divide it")
+            out.extend((d1, d2))
+            i += 2
+            j += 1
+        else:
+            raise ShapeError(f"reshape: {v} is not a size nor one of the special values 0, -1, -2, -3, -4 "
+                             f"(shape {shape})")
+        i += 1
+    total = 1
+    for d in src:
+        total *= d
+    if infer_at is not None:
+        known = 1
+        for k, d in enumerate(out):
+            known *= d if k != infer_at else 1
+        if known == 0 or total % known:
+            raise ShapeError(f"cannot reshape an array of shape {src} ({total} elements) to {shape}: "
+                             f"the -1 cannot be inferred")
+        out[infer_at] = total // known
+    n = 1
+    for d in out:
+        n *= d
+    if n != total:
+        raise ShapeError(f"cannot reshape an array of shape {src} ({total} elements) to {shape} "
+                         f"(resolved as {tuple(out)}, {n} elements)")
+    return tuple(out)
+
+
+def _asscalar(self):
+    """The value of a one-element array as a NumPy scalar (waits for it), as MXNet's asscalar()."""
+    if self.size != 1:
+        raise ShapeError(f"asscalar: the array has shape {self.shape} ({self.size} elements); it needs "
+                         f"exactly one. Reduce it first (e.g. x.sum().asscalar()) or use asnumpy()")
+    return self.asnumpy().reshape(-1)[0]
+
+
+def _norm(self, ord=2, axis=None, keepdims=False):
+    """The L2 (or, with ord=1, L1) norm over `axis` (every element when None), as MXNet's norm:
+    over every element it is a one-element array of shape (1,). Differentiable."""
+    if ord not in (1, 2):
+        raise ArgumentError(f"norm: ord must be 1 or 2, got {ord!r}")
+    if ord == 1:
+        out = _C.abs(self).sum(axis=axis, keepdims=keepdims)
+    else:
+        out = _C.sqrt(_C.square(self).sum(axis=axis, keepdims=keepdims))
+    if axis is None and not keepdims:
+        out = out._reshape((1,))
+    return out
+
+
+def _as_in_context(self, ctx):
+    """This array on `ctx`: itself when it is there already, else a copy (as MXNet)."""
+    return self if self.device == ctx else self.to_device(ctx)
 
 
 def _transpose(self, *axes):
@@ -106,6 +213,8 @@ def _setitem(self, key, value):
     if begins and not view._shares_storage(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")
     if isinstance(value, NDArray):
+        if _is_same_view(value, view):
+            return  # `a[i] += b`: the in-place operator already wrote through the view
         src = value
     elif isinstance(value, (int, float, bool, _np.generic)) or (isinstance(value, _np.ndarray) and value.ndim == 0):
         _C.full(view.shape, value, self._dtype_name, self.device).copyto(view)
@@ -120,6 +229,11 @@ def _setitem(self, key, value):
     if src._dtype_name != self._dtype_name:
         src = src.astype(self._dtype_name)
     src.copyto(view)
+
+
+def _is_same_view(a, b):
+    return (not _C.tracing() and a._shares_storage(b) and a.shape == b.shape and a.dtype == b.dtype
+            and a._strides() == b._strides() and a._data_ptr() == b._data_ptr())
 
 
 def _T(self):
@@ -197,5 +311,6 @@ for _name, _fn in {
     "flatten": _flatten, "squeeze": _squeeze, "expand_dims": _expand_dims, "clip": _clip,
     "softmax": _softmax, "relu": _relu, "zeros_like": _zeros_like, "broadcast_to": _broadcast_to,
     "abs": _abs, "exp": _exp, "log": _log, "sqrt": _sqrt, "square": _square, "__rmatmul__": _rmatmul,
+    "asscalar": _asscalar, "norm": _norm, "as_in_context": _as_in_context, "as_in_ctx": _as_in_context,
 }.items():
     setattr(NDArray, _name, _fn)

@@ -111,10 +111,12 @@ def test_plot_curves_without_matplotlib_names_the_package(monkeypatch, tmp_path)
 
 def test_every_lazily_imported_name_is_a_module_of_kiln():
     import importlib
-    for name in kiln._LAZY_MODULES:
+    for name in kiln._LAZY_MODULES + kiln._MXNET_MODULES:
         assert getattr(kiln, name) is importlib.import_module("kiln." + name)
-    with pytest.raises(AttributeError, match="gluon"):
-        kiln.gluon
+    for mxnet_name, name in kiln._MXNET_ALIASES.items():
+        assert getattr(kiln, mxnet_name) is importlib.import_module("kiln." + name)
+    with pytest.raises(AttributeError, match="no_such_module"):
+        kiln.no_such_module
 
 
 def test_nn_block_and_sym_do_not_import_each_other():

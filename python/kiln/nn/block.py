@@ -7,6 +7,7 @@ graph and its parameters (DESIGN.md section 7), which nn.SymbolBlock.imports() l
 here yet: forward hooks, parameter sharing across Blocks by name.
 """
 import collections
+import contextlib
 import json
 import os
 import threading
@@ -29,9 +30,12 @@ _local = threading.local()
 class Block:
     """Base class of layers and models: override forward(); call the block to run it."""
 
-    def __init__(self):
+    def __init__(self, prefix=None, params=None):
+        # prefix is accepted for Gluon 1.x code and unused (kiln names parameters by structure);
+        # params: a ParameterDict whose parameters self.params.get() returns before making new ones.
         object.__setattr__(self, "_reg_params", {})
         object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_shared_params", params)
 
     def __setattr__(self, name, value):
         if "_children" not in self.__dict__:
@@ -87,8 +91,17 @@ class Block:
 
     @property
     def params(self):
-        """This block's own parameters (not its children's; use collect_params for those)."""
-        return ParameterDict(self._reg_params)
+        """This block's own parameters (not its children's; use collect_params for those), as
+        Gluon 1.x's. `self.params.get('weight', shape=(2, 3))` in __init__ returns the parameter
+        named so and else creates it on this block (Gluon 1.x's way to declare one)."""
+        params = ParameterDict(shared=self.__dict__.get("_shared_params"))
+        params.update(self._reg_params)
+        params._owner = self
+        return params
+
+    def name_scope(self):
+        """Gluon 1.x's naming scope: a no-op context (kiln names parameters by structure)."""
+        return contextlib.nullcontext(self)
 
     def initialize(self, init=None, device=None, ctx=None, force_reinit=False, verbose=False):
         """Initializes every parameter: its own initializer if it has one, else `init`
@@ -221,8 +234,8 @@ class HybridBlock(Block):
     frozen block, that graph is the frozen one, whose constants are saved as 'const0', 'const1'...
     """
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, prefix=None, params=None):
+        super().__init__(prefix, params)
         self._active = False
         self._freeze = False
         self._flags = {}

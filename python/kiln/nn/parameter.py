@@ -3,8 +3,10 @@
 A Parameter holds one copy of its data per device (data parallelism, as Gluon); the gradient of
 each copy is that array's `.grad` after attach_grad(grad_req). A shape may contain 0 for a
 dimension not known yet: initialize() then records the request and the first forward pass
-completes the shape and runs it (deferred initialization). Not here: sparse storage types,
-Gluon 1.x name prefixes, parameter sharing by name.
+completes the shape and runs it (deferred initialization). A Parameter's name is its local name
+('weight'); Blocks list it under its structural name ('features.1.weight'), not under Gluon 1.x's
+global names ('dense0_weight'). Reading data(ctx) on a device it does not live on raises
+StateError, a RuntimeError as in MXNet. Not here: sparse storage types, sharing by `params=`.
 """
 import re
 import warnings
@@ -13,7 +15,8 @@ import numpy as np
 
 from .. import autograd, nd
 from .. import init as _init
-from .._C import ArgumentError, Device, ShapeError, StateError, cpu
+from .._C import ArgumentError, Device, ShapeError, StateError
+from ..context import current_context
 
 __all__ = ["Parameter", "ParameterDict", "DeferredInitializationError"]
 
@@ -42,10 +45,11 @@ def _dtype_object(name):
 
 
 def _devices(device=None, ctx=None):
-    """A list of devices from a Device, a list of them, or None (cpu)."""
+    """A list of devices from a Device, a list of them, or None (the current context: cpu(0)
+    outside a `with device:` block)."""
     device = device if device is not None else ctx
     if device is None:
-        return [cpu()]
+        return [current_context()]
     if isinstance(device, Device):
         return [device]
     devices = list(device)
@@ -66,7 +70,11 @@ class Parameter:
     """
 
     def __init__(self, name="weight", grad_req="write", shape=None, dtype="float32", lr_mult=1.0,
-                 wd_mult=1.0, init=None, allow_deferred_init=False, differentiable=True):
+                 wd_mult=1.0, init=None, allow_deferred_init=False, differentiable=True, stype="default",
+                 grad_stype="default"):
+        if stype != "default" or grad_stype != "default":
+            raise ArgumentError(f"Parameter '{name}': only dense storage (stype='default') exists in "
+                                f"kiln, got stype={stype!r}, grad_stype={grad_stype!r}")
         self.name = str(name)
         self._shape = None if shape is None else tuple(int(d) for d in (
             (shape,) if isinstance(shape, int) else shape))
@@ -188,15 +196,20 @@ class Parameter:
 
     def _copy_on(self, arrays, device):
         if device is None:
-            return arrays[0]
+            if len(arrays) == 1:
+                return arrays[0]
+            device = current_context()  # as Gluon: with several copies, None means the current context
         for arr in arrays:
             if arr.device == device:
                 return arr
         raise StateError(f"Parameter '{self.name}' was not initialized on {device}; it lives on "
-                         f"{self.list_device()}. Initialize it with device={device} or move the input")
+                         f"{self.list_device()}. Name one of those (data(ctx)), initialize it there "
+                         f"(net.initialize(ctx=[..., {device}])) or move the input (x.as_in_context(...))")
 
     def data(self, device=None, ctx=None):
-        """The copy on `device` (the first copy when None)."""
+        """The copy on `device`. None means the only copy, or with copies on several devices the
+        one on the current context (cpu(0) outside `with device:`), as Gluon: a StateError (a
+        RuntimeError) when there is none."""
         self._check_initialized()
         return self._copy_on(self._data, device if device is not None else ctx)
 
@@ -205,7 +218,7 @@ class Parameter:
         return list(self._data)
 
     def grad(self, device=None, ctx=None):
-        """The gradient of the copy on `device` (the first copy when None)."""
+        """The gradient of the copy on `device` (None: as data())."""
         return self._copy_on(self.list_grad(), device if device is not None else ctx)
 
     def list_grad(self):
@@ -229,7 +242,7 @@ class Parameter:
         src = data if isinstance(data, nd.NDArray) else nd.array(np.asarray(data), dtype=self._dtype)
         if self._data is None:
             self.shape = src.shape
-            devices = self._deferred[1] if self._deferred is not None else [cpu()]
+            devices = self._deferred[1] if self._deferred is not None else [current_context()]
             self._deferred = None
             self._set_copies([nd.zeros(src.shape, self._dtype, d) for d in devices])
         if src.shape != self._shape:
@@ -284,21 +297,87 @@ class Parameter:
 
 
 class ParameterDict(dict):
-    """An ordered name -> Parameter mapping (what Block.collect_params returns)."""
+    """An ordered name -> Parameter mapping (what Block.collect_params and Block.params return).
+
+    As Gluon 1.x, ParameterDict(prefix='', shared=None) also makes parameters: get(name, **kwargs)
+    returns the entry `prefix + name`, or the one entry whose structural name ends with '.name'
+    ('weight' finds '0.weight' when no other name ends so), or the one `shared` has, and else
+    creates Parameter(prefix + name, **kwargs) and adds it (to its Block too when the dict is a
+    Block's `params`).
+    """
+
+    def __init__(self, prefix="", shared=None):
+        if not isinstance(prefix, str):  # ParameterDict(mapping or pairs), as dict
+            super().__init__(prefix)
+            prefix = ""
+        else:
+            super().__init__()
+        self._prefix = prefix
+        self._shared = shared
+        self._owner = None  # the Block whose `params` this is: get() registers new parameters on it
+
+    @property
+    def prefix(self):
+        return self._prefix
+
+    def _find(self, name):
+        full = self._prefix + name
+        if full in self:
+            return self[full]
+        matches = [k for k in self if k.endswith("." + name)]
+        if len(matches) > 1:
+            raise ArgumentError(f"ParameterDict.get('{name}'): {len(matches)} parameters end with it "
+                                f"({matches}); use the full name")
+        if matches:
+            return self[matches[0]]
+        if self._shared is not None:
+            return self._shared._find(name) if isinstance(self._shared, ParameterDict) else self._shared.get(full)
+        return None
+
+    def get(self, name, **kwargs):
+        """The parameter called `name` (see the class), created with `kwargs` if there is none.
+
+        kwargs given for an existing parameter must agree with it; an unknown (0) dimension of its
+        shape is filled in from `shape`."""
+        param = self._find(str(name))
+        if param is None:
+            param = Parameter(self._prefix + str(name), **kwargs)
+            self[self._prefix + str(name)] = param
+            if self._owner is not None:
+                self._owner._reg_params.setdefault(self._prefix + str(name), param)
+            return param
+        for key, value in kwargs.items():
+            if key == "shape":
+                if value is not None:
+                    param.shape = (value,) if isinstance(value, int) else value
+            elif key == "dtype":
+                if _dtype_name(value) != param._dtype:
+                    raise ArgumentError(f"ParameterDict.get('{name}'): dtype {_dtype_name(value)} does not "
+                                        f"match the existing parameter's {param._dtype}")
+            elif not hasattr(param, key):
+                raise TypeError(f"ParameterDict.get('{name}'): Parameter has no attribute '{key}'")
+            elif getattr(param, key) != value and value is not None:
+                raise ArgumentError(f"ParameterDict.get('{name}'): {key}={value!r} does not match the "
+                                    f"existing parameter's {key}={getattr(param, key)!r}")
+        return param
 
     def initialize(self, init=None, device=None, ctx=None, force_reinit=False, verbose=False):
-        """Initializes every parameter: its own initializer if it has one, else `init`."""
+        """Initializes every parameter: its own initializer if it has one, else `init`
+        (kiln.init.Uniform() when None), on `device`/`ctx`: one device or a list of them."""
         default = _init.Uniform() if init is None else init
         for param in self.values():
             param.initialize(None, device, force_reinit=force_reinit, default_init=default, ctx=ctx)
 
-    def _load_init(self, arr, devices=None):
-        """Takes loaded values, on `devices` when given (else where the data lives already)."""
-        if devices is not None and (self._data is None or self.list_device() != devices):
-            self.shape = arr.shape
-            self._deferred = None
-            self._set_copies([nd.zeros(arr.shape, self._dtype, d) for d in devices])
-        self.set_data(arr)
+    def list_ctx(self):
+        """The devices the parameters live on (each once, in order of first appearance)."""
+        devices = []
+        for param in self.values():
+            for d in param.list_device():
+                if d not in devices:
+                    devices.append(d)
+        return devices
+
+    list_device = list_ctx
 
     def zero_grad(self):
         for param in self.values():
@@ -318,7 +397,7 @@ class ParameterDict(dict):
     def select(self, pattern):
         """The entries whose name matches the regular expression (re.match, as Gluon)."""
         regex = re.compile(pattern)
-        return ParameterDict((k, v) for k, v in self.items() if regex.match(k))
+        return ParameterDict({k: v for k, v in self.items() if regex.match(k)})
 
     def __repr__(self):
         body = "\n".join(f"  {k}: {v!r}" for k, v in self.items())
