@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import data
+from kiln import data, nd
 from kiln.data import ArrayDataset, DataLoader, FashionMNIST, Subset, transforms
 
 ROOT = "/usr/share/datasets/fashion-mnist"
@@ -250,3 +250,39 @@ def test_fashion_mnist_loader_batch():
     raw = FashionMNIST(train=False)
     np.testing.assert_allclose(X.asnumpy()[5, 0], raw[5][0][..., 0] / 255, rtol=1e-6)
     assert y.asnumpy()[5] == raw[5][1]
+
+
+def test_resize_is_bilinear_with_aligned_pixel_centres_as_torch():
+    import torch
+    from kiln.data import transforms
+    rng = np.random.default_rng(0)
+    img = rng.random((5, 7, 3)).astype(np.float32)
+    for size, (oh, ow) in ((9, (9, 9)), ((4, 3), (3, 4)), ((14, 10), (10, 14))):
+        got = transforms.Resize(size)(img)
+        ref = torch.nn.functional.interpolate(torch.from_numpy(img).permute(2, 0, 1)[None], size=(oh, ow),
+                                              mode="bilinear", align_corners=False)[0].permute(1, 2, 0).numpy()
+        assert got.shape == (oh, ow, 3) and got.dtype == np.float32
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    u8 = (img * 255).astype(np.uint8)
+    out = transforms.Resize(10)(nd.array(u8, dtype="uint8"))      # NDArray in, NDArray out, dtype kept
+    assert isinstance(out, nd.NDArray) and out.shape == (10, 10, 3) and out.dtype == np.uint8
+    assert transforms.Resize(14, keep_ratio=True)(img).shape == (14, 20, 3)
+    with pytest.raises(ValueError, match="positive int"):
+        transforms.Resize((0, 4))
+    with pytest.raises(ValueError, match="bilinear"):
+        transforms.Resize(4, interpolation=0)
+
+
+def test_fashion_mnist_reads_the_debian_copy_for_mxnets_download_folder(tmp_path, monkeypatch):
+    from kiln.data import FashionMNIST, transforms
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = os.path.join("~", ".mxnet", "datasets", "fashion-mnist")       # d2lzh's root=
+    with pytest.warns(UserWarning, match="does not download"):
+        ds = FashionMNIST(root=root, train=False, limit=4)
+    ref = FashionMNIST(train=False, limit=4)
+    np.testing.assert_array_equal(ds[3][0], ref[3][0])
+    with pytest.raises(FileNotFoundError):                                # any other folder: no guessing
+        FashionMNIST(root=str(tmp_path / "elsewhere"), train=False)
+    resized = ds.transform_first(transforms.Compose([transforms.Resize(32), transforms.ToTensor()]))
+    X = resized[0][0]
+    assert X.shape == (1, 32, 32) and 0 <= X.min() and X.max() <= 1

@@ -1,15 +1,16 @@
-"""Image transforms as gluon.data.vision.transforms: ToTensor, Normalize, Compose.
+"""Image transforms as gluon.data.vision.transforms: ToTensor, Normalize, Resize, Compose.
 
 Each works on one sample (NumPy in, NumPy out; NDArray in, NDArray out) and on a batch with a
 leading axis. Transforms that reduce to out = (x * scale - mean[c]) / std[c] with HWC -> CHW say
 so through _affine(); the DataLoader then converts whole batches in C++ (kiln._C.images_to_batch)
-instead of calling them per image. Not here: resizing, cropping, random augmentation.
+instead of calling them per image. Resize is bilinear, on the host (NumPy).
+Not here: cropping, random augmentation.
 """
 import numpy as np
 
 from .. import _C
 
-__all__ = ["Transform", "ToTensor", "Normalize", "Compose"]
+__all__ = ["Transform", "ToTensor", "Normalize", "Resize", "Compose"]
 
 
 class Transform:
@@ -68,6 +69,58 @@ class Normalize(Transform):
 
     def __repr__(self):
         return f"Normalize(mean={self.mean.tolist()}, std={self.std.tolist()})"
+
+
+class Resize(Transform):
+    """Resizes HWC (or HW) images to `size` (an int: a square; or (width, height), as MXNet) by
+    bilinear interpolation with pixel centres aligned (OpenCV's INTER_LINEAR). keep_ratio with an
+    int size scales the shorter side to `size`. The dtype is kept (uint8 is rounded)."""
+
+    def __init__(self, size, keep_ratio=False, interpolation=1):
+        sizes = (size, size) if isinstance(size, int) else tuple(size)
+        if len(sizes) != 2 or any(not isinstance(v, int) or v <= 0 for v in sizes):
+            raise ValueError(f"Resize: size must be a positive int or (width, height), got {size!r}")
+        if interpolation not in (1,):
+            raise ValueError(f"Resize: only bilinear interpolation (interpolation=1) is supported, got "
+                             f"{interpolation!r}")
+        self.size, self.keep_ratio = sizes, bool(keep_ratio) and isinstance(size, int)
+
+    def _out_hw(self, h, w):
+        if self.keep_ratio:
+            s = self.size[0] / min(h, w)
+            return max(1, round(h * s)), max(1, round(w * s))
+        return self.size[1], self.size[0]
+
+    def __call__(self, x):
+        device = x.device if isinstance(x, _C.NDArray) else None
+        a = x.asnumpy() if device is not None else np.asarray(x)
+        if a.ndim not in (2, 3):
+            raise ValueError(f"Resize: expected an image of shape (H, W) or (H, W, C), got shape {a.shape}")
+        h, w = a.shape[:2]
+        oh, ow = self._out_hw(h, w)
+
+        def axis(n_in, n_out):
+            src = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0, n_in - 1)
+            lo = np.floor(src).astype(np.int64)
+            hi = np.minimum(lo + 1, n_in - 1)
+            return lo, hi, (src - lo).astype(np.float32)
+
+        y0, y1, fy = axis(h, oh)
+        x0, x1, fx = axis(w, ow)
+        f = a.astype(np.float32)
+        fy = fy.reshape((-1, 1) + (1,) * (a.ndim - 2))
+        fx = fx.reshape((1, -1) + (1,) * (a.ndim - 2))
+        top = f[y0][:, x0] * (1 - fx) + f[y0][:, x1] * fx
+        bottom = f[y1][:, x0] * (1 - fx) + f[y1][:, x1] * fx
+        out = top * (1 - fy) + bottom * fy
+        if np.issubdtype(a.dtype, np.integer):
+            info = np.iinfo(a.dtype)
+            out = np.clip(np.rint(out), info.min, info.max)
+        out = out.astype(a.dtype)
+        return _C.array(out, device=device) if device is not None else out
+
+    def __repr__(self):
+        return f"Resize(size={self.size}, keep_ratio={self.keep_ratio})"
 
 
 class Compose(Transform):

@@ -35,6 +35,21 @@ def _find(root, name, dataset, package):
         f"that holds the IDX files")
 
 
+def _mxnet_download_root(root, prefix):
+    """MXNet code (d2lzh among it) passes root='~/.mxnet/datasets/fashion-mnist', where MXNet would
+    download the files; kiln downloads nothing, so when that folder lacks them the Debian copy is
+    read instead (the same data), with a warning that says so."""
+    mxnet_cache = os.path.join(os.path.expanduser("~"), ".mxnet") + os.sep
+    if not root.startswith(mxnet_cache) or os.path.isfile(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz")):
+        return root
+    if not os.path.isfile(os.path.join(FASHION_MNIST_ROOT, f"{prefix}-labels-idx1-ubyte.gz")):
+        return root
+    import warnings
+    warnings.warn(f"FashionMNIST: '{root}' (MXNet's download folder) does not hold the data set; reading the "
+                  f"same files from {FASHION_MNIST_ROOT} (kiln does not download)", stacklevel=3)
+    return FASHION_MNIST_ROOT
+
+
 class FashionMNIST(ArrayDataset):
     """Fashion-MNIST: 28x28 grayscale images of 10 kinds of clothing; 60000 to train, 10000 to test.
 
@@ -49,7 +64,7 @@ class FashionMNIST(ArrayDataset):
 
     def __init__(self, root=FASHION_MNIST_ROOT, train=True, transform=None, limit=None):
         prefix = "train" if train else "t10k"
-        root = os.path.expanduser(str(root))
+        root = _mxnet_download_root(os.path.expanduser(str(root)), prefix)
         paths = [_find(root, f"{prefix}-{kind}-ubyte", "FashionMNIST", FASHION_MNIST_PACKAGE)
                  for kind in ("images-idx3", "labels-idx1")]
         images, labels = (_load_idx(p, os.path.getmtime(p), os.path.getsize(p)) for p in paths)
