@@ -77,6 +77,9 @@ ir::Value* ValueOf(TraceScope::State& s, const Tensor& t) {
 }  // namespace
 
 bool Active() { return tls_state != nullptr; }
+
+PauseScope::PauseScope() : paused_(tls_state) { tls_state = nullptr; }
+PauseScope::~PauseScope() { tls_state = paused_; }
 bool IsSymbolic(const Tensor& t) { return t.defined() && t.impl()->symbol != nullptr; }
 
 void ThrowSymbolicRead(const char* what) {

@@ -1,6 +1,8 @@
 // kiln._C bindings of hybridize: TraceScope (a context manager), CachedGraph, and the bounded
 // SignatureCache a HybridBlock keeps its compiled graphs in; the graphs read from
 // NAME-symbol.json (LoadedGraph), re-shaped for other input shapes before they are compiled.
+#include <optional>
+
 #include "bind.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/signature_cache.h"
@@ -176,6 +178,14 @@ ir::GraphManifest Manifest(const std::vector<std::string>& inputs, const std::ve
 KILN_PY_BIND(50) {
   m.def("tracing", &trace::Active, "True while a hybridized block is being traced on this thread.");
   m.def("is_symbolic", &trace::IsSymbolic);
+  // `with _C.TracePause():` runs its body eagerly inside a trace (deferred parameter initialization).
+  struct PyPause {
+    std::optional<trace::PauseScope> scope;
+  };
+  pyb::class_<PyPause>(m, "TracePause")
+      .def(pyb::init<>())
+      .def("__enter__", [](PyPause& p) { p.scope.emplace(); })
+      .def("__exit__", [](PyPause& p, pyb::args) { p.scope.reset(); });
   m.def("live_graphs", &NumLiveGraphs,
         "Compiled graphs alive now (forward graphs and training variants), after freeing those whose "
         "last holder went away while the engine was busy, if it is idle now.");

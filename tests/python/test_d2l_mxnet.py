@@ -208,6 +208,18 @@ def test_hybrid_forward_prints_on_the_tracing_call_only(capsys):
     np.testing.assert_allclose(hybrid.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(again.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)
 
+    # Hybridized before its first call (shapes still deferred): that call traces, and prints once.
+    net2 = g["HybridNet"]()
+    net2.initialize()
+    net2.hybridize()
+    first = net2(x)
+    out = capsys.readouterr().out
+    assert out.count("F: ") == 1 and "kiln.sym" in out, out
+    second = net2(x)
+    assert capsys.readouterr().out == ""
+    np.testing.assert_array_equal(second.asnumpy(), first.asnumpy())
+    assert net2.hidden.weight.shape == (10, 4)
+
 
 # ---- 12.2 Asynchronous computation (async-computation.md) ---------------------------------------
 

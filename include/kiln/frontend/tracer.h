@@ -61,7 +61,20 @@ class TraceScope {
   State* prev_;
 };
 
-/// True while a TraceScope is alive on this thread.
+/// Suspends this thread's trace while alive: ops run eagerly (a parameter whose shape the trace
+/// has just completed is initialized with real data), then the trace goes on.
+class PauseScope {
+ public:
+  PauseScope();
+  ~PauseScope();
+  PauseScope(const PauseScope&) = delete;
+  PauseScope& operator=(const PauseScope&) = delete;
+
+ private:
+  TraceScope::State* paused_;
+};
+
+/// True while a TraceScope is alive (and not paused) on this thread.
 bool Active();
 bool IsSymbolic(const Tensor& t);
 /// Throws StateError: `what` (e.g. "asnumpy()") needs data, which a symbolic tensor has not.

@@ -311,17 +311,8 @@ class HybridBlock(Block):
 
     def _call_cached(self, args):
         from .. import _C
-        if not self._cache and any(p._data is None for p in self.collect_params().values()):
-            # Deferred shapes are found by one eager call; the next call (or export) traces. The
-            # children run eagerly too: compiling each alone would be thrown away at the next call.
-            outer, _local.deferred = getattr(_local, "deferred", False), True
-            try:
-                out = self.forward(*args)
-            finally:
-                _local.deferred = outer
-            self._eager_specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray)
-                                      else a for a in args)
-            return out
+        # Deferred shapes are completed while the first call traces (Parameter._finish_deferred_init
+        # pauses the trace to make the arrays), as Gluon infers them on its first hybridized call.
         from . import parameter as _parameter
         if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
             self._cache.clear()  # some Parameter's arrays were replaced: the graphs captured the old ones
@@ -331,6 +322,7 @@ class HybridBlock(Block):
         entry = self._cache.get(key)
         if entry is None:
             entry = self._trace(args, frozen)
+            self._cache_generation = _parameter._generation  # parameters the trace initialized
             # One graph per device is expected (data parallelism): only a change on the same
             # devices is worth a warning.
             def devices(k):

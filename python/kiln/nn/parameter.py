@@ -156,6 +156,12 @@ class Parameter:
         self._finish_deferred_init()
 
     def _finish_deferred_init(self):
+        from .. import _C
+        if _C.tracing():
+            # A hybridized block's first call completes the shape while it traces: the arrays are
+            # made with data (the trace paused), and the graph captures them as it reads them.
+            with _C.TracePause():
+                return self._finish_deferred_init()
         initializer, devices = self._deferred
         self._deferred = None
         if self._data is not None and self.list_device() == devices:
