@@ -43,7 +43,7 @@ def _lazy(name):
 
 # Submodules that pull in more (nn, data, utils...) load on first use; each one exists
 # (tests/python/test_utils.py imports every name).
-_LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
+_LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer", "profiler")
 
 
 def __getattr__(name):
