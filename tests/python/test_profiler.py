@@ -217,3 +217,15 @@ def test_gpu_streams_get_lanes_with_device_time_on_simulated_gpus(tmp_path):
     # Device time cannot start before the work was issued on the host.
     first_host = min(e["ts"] for e in host if e["name"] == "matmul")
     assert min(e["ts"] for e in device if e["name"] == "matmul") >= first_host - 1
+
+
+def test_the_readme_snippet_runs_and_writes_its_trace(tmp_path):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    section = readme.split("### Profiler", 1)[1]
+    snippet = section.split("```python", 1)[1].split("```", 1)[0]
+    r = subprocess.run([sys.executable, "-c", "import kiln\nfrom kiln import nd\n" + snippet], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "matmul" in r.stdout and "Total Count" in r.stdout
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e["name"] == "matmul" for e in complete(trace))
