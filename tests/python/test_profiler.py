@@ -223,8 +223,10 @@ def test_the_readme_snippet_runs_and_writes_its_trace(tmp_path):
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     section = readme.split("### Profiler", 1)[1]
     snippet = section.split("```python", 1)[1].split("```", 1)[0]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))  # PYTHONPATH may be relative
+    env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", "import kiln\nfrom kiln import nd\n" + snippet], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "matmul" in r.stdout and "Total Count" in r.stdout
     trace = json.loads((tmp_path / "trace.json").read_text())
