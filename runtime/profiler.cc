@@ -40,7 +40,7 @@ struct Event {
 struct PendingGpu {  // a GPU task's device-time span, resolved when the trace is read
   gpurt::Event start, end;
   int device, stream_kind;
-  int64_t issued_ns;  // host time when its work was issued: the span cannot start earlier
+  int64_t issued_ns;  // host time just before its start event was recorded: it cannot start earlier
   std::string name;
 };
 
@@ -397,8 +397,9 @@ GpuSpan GpuBegin(void* stream, int device) {
     }
   }
   gpurt::Event e = plat.EventCreate(/*timing=*/true);
+  const int64_t issued = Now();  // the stream may start the work before GpuEnd is reached
   plat.EventRecord(e, s);
-  return {e, stream};
+  return {e, stream, issued};
 }
 
 void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name) {
@@ -408,7 +409,7 @@ void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name
   plat.EventRecord(e, static_cast<gpurt::Stream>(s.stream));
   Lane& l = ThisLane();
   std::lock_guard<std::mutex> g(l.mu);
-  l.gpu.push_back({static_cast<gpurt::Event>(s.start), e, device, stream_kind, Now(), std::string(name)});
+  l.gpu.push_back({static_cast<gpurt::Event>(s.start), e, device, stream_kind, s.issued_ns, std::string(name)});
 }
 
 void StartFromEnvironment() {

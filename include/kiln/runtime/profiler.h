@@ -111,6 +111,7 @@ int64_t EventCount();
 struct GpuSpan {
   void* start = nullptr;  ///< gpurt::Event (timing)
   void* stream = nullptr;
+  int64_t issued_ns = 0;  ///< host time just before the start event was recorded
 };
 /// Records a timing event on `stream` (the worker's current stream) before a GPU task's work.
 GpuSpan GpuBegin(void* stream, int device);
