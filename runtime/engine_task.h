@@ -216,12 +216,13 @@ class EngineBase : public Engine {
         // there, so that their work goes to that device's default stream (the one synchronized).
         std::optional<gpurt::DeviceGuard> on_device;
         if (gpu_task && IsNaive()) on_device.emplace(t->opts.device.index);
-        profiler::GpuSpan span;
-        const bool gpu_span = prof && gpu_task && !IsNaive() && profiler::Enabled(profiler::kGpu) &&
-                              t->opts.stream != StreamKind::kComm && cuda::CurrentStream() != nullptr;
-        if (gpu_span) span = profiler::GpuBegin(cuda::CurrentStream(), t->opts.device.index);
-        t->fn();
-        if (gpu_span) profiler::GpuEnd(span, t->opts.device.index, static_cast<int>(t->opts.stream), t->opts.name);
+        {  // the profiler: the stream's own time for the work the body issues
+          const bool gpu_span = prof && gpu_task && !IsNaive() && profiler::Enabled(profiler::kGpu) &&
+                                t->opts.stream != StreamKind::kComm && cuda::CurrentStream() != nullptr;
+          profiler::GpuScope span(gpu_span, gpu_span ? cuda::CurrentStream() : nullptr, t->opts.device.index,
+                                  static_cast<int>(t->opts.stream), t->opts.name);
+          t->fn();
+        }
         if (gpu_task) {
           if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
           else MarkGpuWork(reads, writes, t->opts);

@@ -118,6 +118,30 @@ GpuSpan GpuBegin(void* stream, int device);
 /// Records the end event and queues the span; resolved (EventElapsedMs) when the trace is read.
 void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name);
 
+/// Times a GPU task's stream work (GpuBegin at construction, GpuEnd when the scope ends, also
+/// when the task's body throws). `name` must outlive the scope.
+class GpuScope {
+ public:
+  GpuScope(bool on, void* stream, int device, int stream_kind, const char* name)
+      : device_(device), kind_(stream_kind), name_(name) {
+    if (on) span_ = GpuBegin(stream, device);
+  }
+  ~GpuScope() {
+    if (!span_.start) return;
+    try {
+      GpuEnd(span_, device_, kind_, name_);
+    } catch (...) {  // a faulted stream: the task's own error is what gets reported
+    }
+  }
+  GpuScope(const GpuScope&) = delete;
+  GpuScope& operator=(const GpuScope&) = delete;
+
+ private:
+  GpuSpan span_;
+  int device_, kind_;
+  const char* name_;
+};
+
 /// KILN_PROFILE: when set, starts recording everything and registers the write at exit.
 /// Called once by Engine::Get (idempotent).
 void StartFromEnvironment();
