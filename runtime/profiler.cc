@@ -30,17 +30,17 @@ namespace kiln::profiler {
 namespace {
 
 struct Event {
-  char ph;  // 'X' or 'C'
+  char ph; // 'X' or 'C'
   Category cat;
   std::string name;
   int64_t ts, dur;
   Args args;
 };
 
-struct PendingGpu {  // a GPU task's device-time span, resolved when the trace is read
+struct PendingGpu { // a GPU task's device-time span, resolved when the trace is read
   gpurt::Event start, end;
   int device, stream_kind;
-  int64_t issued_ns;  // host time just before its start event was recorded: it cannot start earlier
+  int64_t issued_ns; // host time just before its start event was recorded: it cannot start earlier
   std::string name;
 };
 
@@ -52,7 +52,7 @@ struct Lane {
   std::vector<PendingGpu> gpu;
 };
 
-struct Anchor {  // a timing event of a device and the host time it completed at
+struct Anchor { // a timing event of a device and the host time it completed at
   gpurt::Event event = nullptr;
   int64_t host_ns = 0;
 };
@@ -60,14 +60,14 @@ struct Anchor {  // a timing event of a device and the host time it completed at
 struct Registry {
   std::mutex mu;
   std::vector<std::shared_ptr<Lane>> lanes;
-  std::map<std::string, std::shared_ptr<Lane>> named;  // lanes that are not threads
+  std::map<std::string, std::shared_ptr<Lane>> named; // lanes that are not threads
   int next_tid = 1;
   const int64_t epoch = Now();
   std::mutex anchor_mu;
   Anchor anchors[64];
 };
 Registry& R() {
-  static Registry* r = new Registry();  // leaked: worker threads may record during exit
+  static Registry* r = new Registry(); // leaked: worker threads may record during exit
   return *r;
 }
 
@@ -88,7 +88,7 @@ Lane& ThisLane() {
   return *tls_lane;
 }
 
-Lane& NamedLane(const std::string& name) {  // under R().mu
+Lane& NamedLane(const std::string& name) { // under R().mu
   Registry& r = R();
   auto it = r.named.find(name);
   if (it != r.named.end()) return *it->second;
@@ -102,13 +102,13 @@ Lane& NamedLane(const std::string& name) {  // under R().mu
 
 const char* CategoryName(Category c) {
   switch (c) {
-    case kOperator: return "operator";
-    case kSymbolic: return "symbolic";
-    case kMemory: return "memory";
-    case kCompile: return "compile";
-    case kCollective: return "collective";
-    case kGpu: return "gpu";
-    default: return "other";
+  case kOperator: return "operator";
+  case kSymbolic: return "symbolic";
+  case kMemory: return "memory";
+  case kCompile: return "compile";
+  case kCollective: return "collective";
+  case kGpu: return "gpu";
+  default: return "other";
   }
 }
 
@@ -145,9 +145,9 @@ void ResolveGpu() {
         auto ms = [&](gpurt::Event e) { return static_cast<double>(plat.EventElapsedMs(a.event, e)); };
         start = a.host_ns + static_cast<int64_t>(std::llround(ms(p.start) * 1e6));
         end = a.host_ns + static_cast<int64_t>(std::llround(ms(p.end) * 1e6));
-        start = std::max(start, p.issued_ns);  // float milliseconds are coarse far from the anchor
+        start = std::max(start, p.issued_ns); // float milliseconds are coarse far from the anchor
         end = std::max(end, start);
-      } catch (...) {  // a faulted device: its spans are dropped, the fault is reported elsewhere
+      } catch (...) { // a faulted device: its spans are dropped, the fault is reported elsewhere
         start = end = 0;
       }
       plat.EventDestroy(p.start), plat.EventDestroy(p.end);
@@ -163,7 +163,8 @@ void ResolveGpu() {
 
 void AppendEscaped(std::string& out, std::string_view s) {
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
+    if (c == '"' || c == '\\')
+      out += '\\', out += c;
     else if (static_cast<unsigned char>(c) < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
@@ -182,8 +183,10 @@ void AppendUs(std::string& out, int64_t ns) {
 
 void AppendNumber(std::string& out, double v) {
   char buf[32];
-  if (v == std::floor(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.6g", v);
   out += buf;
 }
 
@@ -212,7 +215,7 @@ Snapshot Take() {
   return s;
 }
 
-}  // namespace
+} // namespace
 
 void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_ns, const Args& args) {
   Lane& l = ThisLane();
@@ -220,8 +223,8 @@ void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_n
   l.events.push_back({'X', c, std::string(name), start_ns, end_ns - start_ns, args});
 }
 
-void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns, int64_t end_ns,
-                    const Args& args) {
+void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns,
+                    int64_t end_ns, const Args& args) {
   Registry& r = R();
   std::lock_guard<std::mutex> g(r.mu);
   Lane& l = NamedLane(std::string(lane));
@@ -245,13 +248,13 @@ void NameThisThread(std::string_view name) {
 }
 
 void SetRecording(uint32_t mask) {
-  if (mask && !tls_lane) NameThisThread("main");  // the thread that starts the profiler, usually
+  if (mask && !tls_lane) NameThisThread("main"); // the thread that starts the profiler, usually
   detail::g_recording.store(mask & kAll, std::memory_order_relaxed);
 }
 uint32_t Recording() { return detail::g_recording.load(std::memory_order_relaxed); }
 
 void Clear() {
-  ResolveGpu();  // destroys the pending spans' events
+  ResolveGpu(); // destroys the pending spans' events
   Registry& r = R();
   std::lock_guard<std::mutex> g(r.mu);
   for (auto& lane : r.lanes) {
@@ -276,7 +279,8 @@ std::string TraceJson() {
   for (const auto& l : s.lanes) {
     if (l.events.empty()) continue;
     const std::string tid = std::to_string(l.tid);
-    out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid + ",\"args\":{\"name\":\"";
+    out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid +
+           ",\"args\":{\"name\":\"";
     AppendEscaped(out, l.name);
     out += "\"}}";
     out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid +
@@ -336,11 +340,13 @@ std::string AggregateTable() {
       total += v, ++count;
     }
   };
-  std::map<std::string, std::map<std::string, Stat>> by_cat;  // category -> name -> stat
+  std::map<std::string, std::map<std::string, Stat>> by_cat; // category -> name -> stat
   for (const auto& l : Take().lanes)
     for (const Event& e : l.events) {
-      if (e.ph == 'X') by_cat[CategoryName(e.cat)][e.name].Add(static_cast<double>(e.dur) / 1e6);
-      else by_cat["Device Storage"][e.name].Add(e.args.value[0] / 1e3);
+      if (e.ph == 'X')
+        by_cat[CategoryName(e.cat)][e.name].Add(static_cast<double>(e.dur) / 1e6);
+      else
+        by_cat["Device Storage"][e.name].Add(e.args.value[0] / 1e3);
     }
   std::ostringstream o;
   o << "Profile Statistics:\n\tNote the difference in units for different entries.\n";
@@ -386,7 +392,7 @@ GpuSpan GpuBegin(void* stream, int device) {
   {
     std::lock_guard<std::mutex> g(r.anchor_mu);
     Anchor& a = r.anchors[device];
-    if (!a.event) {  // once per device: an event on an idle stream, completed at a known host time
+    if (!a.event) { // once per device: an event on an idle stream, completed at a known host time
       plat.StreamSynchronize(s);
       gpurt::Event e = plat.EventCreate(/*timing=*/true);
       int64_t before = Now();
@@ -397,7 +403,7 @@ GpuSpan GpuBegin(void* stream, int device) {
     }
   }
   gpurt::Event e = plat.EventCreate(/*timing=*/true);
-  const int64_t issued = Now();  // the stream may start the work before GpuEnd is reached
+  const int64_t issued = Now(); // the stream may start the work before GpuEnd is reached
   plat.EventRecord(e, s);
   return {e, stream, issued};
 }
@@ -409,14 +415,15 @@ void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name
   plat.EventRecord(e, static_cast<gpurt::Stream>(s.stream));
   Lane& l = ThisLane();
   std::lock_guard<std::mutex> g(l.mu);
-  l.gpu.push_back({static_cast<gpurt::Event>(s.start), e, device, stream_kind, s.issued_ns, std::string(name)});
+  l.gpu.push_back(
+      {static_cast<gpurt::Event>(s.start), e, device, stream_kind, s.issued_ns, std::string(name)});
 }
 
 void StartFromEnvironment() {
   static const bool started = [] {
     std::string path = env::Get("KILN_PROFILE");
     if (path.empty() || path == "0") return false;
-    {  // a bad path fails now, not after the whole run
+    { // a bad path fails now, not after the whole run
       std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
       if (access(dir.c_str(), W_OK) != 0)
         KILN_THROW(ValueError) << "KILN_PROFILE=" << path << ": cannot write in '" << dir
@@ -439,4 +446,4 @@ void StartFromEnvironment() {
   (void)started;
 }
 
-}  // namespace kiln::profiler
+} // namespace kiln::profiler

@@ -48,7 +48,7 @@ struct Ev {
 
 struct Trace {
   std::vector<Ev> events;
-  std::map<int, std::string> lanes;  // tid -> thread_name
+  std::map<int, std::string> lanes; // tid -> thread_name
 };
 
 Trace Parse(const std::string& json) {
@@ -56,7 +56,8 @@ Trace Parse(const std::string& json) {
   std::istringstream in(json);
   std::string line;
   const std::regex name("\"name\":\"([^\"]*)\""), cat("\"cat\":\"([^\"]*)\""), ph("\"ph\":\"(.)\""),
-      tid("\"tid\":([0-9]+)"), ts("\"ts\":([0-9.]+)"), dur("\"dur\":([0-9.]+)"), lane("\"args\":\\{\"name\":\"([^\"]*)\"");
+      tid("\"tid\":([0-9]+)"), ts("\"ts\":([0-9.]+)"), dur("\"dur\":([0-9.]+)"),
+      lane("\"args\":\\{\"name\":\"([^\"]*)\"");
   for (std::getline(in, line); std::getline(in, line);) {
     std::smatch m;
     Ev e;
@@ -81,8 +82,7 @@ std::vector<Ev> Named(const Trace& t, const std::string& name) {
 }
 
 // Records what `f` does with every category on, and returns the trace (the engine drained).
-template <class F>
-Trace Profile(F&& f) {
+template <class F> Trace Profile(F&& f) {
   engine::Engine::Get().WaitForAll();
   profiler::Clear();
   profiler::SetRecording(profiler::kAll);
@@ -94,7 +94,7 @@ Trace Profile(F&& f) {
   return t;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("profiler: while off, the hooks record nothing") {
   engine::Engine::Get().WaitForAll();
@@ -115,14 +115,14 @@ TEST_CASE("profiler: while off, the hooks record nothing") {
 
 TEST_CASE("profiler: engine tasks are named on worker lanes, their queued time apart from their run") {
   engine::Engine& e = engine::Engine::Get();
-  if (e.IsNaive()) return;  // KILN_ENGINE=naive runs tasks on the caller: nothing waits in a queue
+  if (e.IsNaive()) return; // KILN_ENGINE=naive runs tasks on the caller: nothing waits in a queue
   engine::Var* v = e.NewVar();
   Trace t = Profile([&] {
     engine::TaskOptions o;
     o.name = "prof_slow";
     e.Push([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }, {}, {&v, 1}, o);
     o.name = "prof_after";
-    e.Push([] {}, {}, {&v, 1}, o);  // waits behind prof_slow for about 20 ms
+    e.Push([] {}, {}, {&v, 1}, o); // waits behind prof_slow for about 20 ms
   });
   e.ReleaseVar(v);
   std::vector<Ev> slow = Named(t, "prof_slow"), after = Named(t, "prof_after");
@@ -130,8 +130,8 @@ TEST_CASE("profiler: engine tasks are named on worker lanes, their queued time a
   REQUIRE(after.size() == 1);
   CHECK(slow[0].ph == "X");
   CHECK(slow[0].cat == "operator");
-  CHECK(slow[0].dur >= 15000);              // it ran 20 ms (times are microseconds)
-  CHECK(after[0].Arg("queued_us") >= 15000);  // and the next one waited meanwhile, not running
+  CHECK(slow[0].dur >= 15000);               // it ran 20 ms (times are microseconds)
+  CHECK(after[0].Arg("queued_us") >= 15000); // and the next one waited meanwhile, not running
   CHECK(after[0].dur < 15000);
   CHECK(after[0].ts >= slow[0].ts + slow[0].dur);
   CHECK(Contains(t.lanes[slow[0].tid], "cpu(0) worker"));
@@ -157,7 +157,7 @@ TEST_CASE("profiler: a compiled call's steps lie inside the call's event, on its
   for (const Ev& s : steps) {
     bool inside = false;
     for (const Ev& c : calls)
-      inside |= c.tid == s.tid && s.ts >= c.ts && s.ts + s.dur <= c.ts + c.dur + 0.002;  // printed to 1 ns
+      inside |= c.tid == s.tid && s.ts >= c.ts && s.ts + s.dur <= c.ts + c.dur + 0.002; // printed to 1 ns
     CHECK_MESSAGE(inside, "step " << s.name << " at " << s.ts << " is not inside a call on lane " << s.tid);
   }
   // Compilation: the trace, each pass, the plan, the kernel cache.
@@ -170,7 +170,7 @@ TEST_CASE("profiler: a compiled call's steps lie inside the call's event, on its
   }
   CHECK(passes >= 3);
 #if KILN_WITH_CODEGEN
-  CHECK(cache >= 1);  // the fused relu/log_softmax parts are generated kernels
+  CHECK(cache >= 1); // the fused relu/log_softmax parts are generated kernels
 #endif
   // Memory: the call's outputs come from the CPU allocator.
   CHECK(!Named(t, "memory cpu(0)").empty());
@@ -220,40 +220,44 @@ TEST_CASE("profiler: the aggregate table has count, total, min, max and mean per
   CHECK(Contains(table, "operator\n================="));
   CHECK(Contains(table, "Total Count"));
   std::smatch m;
-  REQUIRE(std::regex_search(table, m, std::regex("prof_agg +([0-9]+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9.]+)")));
+  REQUIRE(std::regex_search(table, m,
+                            std::regex("prof_agg +([0-9]+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9.]+)")));
   CHECK(m[1] == "3");
-  CHECK(std::stod(m[2]) == doctest::Approx(6.0));  // milliseconds
+  CHECK(std::stod(m[2]) == doctest::Approx(6.0)); // milliseconds
   CHECK(std::stod(m[3]) == doctest::Approx(1.0));
   CHECK(std::stod(m[4]) == doctest::Approx(3.0));
   CHECK(std::stod(m[5]) == doctest::Approx(2.0));
   CHECK(Contains(table, "Device Storage"));
-  CHECK(std::regex_search(table, std::regex("memory prof +1 +2.0480")));  // kilobytes
+  CHECK(std::regex_search(table, std::regex("memory prof +1 +2.0480"))); // kilobytes
 }
 
 TEST_CASE("gpu profiler: GPU tasks get device-time spans from events on their stream") {
   KILN_REQUIRE_GPU();
   engine::Engine& e = engine::Engine::Get();
-  if (e.IsNaive()) return;  // the naive engine synchronizes every GPU task: no stream spans
+  if (e.IsNaive()) return; // the naive engine synchronizes every GPU task: no stream spans
   engine::Var* v = e.NewVar();
   Trace t = Profile([&] {
     engine::TaskOptions o;
     o.device = gpu(0);
     o.name = "prof_gpu";
     // The task's body returns at once; its stream work (a host function) takes 10 ms.
-    e.Push([] {
-      gpurt::Get().LaunchHostFunc(static_cast<gpurt::Stream>(cuda::CurrentStream()),
-                                  [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }, nullptr);
-    }, {}, {&v, 1}, o);
+    e.Push(
+        [] {
+          gpurt::Get().LaunchHostFunc(
+              static_cast<gpurt::Stream>(cuda::CurrentStream()),
+              [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }, nullptr);
+        },
+        {}, {&v, 1}, o);
   });
   e.ReleaseVar(v);
   std::vector<Ev> spans = Named(t, "prof_gpu");
-  REQUIRE(spans.size() == 2);  // the host side on the stream's worker, the device time on the stream
+  REQUIRE(spans.size() == 2); // the host side on the stream's worker, the device time on the stream
   const Ev& host = spans[0].cat == "operator" ? spans[0] : spans[1];
   const Ev& device = spans[0].cat == "gpu" ? spans[0] : spans[1];
   CHECK(host.cat == "operator");
   CHECK(device.cat == "gpu");
   CHECK(t.lanes[host.tid] == "gpu(0) compute stream (host)");
   CHECK(t.lanes[device.tid] == "gpu(0) compute stream");
-  CHECK(device.dur >= 8000);  // the stream was busy 10 ms
-  CHECK(device.ts + 1 >= host.ts);  // it cannot start before it was issued
+  CHECK(device.dur >= 8000);       // the stream was busy 10 ms
+  CHECK(device.ts + 1 >= host.ts); // it cannot start before it was issued
 }

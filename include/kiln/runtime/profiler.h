@@ -26,24 +26,25 @@ namespace kiln::profiler {
 
 /// What is recorded, by kind (MXNet's profile_* switches select among them).
 enum Category : uint32_t {
-  kOperator = 1u << 0,    ///< engine tasks: eager ops and compiled calls as queued work
-  kSymbolic = 1u << 1,    ///< a compiled call and the steps inside it
-  kMemory = 1u << 2,      ///< bytes in use per device ("C" counters)
-  kCompile = 1u << 3,     ///< tracing, passes, codegen, kernel-cache hits and misses
-  kCollective = 1u << 4,  ///< collectives, with their byte counts
-  kGpu = 1u << 5,         ///< GPU work timed by events on its stream
+  kOperator = 1u << 0,   ///< engine tasks: eager ops and compiled calls as queued work
+  kSymbolic = 1u << 1,   ///< a compiled call and the steps inside it
+  kMemory = 1u << 2,     ///< bytes in use per device ("C" counters)
+  kCompile = 1u << 3,    ///< tracing, passes, codegen, kernel-cache hits and misses
+  kCollective = 1u << 4, ///< collectives, with their byte counts
+  kGpu = 1u << 5,        ///< GPU work timed by events on its stream
   kAll = (1u << 6) - 1,
 };
 
 namespace detail {
-inline std::atomic<uint32_t> g_recording{0};  // the categories recorded now; 0 when off
-}  // namespace detail
+inline std::atomic<uint32_t> g_recording{0}; // the categories recorded now; 0 when off
+} // namespace detail
 
 /// Whether `c` is being recorded: one relaxed load (the whole cost of a hook when off).
 inline bool Enabled(uint32_t c) { return (detail::g_recording.load(std::memory_order_relaxed) & c) != 0; }
 /// steady_clock in nanoseconds.
 inline int64_t Now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -53,14 +54,16 @@ struct Args {
   double value[3] = {0, 0, 0};
   Args() = default;
   Args(const char* k0, double v0) { key[0] = k0, value[0] = v0; }
-  Args(const char* k0, double v0, const char* k1, double v1) { key[0] = k0, value[0] = v0, key[1] = k1, value[1] = v1; }
+  Args(const char* k0, double v0, const char* k1, double v1) {
+    key[0] = k0, value[0] = v0, key[1] = k1, value[1] = v1;
+  }
 };
 
 /// Records a complete ("X") event on the calling thread's lane. `cat` is a static string.
 void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_ns, const Args& args = {});
 /// The same on a lane that is not a thread (a GPU stream's device time), named `lane`.
-void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns, int64_t end_ns,
-                    const Args& args = {});
+void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns,
+                    int64_t end_ns, const Args& args = {});
 /// Records a counter ("C") sample, e.g. Counter(kMemory, "memory cpu(0)", "bytes_in_use", n).
 void Counter(Category c, std::string_view name, const char* key, double value);
 /// Names the calling thread's lane (engine workers: "cpu(0) worker 0", "gpu(1) compute stream").
@@ -69,7 +72,7 @@ void NameThisThread(std::string_view name);
 
 /// Times the enclosing scope as one complete event when `c` is recorded (checked once, at entry).
 class Scope {
- public:
+public:
   Scope(Category c, std::string_view name, const Args& args = {}) : c_(c) {
     if (Enabled(c)) name_ = name, args_ = args, start_ = Now();
   }
@@ -83,7 +86,7 @@ class Scope {
     if (start_) name_ = name;
   }
 
- private:
+private:
   Category c_;
   std::string name_;
   Args args_;
@@ -109,9 +112,9 @@ int64_t EventCount();
 /// A GPU task's device-time interval: events recorded on its stream before and after its work,
 /// resolved to host time when the trace is read. Called by the engine on the stream's worker.
 struct GpuSpan {
-  void* start = nullptr;  ///< gpurt::Event (timing)
+  void* start = nullptr; ///< gpurt::Event (timing)
   void* stream = nullptr;
-  int64_t issued_ns = 0;  ///< host time just before the start event was recorded
+  int64_t issued_ns = 0; ///< host time just before the start event was recorded
 };
 /// Records a timing event on `stream` (the worker's current stream) before a GPU task's work.
 GpuSpan GpuBegin(void* stream, int device);
@@ -121,7 +124,7 @@ void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name
 /// Times a GPU task's stream work (GpuBegin at construction, GpuEnd when the scope ends, also
 /// when the task's body throws). `name` must outlive the scope.
 class GpuScope {
- public:
+public:
   GpuScope(bool on, void* stream, int device, int stream_kind, const char* name)
       : device_(device), kind_(stream_kind), name_(name) {
     if (on) span_ = GpuBegin(stream, device);
@@ -130,13 +133,13 @@ class GpuScope {
     if (!span_.start) return;
     try {
       GpuEnd(span_, device_, kind_, name_);
-    } catch (...) {  // a faulted stream: the task's own error is what gets reported
+    } catch (...) { // a faulted stream: the task's own error is what gets reported
     }
   }
   GpuScope(const GpuScope&) = delete;
   GpuScope& operator=(const GpuScope&) = delete;
 
- private:
+private:
   GpuSpan span_;
   int device_, kind_;
   const char* name_;
@@ -146,4 +149,4 @@ class GpuScope {
 /// Called once by Engine::Get (idempotent).
 void StartFromEnvironment();
 
-}  // namespace kiln::profiler
+} // namespace kiln::profiler
