@@ -45,9 +45,9 @@ struct PendingGpu { // a GPU task's device-time span, resolved when the trace is
 };
 
 struct Lane {
-  std::mutex mu;
-  int tid = 0;
-  std::string name;
+  std::mutex mu;                 // guards events and gpu
+  int tid = 0;                   // fixed at creation
+  std::string name;              // guarded by the registry's mutex
   std::vector<Event> events;
   std::vector<PendingGpu> gpu;
 };
@@ -203,14 +203,15 @@ Snapshot Take() {
   ResolveGpu();
   Registry& r = R();
   std::vector<std::shared_ptr<Lane>> lanes;
-  {
-    std::lock_guard<std::mutex> g(r.mu);
-    lanes = r.lanes;
-  }
   Snapshot s;
-  for (auto& lane : lanes) {
-    std::lock_guard<std::mutex> g(lane->mu);
-    s.lanes.push_back({lane->tid, lane->name, lane->events});
+  {
+    std::lock_guard<std::mutex> g(r.mu);  // names change under it (NameThisThread)
+    lanes = r.lanes;
+    for (auto& lane : lanes) s.lanes.push_back({lane->tid, lane->name, {}});
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    std::lock_guard<std::mutex> g(lanes[i]->mu);
+    s.lanes[i].events = lanes[i]->events;
   }
   return s;
 }
