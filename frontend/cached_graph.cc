@@ -18,6 +18,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 #include "kiln/codegen/plan.h"
 
 namespace kiln {
@@ -226,6 +227,8 @@ ir::GraphRef CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device devi
   auto entry = std::make_unique<Entry>();
   AddCallees(*graph, entry->callees);
   if (backward) AddCallees(*backward, entry->callees);
+  // The profiler: compiling one variant (passes, plan, codegen inside) is one event.
+  profiler::Scope event(profiler::kCompile, training ? "compile training" : "compile forward");
   entry->forward =
       OptimizeAndPlan(std::move(graph), device, training ? "training forward" : "forward", freeze, frozen);
   if (backward) {

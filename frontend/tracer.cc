@@ -14,6 +14,7 @@
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/ir/graph.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::trace {
 
@@ -26,6 +27,7 @@ struct TraceScope::State {
   std::vector<std::pair<ir::Value*, Tensor>> assigns;             // value, concrete destination
   std::optional<Device> device;
   bool finished = false;
+  int64_t prof_start = 0;  // the profiler's "trace" event starts here (0: not recording)
 };
 
 namespace {
@@ -112,6 +114,7 @@ void RecordAssign(const Tensor& src, const Tensor& dst) {
 TraceScope::TraceScope() : state_(std::make_unique<State>()), prev_(tls_state) {
   if (prev_) KILN_THROW(StateError) << "hybridize: a trace is already active on this thread";
   state_->id = ++g_trace_ids;
+  if (profiler::Enabled(profiler::kCompile)) state_->prof_start = profiler::Now();
   tls_state = state_.get();
 #if KILN_WITH_CODEGEN
   codegen::PrewarmJit();  // a trace is compiled next: LLVM's setup overlaps tracing and the passes
@@ -137,6 +140,9 @@ std::shared_ptr<CachedGraph> TraceScope::Finish(const std::vector<Tensor>& outpu
   for (const Tensor& t : outputs) outs.push_back(ValueOf(s, t));
   for (auto& [v, dst] : s.assigns) outs.push_back(v);
   s.graph->SetOutputs(outs);
+  if (s.prof_start)
+    profiler::Complete(profiler::kCompile, "trace", s.prof_start, profiler::Now(),
+                       profiler::Args("nodes", static_cast<double>(s.graph->nodes().size())));
 
   // Graph inputs were added data first (Input before any op), captured after: already ordered.
   TracedGraph t;

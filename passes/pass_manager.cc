@@ -12,6 +12,7 @@
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::passes {
 
@@ -145,6 +146,9 @@ std::unique_ptr<ir::Graph> RunPipeline(std::unique_ptr<ir::Graph> g, std::span<c
   for (const Pass& pass : pipeline) {
     PassRecord rec{pass.name, false, false, g->nodes().size(), g->nodes().size()};
     if (!Named(disabled, pass.name)) {
+      profiler::Scope event(profiler::kCompile,
+                            profiler::Enabled(profiler::kCompile) ? "pass " + std::string(pass.name) : std::string(),
+                            profiler::Args("nodes_before", static_cast<double>(rec.nodes_before)));
       std::string before = verify ? ir::PrintGraph(*g) : std::string();
       rec.ran = true;
       rec.changed = pass.fn(g);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 #include "kiln/runtime/cuda.h"
 
 namespace kiln {
@@ -49,7 +50,8 @@ class CachingAllocator final : public Allocator {
  public:
   using RawAlloc = std::function<void*(size_t)>;
   using RawFree = std::function<void(void*)>;
-  CachingAllocator(RawAlloc a, RawFree f) : raw_alloc_(std::move(a)), raw_free_(std::move(f)) {}
+  CachingAllocator(RawAlloc a, RawFree f, std::string label)
+      : raw_alloc_(std::move(a)), raw_free_(std::move(f)), label_(std::move(label)) {}
   ~CachingAllocator() override = default;  // process lifetime: cached blocks die with it
 
   void* Allocate(size_t nbytes) override {
@@ -100,6 +102,7 @@ class CachingAllocator final : public Allocator {
     stats_.bytes_in_use -= static_cast<int64_t>(size);
     stats_.bytes_requested -= static_cast<int64_t>(nbytes);
     stats_.bytes_cached += static_cast<int64_t>(size);
+    Sample();
   }
 
   AllocatorStats Stats() const override {
@@ -142,10 +145,16 @@ class CachingAllocator final : public Allocator {
   void Use(size_t size) {
     stats_.bytes_in_use += static_cast<int64_t>(size);
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    Sample();
+  }
+  void Sample() {  // under mu_: the profiler's memory counter, in the order of the changes
+    if (profiler::Enabled(profiler::kMemory))
+      profiler::Counter(profiler::kMemory, label_, "bytes_in_use", static_cast<double>(stats_.bytes_in_use));
   }
 
   RawAlloc raw_alloc_;
   RawFree raw_free_;
+  std::string label_;  // the profiler's counter: "memory cpu(0)"
   mutable PoolLock mu_;
   std::unordered_map<size_t, std::vector<void*>> pool_;  // size classes above kSmallMax
   std::vector<void*> small_[kSmallClasses];
@@ -179,7 +188,7 @@ Allocator& GetAllocator(const Device& d) {
   if (Allocator* a = slot.load(std::memory_order_acquire)) return *a;
   Allocator* a;
   if (d.is_cpu()) {
-    a = new CachingAllocator(HostAlloc, [](void* p) { std::free(p); });
+    a = new CachingAllocator(HostAlloc, [](void* p) { std::free(p); }, "memory " + d.str());
   } else {
     CheckDeviceExists(d);
     a = NewGpuCachingAllocator(d);
@@ -194,7 +203,8 @@ Allocator& GetPinnedAllocator() {
       [](void* p) {
         if (cuda::DeviceCount() > 0) cuda::HostFreePinned(p);
         else std::free(p);
-      });
+      },
+      "memory pinned host");
   return pinned;
 }
 

@@ -23,6 +23,7 @@
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::coll {
 
@@ -190,12 +191,28 @@ void ReduceScatterT(std::span<const void* const> in, int64_t n, std::span<void* 
   });
 }
 
+// The profiler's event of a collective: its name, the bytes of one device's buffers, the devices.
+profiler::Args CollArgs(DType dt, int64_t elements, int devices) {
+  return profiler::Args("bytes", static_cast<double>(elements) * static_cast<double>(DTypeSize(dt)), "devices", devices);
+}
+int64_t Elements(const BufferSet& b) {
+  int64_t n = 0;
+  for (int64_t k : b.numel) n += k;
+  return n;
+}
+int64_t Elements(std::span<const int64_t> counts) {
+  int64_t n = 0;
+  for (int64_t k : counts) n += k;
+  return n;
+}
+
 } // namespace
 
 void HostAllReduce(const BufferSet& b, ReduceOp op, const HostOptions& o) {
   KILN_CHECK(b.devices() > 0 && b.ptrs.size() == b.numel.size() * static_cast<size_t>(b.devices()))
       << "HostAllReduce: " << b.ptrs.size() << " buffers for " << b.numel.size() << " tensors";
   CheckReducible("allreduce", b.dtype);
+  profiler::Scope event(profiler::kCollective, "allreduce", CollArgs(b.dtype, Elements(b), b.devices()));
   if (b.devices() == 1) return; // every op of one device is the identity
   KILN_DISPATCH_ALL(b.dtype, if constexpr (!std::is_same_v<scalar_t, bool>) AllReduceT<scalar_t>(b, op, o));
 }
@@ -203,6 +220,7 @@ void HostAllReduce(const BufferSet& b, ReduceOp op, const HostOptions& o) {
 void HostBroadcast(const BufferSet& b, int root, const HostOptions& o) {
   const int D = b.devices();
   KILN_CHECK(root >= 0 && root < D) << "HostBroadcast: root " << root << " of " << D;
+  profiler::Scope event(profiler::kCollective, "broadcast", CollArgs(b.dtype, Elements(b), D));
   const size_t K = b.numel.size(), es = DTypeSize(b.dtype);
   int64_t total = 0;
   for (int64_t n : b.numel) total += n;
@@ -232,6 +250,7 @@ void HostReduceScatter(DType dt, std::span<const void* const> in, int64_t n, std
   KILN_CHECK(!in.empty() && in.size() == out.size())
       << "HostReduceScatter: " << in.size() << " inputs, " << out.size() << " outputs";
   CheckReducible("reduce_scatter", dt);
+  profiler::Scope event(profiler::kCollective, "reduce_scatter", CollArgs(dt, n, static_cast<int>(in.size())));
   KILN_DISPATCH_ALL(dt, if constexpr (!std::is_same_v<scalar_t, bool>)
                             ReduceScatterT<scalar_t>(in, n, out, op, o));
 }
@@ -241,6 +260,7 @@ void HostAllGather(DType dt, std::span<const void* const> in, std::span<const in
   KILN_CHECK(in.size() == counts.size() && in.size() == out.size())
       << "HostAllGather: " << in.size() << " inputs, " << counts.size() << " counts, " << out.size()
       << " outputs";
+  profiler::Scope event(profiler::kCollective, "allgather", CollArgs(dt, Elements(counts), static_cast<int>(in.size())));
   const size_t es = DTypeSize(dt);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -258,17 +278,21 @@ void HostAllGather(DType dt, std::span<const void* const> in, std::span<const in
 // ---- GPUs: through the platform (NCCL on CUDA, in-process collectives on the simulator) --------
 
 void NcclAllReduce(std::span<const Device> devices, const BufferSet& b, ReduceOp op) {
+  profiler::Scope event(profiler::kCollective, "nccl allreduce", CollArgs(b.dtype, Elements(b), b.devices()));
   gpurt::Get().AllReduce(devices, b, op);
 }
 void NcclBroadcast(std::span<const Device> devices, const BufferSet& b, int root) {
+  profiler::Scope event(profiler::kCollective, "nccl broadcast", CollArgs(b.dtype, Elements(b), b.devices()));
   gpurt::Get().Broadcast(devices, b, root);
 }
 void NcclReduceScatter(std::span<const Device> devices, DType dt, std::span<const void* const> in, int64_t n,
                        std::span<void* const> out, ReduceOp op) {
+  profiler::Scope event(profiler::kCollective, "nccl reduce_scatter", CollArgs(dt, n, static_cast<int>(in.size())));
   gpurt::Get().ReduceScatter(devices, dt, in, n, out, op);
 }
 void NcclAllGather(std::span<const Device> devices, DType dt, std::span<const void* const> in,
                    std::span<const int64_t> counts, std::span<void* const> out) {
+  profiler::Scope event(profiler::kCollective, "nccl allgather", CollArgs(dt, Elements(counts), static_cast<int>(in.size())));
   gpurt::Get().AllGather(devices, dt, in, counts, out);
 }
 

@@ -22,6 +22,7 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 #include "kiln/runtime/wait_point.h"
 
 namespace kiln::engine {
@@ -70,6 +71,7 @@ class ThreadedEngine final : public EngineBase {
     Task* t = NewTask();
     t->fn = std::move(fn);
     t->opts = opts;
+    if (profiler::Enabled(profiler::kOperator)) t->pushed_ns = profiler::Now();
     Dedupe(reads, writes, t);
     Enter(t);
   }
@@ -282,6 +284,7 @@ class ThreadedEngine final : public EngineBase {
         InTask() { tls_on_worker = true; }
         ~InTask() { tls_on_worker = was; }
       } in_task;
+      const int64_t prof_start = profiler::Enabled(profiler::kOperator) ? profiler::Now() : 0;
       try {
         WaitForGpuWork({reads, nr}, {writes, nw}, opts);
         fn();
@@ -290,6 +293,8 @@ class ThreadedEngine final : public EngineBase {
         std::lock_guard<std::mutex> g(error_mu_);
         if (!first_error_) first_error_ = err;
       }
+      if (prof_start)  // ran inline, on the pushing thread: it waited for nothing
+        profiler::Complete(profiler::kOperator, opts.name, prof_start, profiler::Now(), profiler::Args("queued_us", 0));
     }
     std::vector<Task*> ready;
     for (size_t i = 0; i < nr; ++i) {
@@ -479,6 +484,7 @@ std::unique_ptr<Engine> CreateEngine(const std::string& kind) {
 Engine& Engine::Get() {
   static Engine* engine = [] {
     env::CheckEnvironment();
+    profiler::StartFromEnvironment();  // before the drain below: its trace is written after it
     // Leaked on purpose: worker threads must outlive every static that may push at exit.
     Engine* e = CreateEngine(env::Get("KILN_ENGINE")).release();
     DrainBeforeExit();  // statics made before the engine outlive this drain

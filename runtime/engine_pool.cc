@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "kiln/runtime/cuda.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::engine::detail {
 
@@ -12,7 +13,13 @@ WorkerPool::WorkerPool(int threads, Device device, StreamKind stream, std::funct
                        std::function<void(QueueNode*)> run)
     : run_(std::move(run)) {
   for (int i = 0; i < threads; ++i)
-    threads_.emplace_back([this, device, stream, on_start] {
+    threads_.emplace_back([this, device, stream, on_start, i] {
+      static const char* kinds[] = {"compute", "copy-in", "copy-out", "comm"};
+      const char* kind = kinds[static_cast<int>(stream) & 3];
+      // The profiler's lane of this thread (a GPU stream's device time has a lane of its own).
+      profiler::NameThisThread(device.is_gpu() ? device.str() + " " + kind + " stream (host)"
+                               : stream == StreamKind::kComm ? device.str() + " comm worker"
+                                                             : device.str() + " worker " + std::to_string(i));
       on_start();
       if (device.is_gpu()) cuda::BindWorkerThread(device, static_cast<int>(stream));
       Loop();

@@ -20,6 +20,7 @@
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
+#include "kiln/runtime/profiler.h"
 #include "kiln/runtime/wait_point.h"
 
 namespace kiln::engine {
@@ -121,6 +122,7 @@ struct Task : QueueNode {
   uint64_t writes_read = 0;  // bit i: writes[i] was also listed as a read (an in-place update)
   uint64_t fast_reads = 0;   // bit i: reads[i] was granted without the variable's lock
   std::atomic<int> wait{0};
+  int64_t pushed_ns = 0;  // when it was pushed, while the profiler records (profiler.h)
   Task* next_dead = nullptr;  // link in the graveyard (see ThreadedEngine::Bury)
 };
 
@@ -192,6 +194,10 @@ class EngineBase : public Engine {
       std::lock_guard<SpinLock> g(w->mu);
       err = w->error;  // an in-place update of a failed value fails too
     }
+    // The profiler: one relaxed load when off. The task's run is one event on this worker's
+    // lane; its wait between Push and now goes in the event's args.
+    const bool prof = profiler::Enabled(profiler::kOperator | profiler::kGpu);
+    const int64_t prof_start = prof ? profiler::Now() : 0;
     if (!err) {
       try {
         // GPU work is ordered by events (engine_gpu.h); waiting for it, and the errors it
@@ -210,7 +216,13 @@ class EngineBase : public Engine {
         // there, so that their work goes to that device's default stream (the one synchronized).
         std::optional<gpurt::DeviceGuard> on_device;
         if (gpu_task && IsNaive()) on_device.emplace(t->opts.device.index);
-        t->fn();
+        {  // the profiler: the stream's own time for the work the body issues
+          const bool gpu_span = prof && gpu_task && !IsNaive() && profiler::Enabled(profiler::kGpu) &&
+                                t->opts.stream != StreamKind::kComm && cuda::CurrentStream() != nullptr;
+          profiler::GpuScope span(gpu_span, gpu_span ? cuda::CurrentStream() : nullptr, t->opts.device.index,
+                                  static_cast<int>(t->opts.stream), t->opts.name);
+          t->fn();
+        }
         if (gpu_task) {
           if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
           else MarkGpuWork(reads, writes, t->opts);
@@ -220,6 +232,11 @@ class EngineBase : public Engine {
         std::lock_guard<std::mutex> g(error_mu_);
         if (!first_error_) first_error_ = err;
       }
+    }
+    if (prof && profiler::Enabled(profiler::kOperator)) {
+      const int64_t queued = t->pushed_ns ? prof_start - t->pushed_ns : 0;
+      profiler::Complete(profiler::kOperator, t->opts.name, prof_start, profiler::Now(),
+                         profiler::Args("queued_us", static_cast<double>(std::max<int64_t>(0, queued)) / 1e3));
     }
     for (Var* w : t->writes) {
       if (!err && !w->has_error.load(std::memory_order_acquire)) continue;  // nothing to clear

@@ -13,6 +13,7 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::exec {
 
@@ -274,12 +275,20 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
       }
     }
   };
+  // The profiler: the call is one event, its steps events inside it (on the lane of the thread
+  // that runs them; on a GPU, the time to issue their work). One relaxed load when off.
+  const bool prof = profiler::Enabled(profiler::kSymbolic);
+  profiler::Scope call_event(profiler::kSymbolic, p.name, profiler::Args("steps", static_cast<double>(p.steps.size())));
   auto step = [&](int k, Scratch& sc, int lane) {
     const Step& st = p.steps[static_cast<size_t>(k)];
     sc.in.clear(), sc.out.clear();
     for (int v : st.in) sc.in.push_back(view(v));
     for (int v : st.out) sc.out.push_back(view(v));
+    const int64_t t0 = prof ? profiler::Now() : 0;
     st.launch(StepArgs{sc.in, sc.out, call, lane});
+    if (prof)
+      profiler::Complete(profiler::kSymbolic, st.name.empty() ? std::string_view("step") : std::string_view(st.name),
+                         t0, profiler::Now(), profiler::Args("step", k, "lane", lane));
   };
   auto serial = [&] {
     Scratch sc;  // kept across steps: one allocation per call, not per step

@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "kiln/runtime/env.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln::mpi {
 
@@ -480,6 +481,9 @@ void Allreduce(void* buf, int64_t count, DType dtype, ReduceOp op, const char* w
     KILN_THROW(DTypeError) << what << ": op='mean' expected a float array, found " << DTypeName(dtype)
                            << "; use op='sum' and divide, or cast to float32";
   World& w = W();
+  profiler::Scope event(profiler::kCollective, "mpi allreduce",
+                        profiler::Args("bytes", static_cast<double>(count) * static_cast<double>(DTypeSize(dtype)),
+                                       "processes", w.size));
   if (!w.local) Serialized([&] { AllreduceLocked(static_cast<char*>(buf), count, dtype, op, what); });
   if (op == ReduceOp::kMean && w.size > 1) {
     if (dtype == DType::kFloat32)
@@ -492,6 +496,8 @@ void Allreduce(void* buf, int64_t count, DType dtype, ReduceOp op, const char* w
 void Broadcast(void* buf, size_t nbytes, int root, const char* what) {
   CheckUsable(what);
   World& w = W();
+  profiler::Scope event(profiler::kCollective, "mpi broadcast",
+                        profiler::Args("bytes", static_cast<double>(nbytes), "processes", w.size));
   if (root < 0 || root >= w.size)
     KILN_THROW(ValueError) << what << ": root " << root << " is not a rank; expected 0 <= root < " << w.size;
   if (w.local) return;

@@ -19,6 +19,7 @@
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/epilogue_call.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/profiler.h"
 
 namespace kiln {
 
@@ -245,6 +246,7 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     const size_t node = static_cast<size_t>(i);
     const ir::Node& n = *graph.nodes()[node];
     exec::Step& st = x.steps.emplace_back();
+    st.name = (p->fused[node] ? "fused " : "") + n.def().name;  // for the profiler
     st.in = ids(reads(node));
     st.out = ids(writes(node));
     const Plan::Fused* f = p->fused[node].get();
@@ -283,6 +285,7 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
 // executor.
 std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name) {
   const Clock::time_point t0 = Clock::now();
+  profiler::Scope event(profiler::kCompile, profiler::Enabled(profiler::kCompile) ? "plan " + name : std::string());
   auto p = std::make_unique<Plan>();
   p->device = device;
   PlanReport& r = p->report;

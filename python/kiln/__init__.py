@@ -49,7 +49,8 @@ def _lazy(name):
 
 # Submodules that pull in more (nn, data, utils...) load on first use; each one exists
 # (tests/python/test_utils.py imports every name).
-_LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer")
+_LAZY_MODULES = ("nn", "init", "loss", "optim", "data", "utils", "sym", "kvstore", "distributed", "trainer",
+                 "profiler")
 # MXNet's module names: mx.gluon, mx.context and mx.base are modules of their own, the others
 # kiln's under MXNet's name (mx.symbol is kiln.sym).
 _MXNET_MODULES = ("gluon", "context", "base")

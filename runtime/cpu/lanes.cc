@@ -8,12 +8,14 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/lanes.h"
+#include "kiln/runtime/profiler.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -29,7 +31,11 @@ namespace {
 class CpuLanesImpl final : public Lanes {
  public:
   CpuLanesImpl() : max_lanes_(std::max(2, host::NumThreads())) {
-    for (int k = 1; k < max_lanes_; ++k) threads_.emplace_back([this, k] { Loop(k); });
+    for (int k = 1; k < max_lanes_; ++k)
+      threads_.emplace_back([this, k] {
+        profiler::NameThisThread("cpu plan lane " + std::to_string(k));  // a compiled call's concurrent steps
+        Loop(k);
+      });
   }
 
   int MaxLanes() const override { return max_lanes_; }

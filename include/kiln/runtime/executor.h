@@ -66,6 +66,7 @@ struct StepArgs {
 struct Step {
   std::vector<int> in, out;  ///< value ids
   std::function<void(const StepArgs&)> launch;
+  std::string name;  ///< the op it runs, for the profiler ("fused add" for a fused group)
 };
 
 /// Whether a plan's lanes run concurrently: the first calls time both ways, then the faster stays.

@@ -1,0 +1,450 @@
+// The profiler's recorder (see kiln/runtime/profiler.h): per-thread event buffers, GPU spans
+// resolved from stream events, the Chrome trace-event JSON writer and the aggregate table.
+//
+// Each recording thread owns a Lane (its trace "tid"): events are appended under the lane's own
+// mutex, which only a reader (a dump) ever contends. Lanes are never freed: a worker that exits
+// leaves its events for the next dump. Lanes that are not threads (a GPU stream's device time)
+// are found by name when the trace is read.
+#include "kiln/runtime/profiler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "kiln/runtime/env.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
+
+namespace kiln::profiler {
+
+namespace {
+
+struct Event {
+  char ph; // 'X' or 'C'
+  Category cat;
+  std::string name;
+  int64_t ts, dur;
+  Args args;
+};
+
+struct PendingGpu { // a GPU task's device-time span, resolved when the trace is read
+  gpurt::Event start, end;
+  int device, stream_kind;
+  int64_t issued_ns; // host time just before its start event was recorded: it cannot start earlier
+  std::string name;
+};
+
+struct Lane {
+  std::mutex mu;                 // guards events and gpu
+  int tid = 0;                   // fixed at creation
+  std::string name;              // guarded by the registry's mutex
+  std::vector<Event> events;
+  std::vector<PendingGpu> gpu;
+};
+
+struct Anchor { // a timing event of a device and the host time it completed at
+  gpurt::Event event = nullptr;
+  int64_t host_ns = 0;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<Lane>> lanes;
+  std::map<std::string, std::shared_ptr<Lane>> named; // lanes that are not threads
+  int next_tid = 1;
+  const int64_t epoch = Now();
+  std::mutex anchor_mu;
+  Anchor anchors[64];
+};
+Registry& R() {
+  static Registry* r = new Registry(); // leaked: worker threads may record during exit
+  return *r;
+}
+
+thread_local Lane* tls_lane = nullptr;
+
+Lane* NewLane(std::string name) {
+  auto lane = std::make_shared<Lane>();
+  Registry& r = R();
+  std::lock_guard<std::mutex> g(r.mu);
+  lane->tid = r.next_tid++;
+  lane->name = name.empty() ? "thread " + std::to_string(lane->tid) : std::move(name);
+  r.lanes.push_back(lane);
+  return lane.get();
+}
+
+Lane& ThisLane() {
+  if (!tls_lane) tls_lane = NewLane("");
+  return *tls_lane;
+}
+
+Lane& NamedLane(const std::string& name) { // under R().mu
+  Registry& r = R();
+  auto it = r.named.find(name);
+  if (it != r.named.end()) return *it->second;
+  auto lane = std::make_shared<Lane>();
+  lane->tid = r.next_tid++;
+  lane->name = name;
+  r.lanes.push_back(lane);
+  r.named[name] = lane;
+  return *lane;
+}
+
+const char* CategoryName(Category c) {
+  switch (c) {
+  case kOperator: return "operator";
+  case kSymbolic: return "symbolic";
+  case kMemory: return "memory";
+  case kCompile: return "compile";
+  case kCollective: return "collective";
+  case kGpu: return "gpu";
+  default: return "other";
+  }
+}
+
+const char* StreamName(int kind) {
+  static const char* names[] = {"compute", "copy-in", "copy-out", "comm"};
+  return kind >= 0 && kind < 4 ? names[kind] : "stream";
+}
+
+// Turns the GPU spans recorded so far into events on their streams' device-time lanes. The
+// spans' events are waited for: a dump comes after the work it shows (waitall, or exit).
+void ResolveGpu() {
+  Registry& r = R();
+  std::vector<std::shared_ptr<Lane>> lanes;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    lanes = r.lanes;
+  }
+  for (auto& lane : lanes) {
+    std::vector<PendingGpu> pending;
+    {
+      std::lock_guard<std::mutex> g(lane->mu);
+      pending.swap(lane->gpu);
+    }
+    for (PendingGpu& p : pending) {
+      gpurt::Platform& plat = gpurt::Get();
+      int64_t start = 0, end = 0;
+      try {
+        plat.EventSynchronize(p.end);
+        Anchor a;
+        {
+          std::lock_guard<std::mutex> g(r.anchor_mu);
+          a = r.anchors[p.device];
+        }
+        auto ms = [&](gpurt::Event e) { return static_cast<double>(plat.EventElapsedMs(a.event, e)); };
+        start = a.host_ns + static_cast<int64_t>(std::llround(ms(p.start) * 1e6));
+        end = a.host_ns + static_cast<int64_t>(std::llround(ms(p.end) * 1e6));
+        start = std::max(start, p.issued_ns); // float milliseconds are coarse far from the anchor
+        end = std::max(end, start);
+      } catch (...) { // a faulted device: its spans are dropped, the fault is reported elsewhere
+        start = end = 0;
+      }
+      plat.EventDestroy(p.start), plat.EventDestroy(p.end);
+      if (!end) continue;
+      std::string name = "gpu(" + std::to_string(p.device) + ") " + StreamName(p.stream_kind) + " stream";
+      std::lock_guard<std::mutex> g(r.mu);
+      Lane& l = NamedLane(name);
+      std::lock_guard<std::mutex> g2(l.mu);
+      l.events.push_back({'X', kGpu, std::move(p.name), start, end - start, {}});
+    }
+  }
+}
+
+void AppendEscaped(std::string& out, std::string_view s) {
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+}
+
+void AppendUs(std::string& out, int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns) / 1e3);
+  out += buf;
+}
+
+void AppendNumber(std::string& out, double v) {
+  char buf[32];
+  if (v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+  out += buf;
+}
+
+// Every lane's events, copied under each lane's lock.
+struct Snapshot {
+  struct L {
+    int tid;
+    std::string name;
+    std::vector<Event> events;
+  };
+  std::vector<L> lanes;
+};
+Snapshot Take() {
+  ResolveGpu();
+  Registry& r = R();
+  std::vector<std::shared_ptr<Lane>> lanes;
+  Snapshot s;
+  {
+    std::lock_guard<std::mutex> g(r.mu);  // names change under it (NameThisThread)
+    lanes = r.lanes;
+    for (auto& lane : lanes) s.lanes.push_back({lane->tid, lane->name, {}});
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    std::lock_guard<std::mutex> g(lanes[i]->mu);
+    s.lanes[i].events = lanes[i]->events;
+  }
+  return s;
+}
+
+} // namespace
+
+void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_ns, const Args& args) {
+  Lane& l = ThisLane();
+  std::lock_guard<std::mutex> g(l.mu);
+  l.events.push_back({'X', c, std::string(name), start_ns, end_ns - start_ns, args});
+}
+
+void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns,
+                    int64_t end_ns, const Args& args) {
+  Registry& r = R();
+  std::lock_guard<std::mutex> g(r.mu);
+  Lane& l = NamedLane(std::string(lane));
+  std::lock_guard<std::mutex> g2(l.mu);
+  l.events.push_back({'X', c, std::string(name), start_ns, end_ns - start_ns, args});
+}
+
+void Counter(Category c, std::string_view name, const char* key, double value) {
+  Lane& l = ThisLane();
+  std::lock_guard<std::mutex> g(l.mu);
+  l.events.push_back({'C', c, std::string(name), Now(), 0, Args(key, value)});
+}
+
+void NameThisThread(std::string_view name) {
+  if (!tls_lane) {
+    tls_lane = NewLane(std::string(name));
+    return;
+  }
+  std::lock_guard<std::mutex> g(R().mu);
+  tls_lane->name = name;
+}
+
+void SetRecording(uint32_t mask) {
+  if (mask && !tls_lane) NameThisThread("main"); // the thread that starts the profiler, usually
+  detail::g_recording.store(mask & kAll, std::memory_order_relaxed);
+}
+uint32_t Recording() { return detail::g_recording.load(std::memory_order_relaxed); }
+
+void Clear() {
+  ResolveGpu(); // destroys the pending spans' events
+  Registry& r = R();
+  std::lock_guard<std::mutex> g(r.mu);
+  for (auto& lane : r.lanes) {
+    std::lock_guard<std::mutex> g2(lane->mu);
+    lane->events.clear();
+  }
+}
+
+int64_t EventCount() {
+  int64_t n = 0;
+  for (const auto& l : Take().lanes) n += static_cast<int64_t>(l.events.size());
+  return n;
+}
+
+std::string TraceJson() {
+  Snapshot s = Take();
+  const int64_t epoch = R().epoch;
+  const int pid = static_cast<int>(getpid());
+  const std::string p = std::to_string(pid);
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":0,\"args\":{\"name\":\"kiln\"}}";
+  for (const auto& l : s.lanes) {
+    if (l.events.empty()) continue;
+    const std::string tid = std::to_string(l.tid);
+    out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid +
+           ",\"args\":{\"name\":\"";
+    AppendEscaped(out, l.name);
+    out += "\"}}";
+    out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" + tid +
+           ",\"args\":{\"sort_index\":" + tid + "}}";
+    for (const Event& e : l.events) {
+      out += ",\n{\"name\":\"";
+      AppendEscaped(out, e.name);
+      out += "\",\"cat\":\"";
+      out += CategoryName(e.cat);
+      out += "\",\"ph\":\"";
+      out += e.ph;
+      out += "\",\"pid\":" + p + ",\"tid\":" + tid + ",\"ts\":";
+      AppendUs(out, e.ts - epoch);
+      if (e.ph == 'X') out += ",\"dur\":", AppendUs(out, e.dur);
+      out += ",\"args\":{";
+      for (int i = 0; i < 3 && e.args.key[i]; ++i) {
+        if (i) out += ',';
+        out += '"', out += e.args.key[i], out += "\":";
+        AppendNumber(out, e.args.value[i]);
+      }
+      out += "}}";
+    }
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+void WriteTrace(const std::string& path) {
+  const std::string json = TraceJson();
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  auto fail = [&](int err) {
+    KILN_THROW(ValueError) << "profiler: cannot write the trace to '" << path << "': " << std::strerror(err)
+                           << "; expected a file name in an existing, writable directory";
+  };
+  if (!f) fail(errno);
+  bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  int err = errno;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    fail(err ? err : EIO);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    std::remove(tmp.c_str());
+    fail(err);
+  }
+}
+
+std::string AggregateTable() {
+  struct Stat {
+    int64_t count = 0;
+    double total = 0, min = 0, max = 0;
+    void Add(double v) {
+      min = count ? std::min(min, v) : v, max = count ? std::max(max, v) : v;
+      total += v, ++count;
+    }
+  };
+  std::map<std::string, std::map<std::string, Stat>> by_cat; // category -> name -> stat
+  for (const auto& l : Take().lanes)
+    for (const Event& e : l.events) {
+      if (e.ph == 'X')
+        by_cat[CategoryName(e.cat)][e.name].Add(static_cast<double>(e.dur) / 1e6);
+      else
+        by_cat["Device Storage"][e.name].Add(e.args.value[0] / 1e3);
+    }
+  std::ostringstream o;
+  o << "Profile Statistics:\n\tNote the difference in units for different entries.\n";
+  char line[256];
+  for (const auto& [cat, names] : by_cat) {
+    const bool mem = cat == "Device Storage";
+    o << cat << "\n=================\n";
+    if (mem) {
+      std::snprintf(line, sizeof line, "%-40s %12s %16s %16s %16s\n", "Name", "Total Count", "Min Use  (kB)",
+                    "Max Use  (kB)", "Avg Use  (kB)");
+      o << line;
+      std::snprintf(line, sizeof line, "%-40s %12s %16s %16s %16s\n", "----", "-----------", "-------------",
+                    "-------------", "-------------");
+    } else {
+      std::snprintf(line, sizeof line, "%-40s %12s %16s %16s %16s %16s\n", "Name", "Total Count", "Time (ms)",
+                    "Min Time (ms)", "Max Time (ms)", "Avg Time (ms)");
+      o << line;
+      std::snprintf(line, sizeof line, "%-40s %12s %16s %16s %16s %16s\n", "----", "-----------", "---------",
+                    "-------------", "-------------", "-------------");
+    }
+    o << line;
+    for (const auto& [name, s] : names) {
+      std::string n = name.size() > 40 ? name.substr(0, 37) + "..." : name;
+      double mean = s.total / static_cast<double>(s.count);
+      if (mem)
+        std::snprintf(line, sizeof line, "%-40s %12lld %16.4f %16.4f %16.4f\n", n.c_str(),
+                      static_cast<long long>(s.count), s.min, s.max, mean);
+      else
+        std::snprintf(line, sizeof line, "%-40s %12lld %16.4f %16.4f %16.4f %16.4f\n", n.c_str(),
+                      static_cast<long long>(s.count), s.total, s.min, s.max, mean);
+      o << line;
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+GpuSpan GpuBegin(void* stream, int device) {
+  gpurt::Platform& plat = gpurt::Get();
+  auto s = static_cast<gpurt::Stream>(stream);
+  if (device < 0 || device >= 64) return {};
+  Registry& r = R();
+  {
+    std::lock_guard<std::mutex> g(r.anchor_mu);
+    Anchor& a = r.anchors[device];
+    if (!a.event) { // once per device: an event on an idle stream, completed at a known host time
+      plat.StreamSynchronize(s);
+      gpurt::Event e = plat.EventCreate(/*timing=*/true);
+      int64_t before = Now();
+      plat.EventRecord(e, s);
+      plat.EventSynchronize(e);
+      a.host_ns = before + (Now() - before) / 2;
+      a.event = e;
+    }
+  }
+  gpurt::Event e = plat.EventCreate(/*timing=*/true);
+  const int64_t issued = Now(); // the stream may start the work before GpuEnd is reached
+  plat.EventRecord(e, s);
+  return {e, stream, issued};
+}
+
+void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name) {
+  if (!s.start) return;
+  gpurt::Platform& plat = gpurt::Get();
+  gpurt::Event e = plat.EventCreate(/*timing=*/true);
+  plat.EventRecord(e, static_cast<gpurt::Stream>(s.stream));
+  Lane& l = ThisLane();
+  std::lock_guard<std::mutex> g(l.mu);
+  l.gpu.push_back(
+      {static_cast<gpurt::Event>(s.start), e, device, stream_kind, s.issued_ns, std::string(name)});
+}
+
+void StartFromEnvironment() {
+  static const bool started = [] {
+    std::string path = env::Get("KILN_PROFILE");
+    if (path.empty() || path == "0") return false;
+    { // a bad path fails now, not after the whole run
+      std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
+      if (access(dir.c_str(), W_OK) != 0)
+        KILN_THROW(ValueError) << "KILN_PROFILE=" << path << ": cannot write in '" << dir
+                               << "'; expected the path of a trace file in an existing, writable directory";
+    }
+    static std::string* where = new std::string(path);
+    SetRecording(kAll);
+    // Registered by Engine::Get before its drain at exit: handlers run in reverse, so the
+    // engine's queued work finishes before the trace is written.
+    std::atexit([] {
+      try {
+        SetRecording(0);
+        WriteTrace(*where);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kiln: %s\n", e.what());
+      }
+    });
+    return true;
+  }();
+  (void)started;
+}
+
+} // namespace kiln::profiler
