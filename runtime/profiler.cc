@@ -216,9 +216,33 @@ Snapshot Take() {
   return s;
 }
 
+// The bound on events kept in memory (KILN_PROFILE_MAX_EVENTS): a long profiled run keeps its
+// first events and counts the rest, instead of growing without bound (one warning, and the
+// trace's "otherData" says how many were dropped).
+std::atomic<int64_t> g_kept{0};
+std::atomic<int64_t> g_dropped{0};
+
+int64_t MaxEvents() {
+  static const int64_t n = std::max<int64_t>(1, env::GetInt("KILN_PROFILE_MAX_EVENTS"));
+  return n;
+}
+
+bool Admit() {
+  if (g_kept.fetch_add(1, std::memory_order_relaxed) < MaxEvents()) return true;
+  g_kept.fetch_sub(1, std::memory_order_relaxed);
+  if (g_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
+    std::fprintf(stderr,
+                 "kiln profiler: %lld events are kept in memory (KILN_PROFILE_MAX_EVENTS); later events "
+                 "are dropped: dump() with finished=True (or dumps(reset=True)) to start afresh, or raise the "
+                 "bound\n",
+                 static_cast<long long>(MaxEvents()));
+  return false;
+}
+
 } // namespace
 
 void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_ns, const Args& args) {
+  if (!Admit()) return;
   Lane& l = ThisLane();
   std::lock_guard<std::mutex> g(l.mu);
   l.events.push_back({'X', c, std::string(name), start_ns, end_ns - start_ns, args});
@@ -226,6 +250,7 @@ void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_n
 
 void CompleteOnLane(Category c, std::string_view lane, std::string_view name, int64_t start_ns,
                     int64_t end_ns, const Args& args) {
+  if (!Admit()) return;
   Registry& r = R();
   std::lock_guard<std::mutex> g(r.mu);
   Lane& l = NamedLane(std::string(lane));
@@ -234,6 +259,7 @@ void CompleteOnLane(Category c, std::string_view lane, std::string_view name, in
 }
 
 void Counter(Category c, std::string_view name, const char* key, double value) {
+  if (!Admit()) return;
   Lane& l = ThisLane();
   std::lock_guard<std::mutex> g(l.mu);
   l.events.push_back({'C', c, std::string(name), Now(), 0, Args(key, value)});
@@ -262,6 +288,8 @@ void Clear() {
     std::lock_guard<std::mutex> g2(lane->mu);
     lane->events.clear();
   }
+  g_kept.store(0, std::memory_order_relaxed);
+  g_dropped.store(0, std::memory_order_relaxed);
 }
 
 int64_t EventCount() {
@@ -305,7 +333,8 @@ std::string TraceJson() {
       out += "}}";
     }
   }
-  out += "\n]}\n";
+  out += "\n],\"otherData\":{\"max_events\":" + std::to_string(MaxEvents()) +
+         ",\"dropped_events\":" + std::to_string(g_dropped.load(std::memory_order_relaxed)) + "}}\n";
   return out;
 }
 
@@ -412,6 +441,10 @@ GpuSpan GpuBegin(void* stream, int device) {
 void GpuEnd(const GpuSpan& s, int device, int stream_kind, std::string_view name) {
   if (!s.start) return;
   gpurt::Platform& plat = gpurt::Get();
+  if (!Admit()) { // past the bound: no span (its start event is not kept alive either)
+    plat.EventDestroy(static_cast<gpurt::Event>(s.start));
+    return;
+  }
   gpurt::Event e = plat.EventCreate(/*timing=*/true);
   plat.EventRecord(e, static_cast<gpurt::Stream>(s.stream));
   Lane& l = ThisLane();

@@ -4,9 +4,11 @@
 #ifdef KILN_WITH_CODEGEN
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_skip.h"
@@ -62,14 +64,20 @@ TEST_CASE("gpu: copying the previous result to the host overlaps computing the n
   // y[i-1] only, so the engine starts it while the kernel runs.
   // A real GPU computes it in microseconds: repeat it so that it lasts milliseconds there too.
   const int repeats = std::string(p.Name()) == "cuda" ? 1000 : 1;
+  std::atomic<bool> launched{false};
   PushTimed(engine::StreamKind::kCompute, "compute_y_i", {in.storage()->var()}, {next.storage()->var()}, c0, c1,
-            [fn, in, next, n, repeats] {
+            [fn, in, next, n, repeats, &launched] {
               void* out = next.View().data;
               void* a = in.View().data;
               int64_t count = n;
               void* args[] = {&out, &a, &count};
               for (int r = 0; r < repeats; ++r) cuda::LaunchKernel(fn, 512, 256, 0, args);
+              launched = true;
             });
+  // The copy is pushed once the computation is under way: on a loaded machine the compute worker
+  // may otherwise start so late that the copy is over before it (a legal order, but not the one
+  // this test is about). If the engine made the copy wait for the kernel, they would not overlap.
+  while (!launched) std::this_thread::sleep_for(std::chrono::microseconds(200));
   Tensor copied = nd::zeros({1});  // written by the copy task, so that the test can wait for it
   PushTimed(engine::StreamKind::kCopyD2H, "copy_y_prev", {prev.storage()->var()}, {copied.storage()->var()}, d0, d1,
             [prev, &host, n] {

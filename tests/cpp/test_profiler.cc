@@ -203,7 +203,8 @@ TEST_CASE("profiler: the trace file is written whole, and a bad path is a ValueE
   text << f.rdbuf();
   CHECK(text.str().rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0) == 0);
   CHECK(Contains(text.str(), "\"name\":\"prof_file\""));
-  CHECK(text.str().substr(text.str().size() - 3) == "]}\n");
+  CHECK(Contains(text.str(), "\n],\"otherData\":{\"max_events\":4000000,\"dropped_events\":0}}\n"));
+  CHECK(text.str().substr(text.str().size() - 3) == "}}\n");
   std::remove(path.c_str());
   std::string msg = ErrorOf<ValueError>([] { profiler::WriteTrace("/nonexistent-dir/trace.json"); });
   CHECK(Contains(msg, "/nonexistent-dir/trace.json"));

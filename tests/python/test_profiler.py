@@ -182,6 +182,25 @@ def test_kiln_profile_writes_the_whole_run_at_exit(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]  # written by rename, nothing left over
 
 
+def test_a_long_profiled_run_keeps_a_bounded_number_of_events(tmp_path):
+    path = tmp_path / "long.json"
+    r = run("""
+        import kiln
+        from kiln import nd
+        x = nd.ones((4,))
+        for _ in range(500):
+            x = x + 1
+        print(x.asnumpy()[0])
+    """, KILN_PROFILE=str(path), KILN_PROFILE_MAX_EVENTS="100")
+    trace = json.loads(path.read_text())
+    kept = [e for e in trace["traceEvents"] if e["ph"] != "M"]
+    assert len(kept) <= 100
+    assert trace["otherData"] == {"max_events": 100, "dropped_events": trace["otherData"]["dropped_events"]}
+    assert trace["otherData"]["dropped_events"] >= 400
+    assert r.stderr.count("later events are dropped") == 1     # one warning, not one per event
+    assert r.stdout.strip() == "501.0"
+
+
 def test_kiln_profile_with_an_unwritable_path_fails_at_start(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from kiln import nd; nd.ones((2,)).asnumpy()"],
                        env=dict(os.environ, KILN_PROFILE=str(tmp_path / "no" / "t.json")),
