@@ -321,8 +321,6 @@ def _last_input_shapes(block):
     last = getattr(block, "_last_trace", None)
     if last is not None:
         specs = last.specs
-    elif getattr(block, "_eager_specs", None) is not None:
-        specs = block._eager_specs
     elif getattr(block, "_input_types", None) is not None:  # a SymbolBlock: its exported shapes
         return [s for s, _ in block._input_types]
     if specs is None:
@@ -374,16 +372,14 @@ def _merged_params(blocks):
 
 def _trace(s, shapes):
     """Traces the recipe of `s` on symbolic inputs of `shapes` (every var's)."""
-    from . import autograd, nd
+    from . import autograd
     from .nn._structure import _flatten, _structure_indices
     types = {name: (tuple(shapes[name]), v._var[1]) for name, v in s._vars().items()}
     blocks = s._blocks()
     params = [p for b in blocks for p in b.collect_params().values()]
     device = next((p.list_device()[0] for p in params if p._data is not None or p._deferred), _C.cpu())
     with autograd.pause(), autograd.predict_mode():
-        if any(p._data is None and p._deferred is not None for p in params):
-            # Deferred shapes are completed by one eager run, as a hybridized block's first call.
-            _eval(s, {n: nd.zeros(sh, dt, device) for n, (sh, dt) in types.items()}, {})
+        # Deferred shapes are completed while tracing (Parameter._finish_deferred_init pauses it).
         with _C.TraceScope() as scope:
             env = {n: scope.input(n, sh, dt, device) for n, (sh, dt) in types.items()}
             arrays, structure = _flatten(_eval(s, env, {}))

@@ -10,7 +10,6 @@ import collections
 import contextlib
 import json
 import os
-import threading
 
 from .._C import ArgumentError, FormatError, NDArray as _NDArray, SignatureCache as _SignatureCache, StateError
 from .._C import is_recording as _is_recording, is_training as _is_training
@@ -22,10 +21,6 @@ from . import serialization
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential"]
 
 
-
-# deferred: True while a hybridized block runs its first, eager call to find deferred parameter
-# shapes (per thread).
-_local = threading.local()
 
 class Block:
     """Base class of layers and models: override forward(); call the block to run it."""
@@ -240,7 +235,7 @@ class HybridBlock(Block):
         self._freeze = False
         self._flags = {}
         self._cache = _SignatureCache()
-        self._last_trace = self._last_inference_trace = self._eager_specs = None
+        self._last_trace = self._last_inference_trace = None
         self._last_used_graph = None
 
     def hybridize(self, active=True, freeze=False, **kwargs):
@@ -251,7 +246,7 @@ class HybridBlock(Block):
         self._flags = dict(kwargs)
         self._cache = _SignatureCache()
         self._retrace_reported = self._freeze_reported = False
-        self._last_trace = self._last_inference_trace = self._eager_specs = None
+        self._last_trace = self._last_inference_trace = None
         self._last_used_graph = None
         super().hybridize(active, freeze=freeze, **kwargs)
 
@@ -279,9 +274,6 @@ class HybridBlock(Block):
         if graph is None:
             if not self._active:
                 what = "it is not hybridized: call hybridize(), run a batch through it (net(x)), then ask again"
-            elif self._eager_specs is not None:
-                what = ("its first call ran eagerly to find the parameters' shapes and the next call compiles: "
-                        "run another batch through it, then ask again")
             else:
                 what = ("it has not run compiled yet: run a batch through it (net(x)), then ask again (a block "
                         "inside a hybridized parent is compiled as part of the parent: ask the parent)")
@@ -294,8 +286,8 @@ class HybridBlock(Block):
         for a in args:
             if getattr(a, "_kiln_symbol", False):
                 return a._of_block(self, args)  # a Symbol of this block's graph (kiln.sym)
-        if not self._active or _C.tracing() or kwargs or getattr(_local, "deferred", False):
-            # eager, inside a parent's trace, keyword inputs, or a parent's shape-finding eager call
+        if not self._active or _C.tracing() or kwargs:
+            # eager, inside a parent's trace, or keyword inputs
             return self.forward(*args, **kwargs)
         return self._call_cached(args)
 
@@ -310,7 +302,6 @@ class HybridBlock(Block):
         return tuple(key)
 
     def _call_cached(self, args):
-        from .. import _C
         # Deferred shapes are completed while the first call traces (Parameter._finish_deferred_init
         # pauses the trace to make the arrays), as Gluon infers them on its first hybridized call.
         from . import parameter as _parameter
@@ -400,9 +391,6 @@ class HybridBlock(Block):
         from .. import autograd
         path = os.fspath(path)
         traced = self._last_trace
-        if self._active and traced is None and self._eager_specs is not None:
-            # After a deferred-init call: traced as a call now would be.
-            traced = self._last_trace = self._trace_specs(self._eager_specs, freeze=self._freezing())
         if not self._active or traced is None:
             raise StateError(f"{type(self).__name__}.export('{path}'): there is no compiled graph to "
                              f"export; call hybridize() and run one batch through the block "
