@@ -31,7 +31,7 @@ void CheckRandomParams(const OpDef& op, const Attrs& a) {
   } else if (op.id == op::kRandomBernoulli) {
     double p = a.Float("p");
     if (!(p >= 0 && p <= 1))
-      KILN_THROW(ValueError) << op.name << ": expected a probability p in [0, 1], found " << p;
+      KILN_THROW(ValueError) << op.name << ": p must be in [0, 1], found " << p << " (a probability)";
   }
 }
 
