@@ -6,7 +6,8 @@
 // - take, one_hot: any data dtype, int32 or int64 indices (contiguous, as on the CPU);
 // - take_grad: any floating gradient, deterministic (sorted indices, no float atomics), the
 //   CPU's sums bit for bit (16-bit floats rounded at each step, as there).
-// take and take_grad raise the CPU's ValueError for an index out of range: a kernel records the
+// take and take_grad raise the CPU's ValueError for an index out of range (one_hot with
+// labels=true for a class label outside [0, depth)): a kernel records the
 // first bad position, the kernel function copies it back and waits for its stream (one host
 // sync per call); meanwhile the gather clips, so nothing reads out of bounds. Iteration spaces
 // are coalesced to at most kGpuIndexDims dims (else a DeviceError that says what to do).
@@ -22,6 +23,7 @@
 #include "kiln/codegen/ptx.h"
 #include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/cpu/movement.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/kernel.h"
@@ -158,24 +160,31 @@ void LaunchCheck(const Device& d, const TensorView& ix, int64_t dim, int64_t* fl
   LaunchGridStride(fn, n, args);
 }
 
-/// Waits for the check launched into `flag`; throws the CPU's ValueError for the first index out
-/// of range.
-void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* flag, const char* op) {
+/// Waits for the check launched into `flag`; the first flagged position and its index (false:
+/// none flagged).
+bool FirstFlagged(const TensorView& ix, const int64_t* flag, int64_t* position, int64_t* value) {
   int64_t found = 0;
   cuda::CopyAsync(&found, flag, sizeof found, cuda::CopyKind::kDeviceToHost);
   cuda::SynchronizeWorkerStream();
-  if (found == 0) return;
-  const int64_t j = ix.numel() - found;
-  int64_t value = 0;
+  if (found == 0) return false;
+  const int64_t j = *position = ix.numel() - found;
   if (ix.dtype == DType::kInt32) {
     int32_t v = 0;
     cuda::CopyAsync(&v, static_cast<const int32_t*>(ix.data) + j, sizeof v, cuda::CopyKind::kDeviceToHost);
     cuda::SynchronizeWorkerStream();
-    value = v;
+    *value = v;
   } else {
-    cuda::CopyAsync(&value, static_cast<const int64_t*>(ix.data) + j, sizeof value, cuda::CopyKind::kDeviceToHost);
+    cuda::CopyAsync(value, static_cast<const int64_t*>(ix.data) + j, sizeof *value, cuda::CopyKind::kDeviceToHost);
     cuda::SynchronizeWorkerStream();
   }
+  return true;
+}
+
+/// Waits for the check launched into `flag`; throws the CPU's ValueError for the first index out
+/// of range.
+void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* flag, const char* op) {
+  int64_t j = 0, value = 0;
+  if (!FirstFlagged(ix, flag, &j, &value)) return;
   std::ostringstream valid;
   if (dim == 0)
     valid << "an axis of size 0 has no valid index";
@@ -184,6 +193,21 @@ void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* f
   KILN_THROW(ValueError) << op << ": index " << value << " (at position " << j
                          << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
                          << valid.str();
+}
+
+/// Throws the CPU's ValueError (host::RaiseBadLabel) for the first class label outside
+/// [0, depth); one host sync.
+void RaiseBadLabels(const Device& d, const TensorView& ix, int64_t depth) {
+  int64_t n = ix.numel();
+  Scratch flag(d, sizeof(int64_t));
+  Zero(d, flag.i64(), 1, "8");
+  void* fn = CuKernel(d, "index", "kiln_check_labels_" + IndexSuffix(ix, "one_hot"));
+  void* p = ix.data;
+  void* f = flag.i64();
+  void* args[] = {&p, &n, &depth, &f};
+  LaunchGridStride(fn, n, args);
+  int64_t j = 0, value = 0;
+  if (FirstFlagged(ix, flag.i64(), &j, &value)) host::RaiseBadLabel(value, j, depth);
 }
 
 // ---- concat / stack / split / slice_grad -------------------------------------------------------
@@ -404,7 +428,11 @@ void OneHotGpu(const KernelArgs& a) {
   KILN_CHECK(ix.is_contiguous() && out.is_contiguous());
   int64_t depth = out.shape.back(), n = ix.numel();
   const std::string suffix = IndexSuffix(ix, "one_hot");
-  if (n * depth == 0) return;
+  const bool labels = a.attrs.Bool("labels");
+  if (n * depth == 0) {
+    if (labels && n > 0) RaiseBadLabels(a.device, ix, depth);  // no classes: every label is bad, as on the CPU
+    return;
+  }
   uint64_t on = 0, off = 0;  // the values' bits, converted as the CPU converts them
   const double von = a.attrs.Float("on_value"), voff = a.attrs.Float("off_value");
   KILN_DISPATCH_ALL(out.dtype, {
@@ -417,6 +445,7 @@ void OneHotGpu(const KernelArgs& a) {
   void *o = out.data, *q = ix.data;
   void* args[] = {&o, &q, &n, &depth, &on, &off};
   LaunchGridStride(fn, n * depth, args);
+  if (labels) RaiseBadLabels(a.device, ix, depth);
 }
 
 }  // namespace

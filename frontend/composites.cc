@@ -55,7 +55,8 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t
                                << expect.str();
     }
     if (IsFloat(l.dtype())) l = l.AsType(DType::kInt64);
-    target = one_hot(l, logits.shape()[ax], 1, 0, logp.dtype());
+    // labels=true: a label outside [0, classes) is an error, not a zero loss with a zero gradient.
+    target = one_hot(l, logits.shape()[ax], 1, 0, logp.dtype(), /*labels=*/true);
   } else {
     if (labels.shape() != logits.shape())
       KILN_THROW(ShapeError) << "softmax_cross_entropy: dense labels of shape " << labels.shape().str()

@@ -161,9 +161,9 @@ std::vector<Tensor> split(const Tensor& x, const Axes& sections, int64_t axis) {
 Tensor take(const Tensor& x, const Tensor& indices, int64_t axis) {
   return Call1(op::kTake, {x, indices}, {{"axis", axis}});
 }
-Tensor one_hot(const Tensor& indices, int64_t depth, double on_value, double off_value, DType dtype) {
+Tensor one_hot(const Tensor& indices, int64_t depth, double on_value, double off_value, DType dtype, bool labels) {
   return Call1(op::kOneHot, {indices},
-               {{"depth", depth}, {"on_value", on_value}, {"off_value", off_value}, {"dtype", dtype}});
+               {{"depth", depth}, {"on_value", on_value}, {"off_value", off_value}, {"dtype", dtype}, {"labels", labels}});
 }
 
 // ---- neural network primitives ----

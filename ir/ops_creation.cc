@@ -15,6 +15,22 @@ Shape ShapeAttr(const OpDef& op, const Attrs& a) {
   return Shape(dims);
 }
 
+/// The parameters of a random draw: finite, low <= high, std >= 0 (NumPy and MXNet
+/// refuse the same; a kernel would silently draw from a degenerate range).
+void CheckRandomParams(const OpDef& op, const Attrs& a) {
+  if (op.id == op::kRandomUniform) {
+    double lo = a.Float("low"), hi = a.Float("high");
+    if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi)
+      KILN_THROW(ValueError) << op.name << ": expected finite bounds with low <= high, found low=" << lo
+                             << ", high=" << hi << "; swap them if they are reversed";
+  } else if (op.id == op::kRandomNormal) {
+    double mean = a.Float("mean"), std = a.Float("std");
+    if (!std::isfinite(mean) || !std::isfinite(std) || std < 0)
+      KILN_THROW(ValueError) << op.name << ": expected a finite mean and a finite scale (std) >= 0, found mean="
+                             << mean << ", std=" << std;
+  }  // random_bernoulli's p is checked by its kernels (test_errors.py: a task error at the sync point)
+}
+
 void DeclareSource(OpTable& t, OpId id, std::vector<AttrSpec> attrs, bool random, const char* doc) {
   OpDef d(id);
   d.num_inputs = 0;
@@ -27,6 +43,7 @@ void DeclareSource(OpTable& t, OpId id, std::vector<AttrSpec> attrs, bool random
     DType t = a.Type("dtype");
     if (random && !IsFloat(t) && op.id != op::kRandomBernoulli)
       KILN_THROW(DTypeError) << op.name << ": expected a floating dtype, found " << DTypeName(t);
+    if (random) CheckRandomParams(op, a);
     return One({ShapeAttr(op, a), t});
   };
   t.Add(std::move(d));

@@ -387,8 +387,10 @@ void DeclareGathers(OpTable& t) {
            {{"depth", K::kInt, std::nullopt},
             {"on_value", K::kFloat, 1.0},
             {"off_value", K::kFloat, 0.0},
-            {"dtype", K::kDType, DType::kFloat32}},
-           "out[..., k] = on_value where indices == k, else off_value (indices outside [0, depth): all off)");
+            {"dtype", K::kDType, DType::kFloat32},
+            {"labels", K::kBool, false}},
+           "out[..., k] = on_value where indices == k, else off_value (indices outside [0, depth): all off, "
+           "or with labels=true, class labels of a loss, a ValueError)");
   d.infer = [](const OpDef& op, std::span<const TensorType> in, const Attrs& a) {
     RequireIndices(op, in[0].dtype);
     int64_t depth = a.Int("depth");

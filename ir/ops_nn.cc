@@ -133,6 +133,9 @@ std::vector<AttrSpec> ConvAttrs() {
 Shape ConvShape(const OpDef& op, const Shape& x, const Shape& w, const Attrs& a) {
   RequireRank4(op, x, "input x", "N, C, H, W");
   RequireRank4(op, w, "weight w", "out_channels, in_channels/groups, KH, KW");
+  if (w[2] < 1 || w[3] < 1)
+    KILN_THROW(ShapeError) << op.name << ": the kernel must be at least 1x1, found weight " << w.str()
+                           << " with a " << w[2] << "x" << w[3] << " kernel; give the weight KH, KW >= 1";
   auto s = Pair(op, a, "stride", 1), p = Pair(op, a, "padding", 0), dl = Pair(op, a, "dilation", 1);
   int64_t groups = a.Int("groups");
   if (groups < 1) KILN_THROW(ValueError) << op.name << ": groups must be >= 1, found " << groups;

@@ -206,6 +206,10 @@ std::vector<NamedHostTensor> LoadParams(const std::string& path,
   std::vector<std::string> order;
   std::set<std::string> seen;
   Json::parser_callback_t cb = [&](int depth, Json::parse_event_t ev, Json& parsed) {
+    if ((ev == Json::parse_event_t::object_start || ev == Json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      r.Fail("has a bad safetensors header: arrays and objects nest deeper than the limit of " +
+             std::to_string(kMaxJsonDepth) + " levels (a header needs 3); the file is damaged; " + kResave);
     if (ev != Json::parse_event_t::key || depth != 1) return true;
     std::string name = parsed.get<std::string>();
     if (!seen.insert(name).second)

@@ -173,11 +173,16 @@ private:
   std::string source_;
 };
 
-// Rejects duplicated object keys anywhere in the document (the parser would keep the last).
+// Rejects duplicated object keys anywhere in the document (the parser would keep the last), and
+// nesting deeper than kMaxJsonDepth (a graph needs 5 levels; hostile nesting would overflow the
+// stack of the recursive code that walks, prints or frees the tree).
 Json ParseStrict(std::string_view text, const Reader& r) {
   std::vector<std::set<std::string>> keys;
-  Json::parser_callback_t cb = [&](int, Json::parse_event_t ev, Json& parsed) {
+  Json::parser_callback_t cb = [&](int depth, Json::parse_event_t ev, Json& parsed) {
     using E = Json::parse_event_t;
+    if ((ev == E::object_start || ev == E::array_start) && depth >= kMaxJsonDepth)
+      r.Fail("the document", "arrays and objects nest deeper than the limit of " + std::to_string(kMaxJsonDepth) +
+                                 " levels");
     if (ev == E::object_start) keys.emplace_back();
     if (ev == E::object_end) keys.pop_back();
     if (ev == E::key && !keys.back().insert(parsed.get<std::string>()).second)

@@ -108,13 +108,14 @@ std::optional<RowShape> RowReduction(const ir::Node& n) {
 
 namespace {
 // The element values of `one_hot` over the rows: a float32 one-hot (1 on, 0 off) of depth len whose
-// indices are one per row, read by a contiguous row kernel as labels (RowRead::kOneHot).
+// indices are one per row, read by a contiguous row kernel as labels (RowRead::kOneHot). Not one
+// with labels=true: the kernel cannot raise its error for a label out of range.
 std::optional<RowRead> OneHotLabels(const ir::Node& n, const Shape& full, int64_t rows, int64_t len,
                                     RowLayout layout) {
   if (n.op() != op::kOneHot || layout != RowLayout::kContiguous || n.output()->shape() != full ||
       n.output()->dtype() != DType::kFloat32 || n.attrs().Int("depth") != len ||
       n.attrs().Float("on_value") != 1.0 || n.attrs().Float("off_value") != 0.0 ||
-      n.input(0)->shape().numel() != rows)
+      n.attrs().Bool("labels") || n.input(0)->shape().numel() != rows)
     return std::nullopt;
   if (n.input(0)->dtype() == DType::kInt64) return RowRead::kOneHot;
   if (n.input(0)->dtype() == DType::kInt32) return RowRead::kOneHot32;

@@ -1,6 +1,7 @@
 // The table of environment switches and their lookup.
 #include "kiln/runtime/env.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
@@ -71,6 +72,8 @@ int64_t GetInt(const char* name) {
 }
 
 void CheckEnvironment() {
+  // Other programs may own names that start with KILN_, so an unknown name is only a warning
+  // (once per process: the engine calls this once), never an error.
   for (char** e = environ; e && *e; ++e) {
     std::string_view kv(*e);
     if (kv.substr(0, 5) != "KILN_") continue;
@@ -84,8 +87,10 @@ void CheckEnvironment() {
       if (d < best_d) best_d = d, best = s.name;
     }
     if (!known)
-      KILN_THROW(ValueError) << "unknown environment variable " << name << ": did you mean " << best
-                             << "? The switches are listed in kiln's README";
+      std::fprintf(stderr,
+                   "kiln: warning: environment variable %.*s is not a kiln switch and is ignored; "
+                   "did you mean %s? The switches are listed in kiln's README\n",
+                   static_cast<int>(name.size()), name.data(), best);
   }
 }
 

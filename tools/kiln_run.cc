@@ -74,7 +74,14 @@ Options ParseArgs(int argc, char** argv) {
     };
     if (a == "--params") o.params = value();
     else if (a == "--output-dir") o.output_dir = value();
-    else if (a == "--repeat") o.repeat = ParseCount(value(), "--repeat", 1);
+    else if (a == "--repeat") {
+      o.repeat = ParseCount(value(), "--repeat", 1);
+      // Every call's time is kept (8 bytes each) for the median; beyond this it would not fit.
+      constexpr int64_t kMaxRepeat = 100'000'000;
+      if (o.repeat > kMaxRepeat)
+        throw UsageError{"--repeat expects an integer from 1 to " + std::to_string(kMaxRepeat) +
+                         " (each call's time is kept to compute the median), found " + std::to_string(o.repeat)};
+    }
     else if (a == "--device") o.device = ParseDevice(value());
     else if (a == "--input") {
       const std::string& v = value();

@@ -182,6 +182,15 @@ __device__ void CheckIndices(const I* ix, long long n, long long dim, long long*
   }
 }
 
+/// Records the first class label outside [0, depth): *flag = max over bad j of n - j (0: none).
+template <class I>
+__device__ void CheckLabels(const I* ix, long long n, long long depth, long long* flag) {
+  for (long long j = GlobalThread(); j < n; j += GridThreads()) {
+    const long long k = static_cast<long long>(ix[j]);
+    if (k < 0 || k >= depth) __atomic_fetch_max(flag, n - j, __ATOMIC_RELAXED);
+  }
+}
+
 /// The row an index picks: negative ones wrap; bad ones (already flagged) are clipped so that
 /// nothing is read out of bounds before the host raises the error. dim > 0.
 template <class I>
@@ -345,6 +354,9 @@ KILN_ARG_BOTH(unsigned char, u8)  // uint8 and bool
 #define KILN_INDICES(I, iname)                                                                                 \
   extern "C" __global__ void kiln_check_indices_##iname(const I* ix, long long n, long long dim, long long* flag) { \
     CheckIndices(ix, n, dim, flag);                                                                            \
+  }                                                                                                            \
+  extern "C" __global__ void kiln_check_labels_##iname(const I* ix, long long n, long long depth, long long* flag) { \
+    CheckLabels(ix, n, depth, flag);                                                                           \
   }                                                                                                            \
   extern "C" __global__ void kiln_take_keys_##iname(long long* keys, const I* ix, long long n, long long dim,  \
                                                     long long padded) {                                        \

@@ -62,8 +62,39 @@ def grad(heads, variables, head_grads=None, retain_graph=False, create_graph=Fal
 
 
 def mark_variables(variables, gradients=None, grad_reqs="write"):
-    """Attaches gradient buffers to `variables` (MXNet's name for attach_grad on many arrays)."""
+    """Attaches gradient buffers to `variables` (MXNet's name for attach_grad on many arrays).
+
+    `gradients`, when given, holds one array per variable of the variable's shape and dtype; its
+    values start the buffer (they matter for grad_reqs='add'). The buffer itself is `v.grad`.
+    """
     variables = _as_list(variables)
-    reqs = grad_reqs if isinstance(grad_reqs, (list, tuple)) else [grad_reqs] * len(variables)
+    for i, v in enumerate(variables):
+        if not isinstance(v, _C.NDArray):
+            raise TypeError(f"mark_variables: variables[{i}] must be an NDArray, found {type(v).__name__}")
+    if isinstance(grad_reqs, (list, tuple)):
+        reqs = list(grad_reqs)
+        if len(reqs) != len(variables):
+            raise _C.ArgumentError(f"mark_variables: {len(variables)} variables but {len(reqs)} grad_reqs; "
+                                   "give one grad_req per variable or a single string")
+    else:
+        reqs = [grad_reqs] * len(variables)
+    if gradients is not None:
+        gradients = _as_list(gradients)
+        if len(gradients) != len(variables):
+            raise _C.ArgumentError(f"mark_variables: {len(variables)} variables but {len(gradients)} gradients; "
+                                   "give one gradient array per variable")
+        for i, (v, g) in enumerate(zip(variables, gradients)):
+            if not isinstance(g, _C.NDArray):
+                raise TypeError(f"mark_variables: gradients[{i}] must be an NDArray, found {type(g).__name__}")
+            if tuple(g.shape) != tuple(v.shape):
+                raise _C.ShapeError(f"mark_variables: gradients[{i}] has shape {tuple(g.shape)} but variables[{i}] "
+                                    f"has shape {tuple(v.shape)}; a gradient has its variable's shape")
+            if g._dtype_name != v._dtype_name:
+                raise _C.DTypeError(f"mark_variables: gradients[{i}] has dtype {g._dtype_name} but variables[{i}] "
+                                    f"has dtype {v._dtype_name}; a gradient has its variable's dtype")
     for v, r in zip(variables, reqs):
         v.attach_grad(r)
+    if gradients is not None:
+        for v, g in zip(variables, gradients):
+            if v.grad is not None:
+                g.copyto(v.grad)

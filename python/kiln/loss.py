@@ -4,7 +4,7 @@ Every loss computes an element-wise loss, multiplies by sample_weight (broadcast
 weight is aligned with the batch axis) and by the scalar `weight`, then takes the mean over
 every axis but batch_axis. Not here: CTC, KL-divergence, Huber, hinge and triplet losses.
 """
-from . import nd
+from . import _C, nd
 from ._C import ArgumentError, NDArray, ShapeError
 from .nn.basic_layers import _softrelu
 from .nn.block import HybridBlock
@@ -136,7 +136,7 @@ class SoftmaxCrossEntropyLoss(Loss):
             if self._sparse_label:
                 if label._dtype_name not in ("int32", "int64"):
                     label = label.astype("int64")
-                label = nd.one_hot(label, pred.shape[-1])
+                label = _C.one_hot(label, pred.shape[-1], labels=True)  # out of range: an error
             loss = -(pred * label.astype(pred._dtype_name)).sum(axis=-1)
         return self._weighted_mean(loss, sample_weight, self._weight)
 

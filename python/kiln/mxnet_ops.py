@@ -344,7 +344,9 @@ def SoftmaxOutput(data, label, grad_scale=1.0, ignore_label=-1.0, multi_output=F
     lab = label.reshape((-1,))
     lab_i = lab if lab._dtype_name in ("int32", "int64") else _C.cast(_C.round(lab), "int64")
     on, off = (1.0 - smooth_alpha, smooth_alpha / (c - 1)) if smooth_alpha and c > 1 else (1.0, 0.0)
-    target = _C.one_hot(lab_i, c, on, off, x2._dtype_name)
+    if use_ignore:  # ignored rows pick class 0 (their loss is masked below); the others must be classes
+        lab_i = lab_i * _C.cast(lab != float(ignore_label), lab_i._dtype_name)
+    target = _C.one_hot(lab_i, c, on, off, x2._dtype_name, labels=True)
     p = _C.softmax(x2, -1)
     ce = -(target * _C.log_softmax(x2, -1)).sum(axis=-1)
     weight = float(grad_scale)

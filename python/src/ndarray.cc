@@ -5,7 +5,9 @@
 // lookups; the elementwise module functions (nd.relu, nd.add, ...) likewise bypass pybind11's
 // dispatcher for plain calls. Indexing and the friendlier signatures live in
 // python/kiln/ndarray.py; DLPack in dlpack.cc.
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "bind.h"
 #include "kiln/frontend/autograd.h"
@@ -170,6 +172,46 @@ Tensor ForScalar(Op op, const Tensor& t, ScalarKind kind) {
   return t;
 }
 
+// kiln.IntegerOverflowError: an ArgumentError (ValueError) that is also an OverflowError, as
+// NumPy 2 raises for a Python integer that does not fit an integer array's dtype (NEP 50).
+PyObject* g_integer_overflow = nullptr;
+
+// Sets IntegerOverflowError and returns false when `o` is a Python int (not bool) outside the
+// range of the integer dtype `dt` (what it would silently wrap to). Floats and comparisons are
+// left alone: NumPy 2 compares out-of-range integers exactly and converts for floats.
+bool IntegerFits(PyObject* o, DType dt, const char* what) {
+  if (!PyLong_Check(o) || PyBool_Check(o) || IsFloat(dt) || dt == DType::kBool) return true;
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred()) return false;
+  long long lo = 0, hi = 0;
+  switch (dt) {
+    case DType::kInt32: lo = INT32_MIN, hi = INT32_MAX; break;
+    case DType::kInt64: lo = INT64_MIN, hi = INT64_MAX; break;
+    case DType::kUInt8: lo = 0, hi = 255; break;
+    default: return true;
+  }
+  if (overflow == 0 && v >= lo && v <= hi) return true;
+  pyb::str text = pyb::str(pyb::handle(o));
+  PyErr_Format(g_integer_overflow,
+               "Python integer %s out of bounds for %s: %s with an %s array needs a value in [%lld, %lld]; "
+               "cast the array to a wider dtype first (e.g. .astype('int64') or 'float64')",
+               text.cast<std::string>().c_str(), DTypeName(dt), what, DTypeName(dt), lo, hi);
+  return false;
+}
+
+bool IsArithmetic(Op op) { return op == Op::kAdd || op == Op::kSub || op == Op::kMul || op == Op::kPow; }
+
+const char* OpWord(Op op) {
+  switch (op) {
+    case Op::kAdd: return "adding it";
+    case Op::kSub: return "subtracting it";
+    case Op::kMul: return "multiplying by it";
+    case Op::kPow: return "raising to it";
+    default: return "combining it";
+  }
+}
+
 Tensor ApplyTT(Op op, const Tensor& a, const Tensor& b) {
   if (op == Op::kDiv && !IsFloat(a.dtype()) && !IsFloat(b.dtype())) return Apply(op, ForDivision(a), ForDivision(b));
   return Apply(op, a, b);
@@ -183,8 +225,16 @@ PyObject* BinarySlot(Op op, PyObject* l, PyObject* r) {
     if (a && b) return Wrap(ApplyTT(op, *a, *b));
     double v;
     ScalarKind kind;
-    if (a && (kind = AsScalar(r, &v)) != ScalarKind::kNone) return Wrap(Apply(op, ForScalar(op, *a, kind), v));
-    if (b && (kind = AsScalar(l, &v)) != ScalarKind::kNone) return Wrap(Apply(op, v, ForScalar(op, *b, kind)));
+    if (a && (kind = AsScalar(r, &v)) != ScalarKind::kNone) {
+      Tensor t = ForScalar(op, *a, kind);
+      if (IsArithmetic(op) && !IntegerFits(r, t.dtype(), OpWord(op))) return nullptr;
+      return Wrap(Apply(op, t, v));
+    }
+    if (b && (kind = AsScalar(l, &v)) != ScalarKind::kNone) {
+      Tensor t = ForScalar(op, *b, kind);
+      if (IsArithmetic(op) && !IntegerFits(l, t.dtype(), OpWord(op))) return nullptr;
+      return Wrap(Apply(op, v, t));
+    }
     if (PyErr_Occurred()) return nullptr;
     if (a && IsArrayLike(r)) return Wrap(ApplyTT(op, *a, ToTensor(r, a->device())));
     if (b && IsArrayLike(l)) return Wrap(ApplyTT(op, ToTensor(l, b->device()), *b));
@@ -356,6 +406,11 @@ pyb::array AsNumpy(const Tensor& t) {
 }  // namespace
 
 KILN_PY_BIND(10) {
+  {
+    pyb::tuple bases = pyb::make_tuple(m.attr("ArgumentError"), pyb::module_::import("builtins").attr("OverflowError"));
+    g_integer_overflow = PyErr_NewException("kiln.IntegerOverflowError", bases.ptr(), nullptr);
+    m.attr("IntegerOverflowError") = pyb::handle(g_integer_overflow);  // the module keeps a reference
+  }
   pyb::class_<Tensor> cls(m, "NDArray", R"(An n-dimensional array on a device. Ops on it are queued on the
 engine and return at once; asnumpy(), item() and wait_to_read() wait for the result.)");
   cls.def_property_readonly("shape", [](const Tensor& t) {
@@ -458,8 +513,15 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
       .def("__invert__", [](const Tensor& t) { return nd::logical_not(t); })
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return nd::matmul(a, b); }, pyb::is_operator())
       .def("__len__", [](const Tensor& t) {
-        if (t.rank() == 0) KILN_THROW(ValueError) << "len() of a 0-d array";
+        if (t.rank() == 0) throw pyb::type_error("len() of unsized object: the array is 0-d (a scalar); use .item()");
         return t.shape()[0];
+      })
+      .def("__iter__", [](pyb::object self) {
+        // Lazily self[0], self[1], ... along the first axis, as NumPy; a 0-d array has no axis.
+        const Tensor& t = self.cast<const Tensor&>();
+        if (t.rank() == 0) throw pyb::type_error("iteration over a 0-d array: it has no axis to iterate; use .item()");
+        pyb::module_ b = pyb::module_::import("builtins");
+        return b.attr("map")(self.attr("__getitem__"), b.attr("range")(t.shape()[0]));
       })
       .def("__bool__", [](const Tensor& t) {
         if (t.numel() != 1)
@@ -594,11 +656,17 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   if (!has_operator(#nd_name))                                                                     \
     m.def(#nd_name, [](pyb::handle a, pyb::handle b) -> Tensor {                                  \
       if (!pyb::isinstance<Tensor>(a)) {                                                           \
-        if (PyFloat_Check(a.ptr()) || PyLong_Check(a.ptr()))                                        \
-          return nd::nd_name(PyFloat_AsDouble(a.ptr()), ToTensor(b));                              \
+        if (PyFloat_Check(a.ptr()) || PyLong_Check(a.ptr())) {                                     \
+          Tensor y = ToTensor(b);                                                                  \
+          if (!IntegerFits(a.ptr(), y.dtype(), "combining it")) throw pyb::error_already_set();    \
+          return nd::nd_name(PyFloat_AsDouble(a.ptr()), y);                                        \
+        }                                                                                          \
       }                                                                                            \
       Tensor x = ToTensor(a);                                                                      \
-      if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr())) return nd::nd_name(x, PyFloat_AsDouble(b.ptr())); \
+      if (PyFloat_Check(b.ptr()) || PyLong_Check(b.ptr())) {                                       \
+        if (!IntegerFits(b.ptr(), x.dtype(), "combining it")) throw pyb::error_already_set();      \
+        return nd::nd_name(x, PyFloat_AsDouble(b.ptr()));                                          \
+      }                                                                                            \
       return nd::nd_name(x, ToTensor(b, x.device()));                                              \
     }, doc);
   KILN_BINARY_OPS(KILN_X)
@@ -632,10 +700,10 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   m.def("split", [](const Tensor& x, pyb::handle sections, int64_t axis) { return nd::split(x, ToInts(sections), axis); },
         pyb::arg("x"), pyb::arg("sections"), pyb::arg("axis") = 0);
   m.def("take", &nd::take, pyb::arg("x"), pyb::arg("indices"), pyb::arg("axis") = 0);
-  m.def("one_hot", [](const Tensor& i, int64_t depth, double on, double off, pyb::handle d) {
-    return nd::one_hot(i, depth, on, off, ToDType(d));
+  m.def("one_hot", [](const Tensor& i, int64_t depth, double on, double off, pyb::handle d, bool labels) {
+    return nd::one_hot(i, depth, on, off, ToDType(d), labels);
   }, pyb::arg("indices"), pyb::arg("depth"), pyb::arg("on_value") = 1.0, pyb::arg("off_value") = 0.0,
-        pyb::arg("dtype") = pyb::none());
+        pyb::arg("dtype") = pyb::none(), pyb::arg("labels") = false);
   m.def("matmul", &nd::matmul, pyb::arg("a"), pyb::arg("b"), pyb::arg("transpose_a") = false,
         pyb::arg("transpose_b") = false);
   m.def("linear", [](const Tensor& x, const Tensor& w, std::optional<Tensor> b) { return nd::linear(x, w, b.value_or(Tensor())); },

@@ -176,7 +176,7 @@ void TakeGradKernel(const KernelArgs& a) {
 }
 
 void OneHotKernel(const KernelArgs& a) {
-  host::OneHot(a.in[0], a.out[0], a.attrs.Float("on_value"), a.attrs.Float("off_value"));
+  host::OneHot(a.in[0], a.out[0], a.attrs.Float("on_value"), a.attrs.Float("off_value"), a.attrs.Bool("labels"));
 }
 
 }  // namespace

@@ -242,15 +242,14 @@ void WithIndices(const TensorView& idx, const char* op, F&& f) {
     KILN_THROW(DTypeError) << op << ": indices must be int32 or int64, found " << DTypeName(idx.dtype);
 }
 
-// Throws ValueError naming the first index outside [-dim, dim). Checked before any write (and
-// outside the parallel region: an exception must not leave an OpenMP thread).
+// The position of the first index outside [lo, dim), or n when all are inside.
 template <class I>
-void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op) {
+int64_t FirstOutside(const I* ix, int64_t n, int64_t lo, int64_t dim) {
   std::atomic<int64_t> first_bad{n};
   ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       int64_t k = static_cast<int64_t>(ix[j]);
-      if (k < -dim || k >= dim) {
+      if (k < lo || k >= dim) {
         int64_t cur = first_bad.load();
         while (j < cur && !first_bad.compare_exchange_weak(cur, j)) {
         }
@@ -258,7 +257,14 @@ void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op)
       }
     }
   });
-  int64_t j = first_bad.load();
+  return first_bad.load();
+}
+
+// Throws ValueError naming the first index outside [-dim, dim). Checked before any write (and
+// outside the parallel region: an exception must not leave an OpenMP thread).
+template <class I>
+void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op) {
+  int64_t j = FirstOutside(ix, n, -dim, dim);
   if (j == n) return;
   std::ostringstream valid;
   if (dim == 0)
@@ -269,6 +275,21 @@ void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op)
                          << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
                          << valid.str();
 }
+
+}  // namespace
+
+void RaiseBadLabel(int64_t label, int64_t position, int64_t classes) {
+  std::ostringstream valid;
+  if (classes == 0)
+    valid << "there are no classes (depth 0)";
+  else
+    valid << "labels must be class indices 0 to " << classes - 1;
+  KILN_THROW(ValueError) << "one_hot of class labels (softmax_cross_entropy, the losses): label " << label
+                         << " (at position " << position << " of the labels) is out of range for " << classes
+                         << " classes; " << valid.str();
+}
+
+namespace {
 
 template <class I>
 inline int64_t Wrap(I k, int64_t dim) {
@@ -422,11 +443,15 @@ void TakeGrad(const TensorView& dy, const TensorView& indices, const TensorView&
   });
 }
 
-void OneHot(const TensorView& indices, const TensorView& out, double on, double off) {
+void OneHot(const TensorView& indices, const TensorView& out, double on, double off, bool labels) {
   KILN_CHECK(indices.is_contiguous() && out.is_contiguous());
   int64_t depth = out.shape.back(), n = indices.numel();
-  if (n * depth == 0) return;
   WithIndices(indices, "one_hot", [&](const auto* ix) {
+    if (labels) {
+      int64_t j = FirstOutside(ix, n, 0, depth);
+      if (j < n) RaiseBadLabel(static_cast<int64_t>(ix[j]), j, depth);
+    }
+    if (n * depth == 0) return;
     KILN_DISPATCH_ALL(out.dtype, {
       using C = compute_t<scalar_t>;
       scalar_t von = static_cast<scalar_t>(static_cast<C>(on)),

@@ -151,7 +151,7 @@ TEST_CASE("ir text: every attribute kind round-trips exactly") {
       "%5 = cast(%4) {dtype=float32} : float32(4, 5)\n"
       "%6 = cast(%0) {dtype=float32} : float32(5, 4)\n"
       "%7 = matmul(%5, %6) {transpose_a=true, transpose_b=true} : float32(5, 5)\n"
-      "%8 = one_hot(%0) {depth=3, on_value=2.0, off_value=-1.5, dtype=bfloat16} : bfloat16(5, 4, 3)\n"
+      "%8 = one_hot(%0) {depth=3, on_value=2.0, off_value=-1.5, dtype=bfloat16, labels=false} : bfloat16(5, 4, 3)\n"
       "return %1, %2, %3, %7, %8\n";
   CheckGolden(g, expected);
 }

@@ -70,8 +70,10 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t axis = 0);
 /// `sections`: one value N for N equal parts, or the size of each part.
 std::vector<Tensor> split(const Tensor& x, const Axes& sections, int64_t axis = 0);
 Tensor take(const Tensor& x, const Tensor& indices, int64_t axis = 0);
+/// `labels`: the indices are class labels (of a loss); one outside [0, depth) is a ValueError
+/// instead of an all-off row (MXNet's one_hot).
 Tensor one_hot(const Tensor& indices, int64_t depth, double on_value = 1, double off_value = 0,
-               DType dtype = DType::kFloat32);
+               DType dtype = DType::kFloat32, bool labels = false);
 
 // ---- neural network ----
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);

@@ -37,6 +37,9 @@ namespace kiln::ir {
 
 /// The graph JSON version this kiln writes; it reads this one and upgrades older ones.
 inline constexpr int kGraphFormatVersion = 1;
+/// The deepest nesting of arrays and objects the graph JSON and the params header may have;
+/// deeper documents are refused with FormatError before they are built.
+inline constexpr int kMaxJsonDepth = 128;
 
 /// Where each graph output goes in what a model returns: a leaf is an index into
 /// Graph::outputs(), a list is a (Python) tuple or list of structures.

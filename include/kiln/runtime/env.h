@@ -1,6 +1,7 @@
 // The environment switches of kiln, declared in one table (STYLE.md convention 12).
 // Reading a switch that is not in the table is a bug (KILN_CHECK); a KILN_* variable in the
-// environment that is not in the table is rejected with ValueError naming the closest switch.
+// environment that is not in the table gets one warning on stderr naming the closest switch; it
+// never makes work fail (other programs may own names that start with KILN_).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ const Switch* Table(int* count);
 /// The value of a declared switch, or its default.
 std::string Get(const char* name);
 int64_t GetInt(const char* name);
-/// Throws ValueError when the environment holds a KILN_* name that is not declared.
+/// Warns on stderr, once per name, about each KILN_* name in the environment that is not declared.
 void CheckEnvironment();
 
 /// Levenshtein distance, for "did you mean" suggestions (switches, ops, passes).

@@ -9,6 +9,7 @@ the GIL, so threads overlap it with training at no pickling cost.
 import collections
 import concurrent.futures
 import math
+import numbers
 
 import numpy as np
 
@@ -45,8 +46,8 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size, shuffle=False, last_batch="keep", num_workers=0, prefetch=2,
                  device=None, seed=None, batchify_fn=None):
-        if int(batch_size) < 1:
-            raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"DataLoader: batch_size must be an integer >= 1, got {batch_size!r}")
         if last_batch not in _LAST_BATCH:
             raise ValueError(f"DataLoader: last_batch must be one of {_LAST_BATCH}, got '{last_batch}'")
         if num_workers < 0 or prefetch < 0:

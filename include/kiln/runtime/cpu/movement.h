@@ -35,6 +35,10 @@ void TakeGrad(const TensorView& dy, const TensorView& indices, const TensorView&
 
 /// out[..., k] = (indices[...] == k) ? on : off for k < depth = out.shape.back(); an index
 /// outside [0, depth) gives a row of `off`. Contiguous operands; any output dtype.
-void OneHot(const TensorView& indices, const TensorView& out, double on, double off);
+/// `labels`: the indices are class labels; one outside [0, depth) is a ValueError (RaiseBadLabel)
+/// instead of an all-off row.
+void OneHot(const TensorView& indices, const TensorView& out, double on, double off, bool labels = false);
+/// Throws the ValueError of a class label outside [0, classes) (CPU and GPU kernels alike).
+[[noreturn]] void RaiseBadLabel(int64_t label, int64_t position, int64_t classes);
 
 }  // namespace kiln::host
