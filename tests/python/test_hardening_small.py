@@ -260,3 +260,24 @@ def test_a_params_header_that_nests_arrays_deeply_is_a_format_error(tmp_path):
     net = kiln.nn.Dense(2, in_units=2)
     with pytest.raises(kiln.FormatError, match="nest deeper than the limit of 128 levels"):
         net.load_parameters(str(path))
+
+
+def test_params_metadata_nested_without_end_is_a_format_error(tmp_path):
+    import json
+    from kiln import nn
+    net = nn.HybridSequential()
+    net.add(nn.Dense(2, in_units=3))
+    net.initialize()
+    net.hybridize()
+    net(nd.ones((1, 3)))
+    sym_file, param_file = net.export(str(tmp_path / "m"))
+    blob = open(param_file, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    header.setdefault("__metadata__", {})["kiln.grad_req_null"] = "[" * 100000 + "]" * 100000
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(param_file, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+    with pytest.raises(kiln.FormatError, match="must be a JSON list of names"):
+        nn.SymbolBlock.imports(sym_file, ["data"], param_file)

@@ -65,8 +65,11 @@ def _load_params(param_file, names, types, device):
         raise FormatError(f"'{param_file}' does not fit its graph: {'; '.join(problems)}; load the "
                           f"params file exported together with the symbol file")
     try:
-        frozen = set(json.loads(metadata.get(FROZEN_KEY, "[]")))
-    except (TypeError, ValueError):
+        frozen = json.loads(metadata.get(FROZEN_KEY, "[]"))
+        if not isinstance(frozen, list) or not all(isinstance(n, str) for n in frozen):
+            raise TypeError("not a list of names")
+        frozen = set(frozen)
+    except (TypeError, ValueError, RecursionError):  # RecursionError: hostile nesting
         raise FormatError(f"'{param_file}': the metadata entry {FROZEN_KEY!r} must be a JSON list of "
                           f"names, found {metadata.get(FROZEN_KEY)!r}; export the block again") from None
     return [arrays[n] for n in names], frozen
