@@ -7,6 +7,7 @@
 // layouts or in inference mode (nd::batch_norm composes those), and second-order gradients of
 // convolution, pooling and batch norm (their gradient ops are declared not differentiable).
 #include <array>
+#include <limits>
 #include <string>
 
 #include "infer_util.h"
@@ -24,10 +25,13 @@ std::array<int64_t, 2> Pair(const OpDef& op, const Attrs& a, const char* name, i
     KILN_THROW(ValueError) << op.name << ": attribute '" << name
                            << "' must have 2 values (height, width), found " << AttrValueStr(v);
   std::array<int64_t, 2> r{v[0], v.size() == 2 ? v[1] : v[0]};
+  // oneDNN and cuDNN take window sizes as 32-bit ints; a larger value is refused here, not wrapped
+  // there (and keeps the window arithmetic of OutSize far from overflow).
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   for (int64_t x : r)
-    if (x < min)
-      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be >= " << min << ", found "
-                             << AttrValueStr(v);
+    if (x < min || x > kMax)
+      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be in [" << min << ", " << kMax
+                             << "], found " << AttrValueStr(v);
   return r;
 }
 
