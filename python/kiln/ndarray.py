@@ -193,7 +193,9 @@ def _normalize_key(self, key):
             begins.append(b), ends.append(e), steps.append(s)
         else:
             try:
-                i = _operator.index(k)  # ints, NumPy integers and 0-d integer arrays; not floats
+                # ints, NumPy integers and 0-d integer arrays, not floats (NumPy refuses them); a
+                # 0-d NDArray converts as it always has
+                i = int(k) if isinstance(k, NDArray) else _operator.index(k)
             except TypeError:
                 raise IndexError(f"only integers, slices, None, '...', booleans and integer arrays are "
                                  f"valid indices, got {type(k).__name__} {k!r}") from None
