@@ -233,7 +233,7 @@ def _getitem(self, key):
         # holds x's elements under one more axis.
         if 0 in shape and 0 not in view.shape:
             return _C.zeros(shape, self._dtype_name, self.device)
-        return view._reshape(shape).copy()
+        return _C.invoke("copy", [view._reshape(shape)])[0]  # the differentiable copy op
     return view._reshape(shape) if view.shape != shape else view
 
 
@@ -245,7 +245,8 @@ def _setitem(self, key, value):
     if _is_advanced(key):
         raise IndexError("assignment through an integer-array index is not supported; "
                          "assign through slices, or build the array with nd.where")
-    begins, ends, steps, shape = _normalize_key(self, key) if not (isinstance(key, tuple) and key == ()) else ([], [], [], self.shape)
+    whole = isinstance(key, tuple) and key == ()
+    begins, ends, steps, shape = ([], [], [], self.shape) if whole else _normalize_key(self, key)
     view = _C.slice(self, begins, ends, steps) if begins else self
     if begins and not view._shares_storage(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")

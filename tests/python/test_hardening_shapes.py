@@ -206,3 +206,24 @@ def test_setitem_with_bool_and_zero_d_keys():
         x[key] = value
         want[key] = value
         np.testing.assert_array_equal(x.asnumpy(), want, err_msg=repr(key))
+
+
+def test_bool_index_is_differentiable_and_traces():
+    x = nd.array([1., 2., 3.])
+    x.attach_grad()
+    with kiln.autograd.record():
+        y = (x[True] * nd.array([[1., 2., 3.]])).sum()
+    y.backward()
+    np.testing.assert_array_equal(x.grad.asnumpy(), [1, 2, 3])
+
+    class Block(nn.HybridBlock):
+        def forward(self, x):
+            return x[True] * 2 + x[np.array(0)]
+
+    net = Block()
+    eager = net(nd.arange(6).reshape((2, 3))).asnumpy()
+    net.hybridize()
+    traced = net(nd.arange(6).reshape((2, 3))).asnumpy()
+    ref = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(eager, ref[True] * 2 + ref[0])
+    np.testing.assert_array_equal(traced, eager)
