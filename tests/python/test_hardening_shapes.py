@@ -107,6 +107,10 @@ def test_hybridized_shapes_that_overflow():
     net = _Huge((1 << 33, 1 << 31))
     net.hybridize()
     _shape_error(lambda: net(nd.ones((1, 1))).asnumpy(), "(8589934592, 2147483648) has more elements")
+    net = _Huge((2**38,))  # 2**40 bytes: a valid shape that this host cannot allocate
+    net.hybridize()
+    with pytest.raises(kiln.OutOfMemoryError, match=r"out of memory on cpu\(0\) allocating 1099511627776 bytes"):
+        net(nd.ones((1,))).wait_to_read()
     net = _Huge((2, 3))  # the same block with a sane shape still works once hybridized
     net.hybridize()
     np.testing.assert_array_equal(net(nd.ones((1, 1))).asnumpy(), np.full((2, 3), 2.0))
