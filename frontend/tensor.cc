@@ -21,7 +21,9 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
     if (d < 0)
       KILN_THROW(ShapeError) << "shape " << shape.str() << " has a negative dimension; sizes must be >= 0";
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * DTypeSize(dtype), device);
+  // NumBytes refuses a byte count that wraps around 64 bits (ShapeError) before any allocation.
+  size_t nbytes = static_cast<size_t>(shape.NumBytes(static_cast<int64_t>(DTypeSize(dtype))));
+  impl->storage = std::make_shared<Storage>(nbytes, device);
   impl->shape = shape;
   impl->strides = shape.ContiguousStrides();
   impl->dtype = dtype;

@@ -73,7 +73,21 @@ std::vector<TensorType> OpDef::Infer(std::span<const TensorType> in, const Attrs
     KILN_THROW(ValueError) << name << ": expected " << num_inputs << " input(s), found " << in.size();
   if (num_inputs < 0 && in.empty())
     KILN_THROW(ValueError) << name << ": expected at least one input, found none";
-  return infer(*this, in, a);
+  std::vector<TensorType> out = infer(*this, in, a);
+  // Every output, eager or traced, passes here: a size that wraps around 64 bits would otherwise
+  // get a tiny buffer and the kernels would write far past it.
+  for (const TensorType& t : out) {
+    for (int64_t d : t.shape)
+      if (d < 0)
+        KILN_THROW(ShapeError) << name << ": the output shape " << t.shape.str()
+                               << " has a negative dimension; sizes must be >= 0";
+    try {
+      t.shape.NumBytes(static_cast<int64_t>(DTypeSize(t.dtype)));
+    } catch (const ShapeError& e) {
+      KILN_THROW(ShapeError) << name << ": the output " << e.what();
+    }
+  }
+  return out;
 }
 
 const OpTable& OpTable::Get() {

@@ -73,7 +73,11 @@ void RegisterCreationOps(OpTable& t) {
     if (step == 0 || !std::isfinite(step) || !std::isfinite(start) || !std::isfinite(stop))
       KILN_THROW(ValueError) << "arange: step must be finite and non-zero and the bounds finite, found start="
                              << start << " stop=" << stop << " step=" << step;
-    int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((stop - start) / step)));
+    double count = std::ceil((stop - start) / step);
+    if (!(count < 0x1p62))  // also NaN; converting a larger double to int64 is undefined
+      KILN_THROW(ShapeError) << "arange: start=" << start << " stop=" << stop << " step=" << step
+                             << " gives " << count << " elements; expected fewer than 2^62";
+    int64_t n = std::max<int64_t>(0, static_cast<int64_t>(count));
     return One({Shape{n}, a.Type("dtype")});
   };
   t.Add(std::move(d));

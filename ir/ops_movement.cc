@@ -48,8 +48,12 @@ Shape ReshapeTarget(const Shape& in, const Ints& spec) {
     } else if (spec[i] < 0) {
       KILN_THROW(ShapeError) << "reshape: " << ShapeText(spec) << " has a negative size " << spec[i]
                              << "; sizes must be >= 0, or -1 for the one inferred size";
-    } else {
-      known *= spec[i];
+    } else if (spec[i] != 0 && __builtin_mul_overflow(known, spec[i], &known)) {
+      KILN_THROW(ShapeError) << "reshape: the sizes of " << ShapeText(spec)
+                             << " multiply to more elements than fit in 64 bits; expected a shape with "
+                             << in.numel() << " elements like " << in.str();
+    } else if (spec[i] == 0) {
+      known = 0;
     }
   }
   Shape out(spec);

@@ -7,6 +7,7 @@
 // layouts or in inference mode (nd::batch_norm composes those), and second-order gradients of
 // convolution, pooling and batch norm (their gradient ops are declared not differentiable).
 #include <array>
+#include <limits>
 #include <string>
 
 #include "infer_util.h"
@@ -24,10 +25,13 @@ std::array<int64_t, 2> Pair(const OpDef& op, const Attrs& a, const char* name, i
     KILN_THROW(ValueError) << op.name << ": attribute '" << name
                            << "' must have 2 values (height, width), found " << AttrValueStr(v);
   std::array<int64_t, 2> r{v[0], v.size() == 2 ? v[1] : v[0]};
+  // oneDNN and cuDNN take window sizes as 32-bit ints; a larger value is refused here, not wrapped
+  // there (and keeps the window arithmetic of OutSize far from overflow).
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   for (int64_t x : r)
-    if (x < min)
-      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be >= " << min << ", found "
-                             << AttrValueStr(v);
+    if (x < min || x > kMax)
+      KILN_THROW(ValueError) << op.name << ": attribute '" << name << "' must be in [" << min << ", " << kMax
+                             << "], found " << AttrValueStr(v);
   return r;
 }
 
@@ -44,12 +48,18 @@ void RequireFloatPair(const OpDef& op, std::span<const TensorType> in) {
 
 /// One spatial output size in floor mode; ShapeError when the (dilated) window does not fit.
 int64_t OutSize(const OpDef& op, const char* axis, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  int64_t extent = (k - 1) * d + 1;
-  if (in + 2 * p < extent)
+  // Attributes come from users and files: a huge dilation or padding must not wrap around.
+  int64_t extent, padded;
+  if (__builtin_mul_overflow(k - 1, d, &extent) || __builtin_add_overflow(extent, 1, &extent) ||
+      __builtin_mul_overflow(p, 2, &padded) || __builtin_add_overflow(in, padded, &padded))
+    KILN_THROW(ShapeError) << op.name << ": the " << axis << " window (kernel " << k << ", dilation " << d
+                           << ") over the input of size " << in << " with padding " << p
+                           << " is out of range; expected a dilated window and a padded input below 2^63";
+  if (padded < extent)
     KILN_THROW(ShapeError) << op.name << ": the " << axis << " window (" << extent
                            << " with dilation) is larger than the padded input (" << in << " + 2*" << p
                            << "); use a smaller kernel or more padding";
-  return (in + 2 * p - extent) / s + 1;
+  return (padded - extent) / s + 1;
 }
 
 // ---- matmul -------------------------------------------------------------------------------------
@@ -243,7 +253,7 @@ Shape PoolShape(const OpDef& op, const Shape& x, const Attrs& a) {
   auto k = Pair(op, a, "kernel", 1), p = Pair(op, a, "padding", 0);
   auto s = a.Ints("stride").empty() ? k : Pair(op, a, "stride", 1);
   for (int i = 0; i < 2; ++i)
-    if (2 * p[i] > k[i])
+    if (p[i] > k[i] / 2)  // 2 * p > k, without overflow for a huge p
       KILN_THROW(ValueError) << op.name << ": padding (" << p[0] << ", " << p[1] << ") must be at most half "
                              << "the kernel (" << k[0] << ", " << k[1] << ")";
   return Shape{x[0], x[1], OutSize(op, "height", x[2], k[0], s[0], p[0], 1),

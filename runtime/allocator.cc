@@ -17,10 +17,15 @@
 
 namespace kiln {
 
-size_t RoundAllocationSize(size_t n) {
-  if (n > (size_t{1} << 60))
-    KILN_THROW(MemoryError) << "cannot allocate " << n << " bytes: larger than any machine's memory "
+void CheckAllocationSize(size_t n, const std::string& where) {
+  if (n > kMaxAllocationBytes)
+    KILN_THROW(MemoryError) << "cannot allocate " << n << " bytes on " << where << ": expected at most "
+                            << kMaxAllocationBytes << " bytes (1 EiB), larger than any machine's memory "
                             << "(a negative size converted to unsigned?)";
+}
+
+size_t RoundAllocationSize(size_t n) {
+  CheckAllocationSize(n, "any device");
   if (n <= 64) return 64;
   if (n <= (1u << 20)) return (n + 511) & ~size_t{511};
   // Above 1 MiB: round up to an eighth of the enclosing power of two (at most 12.5% waste).
@@ -55,6 +60,7 @@ class CachingAllocator final : public Allocator {
   ~CachingAllocator() override = default;  // process lifetime: cached blocks die with it
 
   void* Allocate(size_t nbytes) override {
+    CheckAllocationSize(nbytes, where());
     size_t size = RoundAllocationSize(nbytes);
     {
       std::lock_guard<PoolLock> g(mu_);
@@ -83,7 +89,8 @@ class CachingAllocator final : public Allocator {
         p = raw_alloc_(size);
       } catch (const std::bad_alloc&) {
         { std::lock_guard<PoolLock> g(mu_); ++stats_.num_ooms; }
-        KILN_THROW(MemoryError) << "out of memory allocating " << size << " bytes; in use "
+        KILN_THROW(MemoryError) << "out of memory on " << where() << " allocating " << nbytes << " bytes ("
+                                << size << " with rounding) after emptying the cache; in use "
                                 << Stats().bytes_in_use << " bytes; free tensors or use smaller batches";
       }
     }
@@ -142,6 +149,7 @@ class CachingAllocator final : public Allocator {
     return &small_[size == 64 ? 0 : size / 512];
   }
 
+  std::string where() const { return label_.substr(label_.find(' ') + 1); }  // "cpu(0)"
   void Use(size_t size) {
     stats_.bytes_in_use += static_cast<int64_t>(size);
     if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;

@@ -98,9 +98,26 @@ void Shape::resize(int rank, int64_t fill) {
 }
 
 int64_t Shape::numel() const {
-  int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= d_[i];
-  return n;
+  int64_t nonzero = 1;
+  bool zero = false, overflow = false;
+  for (int i = 0; i < rank_; ++i) {
+    if (d_[i] == 0) zero = true;
+    else overflow |= __builtin_mul_overflow(nonzero, d_[i], &nonzero);
+  }
+  if (overflow)
+    KILN_THROW(ShapeError) << "shape " << str() << " has more elements than fit in 64 bits (at most "
+                           << std::numeric_limits<int64_t>::max()
+                           << "); expected a shape whose sizes multiply to a representable count";
+  return zero ? 0 : nonzero;
+}
+
+int64_t Shape::NumBytes(int64_t itemsize) const {
+  int64_t bytes;
+  if (__builtin_mul_overflow(numel(), itemsize, &bytes))
+    KILN_THROW(ShapeError) << "shape " << str() << " of " << itemsize << "-byte elements needs more bytes "
+                           << "than fit in 64 bits (at most " << std::numeric_limits<int64_t>::max()
+                           << "); expected a shape of fewer elements";
+  return bytes;
 }
 
 Shape Shape::ContiguousStrides() const {
@@ -109,7 +126,9 @@ Shape Shape::ContiguousStrides() const {
   int64_t acc = 1;
   for (int i = rank_ - 1; i >= 0; --i) {
     s.d_[i] = acc;
-    acc *= d_[i];
+    // On overflow the outer strides are never used for an element (numel() refuses the shape
+    // before any storage exists); wrap without undefined behaviour.
+    if (__builtin_mul_overflow(acc, d_[i], &acc)) acc = 0;
   }
   return s;
 }

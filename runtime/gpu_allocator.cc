@@ -33,6 +33,7 @@ class GpuCachingAllocator final : public Allocator {
   explicit GpuCachingAllocator(const Device& d) : device_(d), label_("memory " + d.str()) {}
 
   void* Allocate(size_t nbytes) override {
+    CheckAllocationSize(nbytes, device_.str());
     const size_t size = RoundAllocationSize(nbytes);
     auto stream = static_cast<gpurt::Stream>(cuda::CurrentStream());
     {

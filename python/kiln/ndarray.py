@@ -4,6 +4,8 @@ MXNet's among them (reshape's special values 0/-1/-2/-3/-4, asscalar, norm, as_i
 The class itself is kiln._C.NDArray (the C++ Tensor); the methods here are attached to it, so an
 NDArray made anywhere has them.
 """
+import operator as _operator
+
 import numpy as _np
 
 from . import _C
@@ -142,11 +144,22 @@ def _transpose(self, *axes):
     return self._transpose(axes)
 
 
+def _is_bool_scalar(k):
+    """True, False, numpy.bool_ or a 0-d boolean NumPy array: NumPy reads each as a new axis of
+    length 1 (True) or 0 (False) that consumes no axis of the array."""
+    return (isinstance(k, (bool, _np.bool_))
+            or (isinstance(k, _np.ndarray) and k.ndim == 0 and k.dtype == _np.bool_))
+
+
 def _normalize_key(self, key):
-    """Splits a basic index into per-axis (begin, end, step, keep) and the shape after it."""
+    """Splits a basic index into per-axis (begin, end, step) and the shape after it.
+
+    Scalar booleans follow NumPy: together they add one axis, of length 0 if any is False, else
+    1. Like every NumPy advanced index they also make the integers advanced, so the new axis sits
+    where the integers and booleans are when they are adjacent in the key, else in front."""
     if not isinstance(key, tuple):
         key = (key,)
-    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis and not _is_bool_scalar(k))
     if sum(1 for k in key if k is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if n_real > self.ndim:
@@ -160,10 +173,16 @@ def _normalize_key(self, key):
     if Ellipsis not in key:
         expanded.extend([slice(None)] * (self.ndim - n_real))
     begins, ends, steps, out_shape = [], [], [], []
+    bools, advanced_at, advanced_pos = [], [], None  # advanced_at: positions in `key` (NumPy's rule)
     axis = 0
-    for k in expanded:
+    for pos, k in enumerate(expanded):
         if k is None:
             out_shape.append(1)
+            continue
+        if _is_bool_scalar(k):
+            bools.append(bool(k))
+            advanced_at.append(pos)
+            advanced_pos = len(out_shape) if advanced_pos is None else advanced_pos
             continue
         n = self.shape[axis]
         if isinstance(k, slice):
@@ -174,20 +193,28 @@ def _normalize_key(self, key):
             begins.append(b), ends.append(e), steps.append(s)
         else:
             try:
-                i = int(k)
+                # ints, NumPy integers and 0-d integer arrays, not floats (NumPy refuses them); a
+                # 0-d NDArray converts as it always has
+                i = int(k) if isinstance(k, NDArray) else _operator.index(k)
             except TypeError:
-                raise IndexError(f"only integers, slices, None, '...' and integer arrays are valid indices, "
-                                 f"got {type(k).__name__}") from None
+                raise IndexError(f"only integers, slices, None, '...', booleans and integer arrays are "
+                                 f"valid indices, got {type(k).__name__} {k!r}") from None
             if not -n <= i < n:
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
             i %= n
             begins.append(i), ends.append(i + 1), steps.append(1)
+            advanced_at.append(pos)
+            advanced_pos = len(out_shape) if advanced_pos is None else advanced_pos
         axis += 1
+    if bools:
+        adjacent = advanced_at == list(range(advanced_at[0], advanced_at[-1] + 1))
+        out_shape.insert(advanced_pos if adjacent else 0, 1 if all(bools) else 0)
     return begins, ends, steps, tuple(out_shape)
 
 
 def _is_advanced(key):
-    return isinstance(key, (NDArray, list, _np.ndarray))
+    # A 0-d NumPy array is a scalar index (an integer drops its axis, a boolean adds one).
+    return isinstance(key, (NDArray, list)) or (isinstance(key, _np.ndarray) and key.ndim > 0)
 
 
 def _getitem(self, key):
@@ -197,21 +224,34 @@ def _getitem(self, key):
             raise IndexError("boolean-mask indexing is not supported; use nd.where or index with "
                              "integer positions (np.nonzero(mask))")
         return _C.take(self, idx, 0)
-    if self.ndim == 0 and key == ():
+    if self.ndim == 0 and isinstance(key, tuple) and key == ():
         return self
     begins, ends, steps, shape = _normalize_key(self, key)
     view = _C.slice(self, begins, ends, steps) if begins else self
+    if _has_bool(key):
+        # NumPy's boolean indices copy (they are advanced indices): x[False] is empty, x[True]
+        # holds x's elements under one more axis.
+        if 0 in shape and 0 not in view.shape:
+            return _C.zeros(shape, self._dtype_name, self.device)
+        return _C.invoke("copy", [view._reshape(shape)])[0]  # the differentiable copy op
     return view._reshape(shape) if view.shape != shape else view
+
+
+def _has_bool(key):
+    return any(_is_bool_scalar(k) for k in (key if isinstance(key, tuple) else (key,)))
 
 
 def _setitem(self, key, value):
     if _is_advanced(key):
         raise IndexError("assignment through an integer-array index is not supported; "
                          "assign through slices, or build the array with nd.where")
-    begins, ends, steps, shape = _normalize_key(self, key) if key != () else ([], [], [], self.shape)
+    whole = isinstance(key, tuple) and key == ()
+    begins, ends, steps, shape = ([], [], [], self.shape) if whole else _normalize_key(self, key)
     view = _C.slice(self, begins, ends, steps) if begins else self
     if begins and not view._shares_storage(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")
+    if _has_bool(key) and 0 in shape and 0 not in view.shape:
+        return  # a False index selects nothing
     if isinstance(value, NDArray):
         if _is_same_view(value, view):
             return  # `a[i] += b`: the in-place operator already wrote through the view

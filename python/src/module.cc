@@ -103,6 +103,10 @@ Tensor ToTensor(pyb::handle h, std::optional<Device> device) {
                                 name == "int64" || name == "uint8" || name == "bool"
                             ? name
                             : std::string("unsupported numpy dtype ") + name);
+  // Big-endian (or other non-native) data: the bytes are copied as they are below, so convert to
+  // the native order first ('>f4' would otherwise read as garbage little-endian floats).
+  if (!arr.dtype().attr("isnative").cast<bool>())
+    arr = pyb::array(arr.attr("astype")(arr.dtype().attr("newbyteorder")("=")));
   arr = pyb::array(np.attr("ascontiguousarray")(arr));
   Shape shape;
   std::vector<int64_t> dims(arr.shape(), arr.shape() + arr.ndim());

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kiln/runtime/device.h"
 
@@ -53,6 +54,10 @@ Allocator* NewGpuCachingAllocator(const Device& d);
 /// Page-locked host memory for fast asynchronous GPU copies (plain host memory without CUDA).
 Allocator& GetPinnedAllocator();
 
+/// The largest request any pool accepts (1 EiB): a larger one is a wrapped or negative size.
+inline constexpr size_t kMaxAllocationBytes = size_t{1} << 60;
+/// Throws MemoryError naming `where` (a device) when `nbytes` exceeds kMaxAllocationBytes.
+void CheckAllocationSize(size_t nbytes, const std::string& where);
 /// The size class a request of `nbytes` is rounded to (shared by the CPU and GPU pools).
 size_t RoundAllocationSize(size_t nbytes);
 

@@ -36,8 +36,11 @@ class Shape {
   void resize(int rank, int64_t fill = 1);
   std::vector<int64_t> vec() const { return {begin(), end()}; }
 
-  /// Product of the dimensions (1 for rank 0).
+  /// Product of the dimensions (1 for rank 0). Throws ShapeError when the product of the
+  /// non-zero dimensions overflows int64 (NumPy refuses such shapes even with a zero dimension).
   int64_t numel() const;
+  /// numel() * itemsize, the bytes of a contiguous tensor; ShapeError when it overflows int64.
+  int64_t NumBytes(int64_t itemsize) const;
   /// Row-major contiguous strides for this shape, in elements.
   Shape ContiguousStrides() const;
   std::string str() const;  // "(2, 3)"
