@@ -210,7 +210,9 @@ def _setitem(self, key, value):
                          "assign through slices, or build the array with nd.where")
     begins, ends, steps, shape = _normalize_key(self, key) if key != () else ([], [], [], self.shape)
     view = _C.slice(self, begins, ends, steps) if begins else self
-    if begins and not view._shares_storage(self):
+    # While tracing (hybridize), views are new symbolic values: the tracer follows the write from
+    # the view back to `self` (trace::RecordAssign).
+    if begins and not view._shares_storage(self) and not _C.is_symbolic(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")
     if isinstance(value, NDArray):
         if _is_same_view(value, view):
