@@ -39,11 +39,25 @@ struct Tape {
   std::unordered_map<const ir::Node*, ir::GraphRef> graphs;
   /// Storages written in place while recording: the value of the whole contents (flat, 1-D, of
   /// the written dtype) and a version that changes with every write (see the header comment).
+  /// Keyed by address: `storage` tells a live entry from one whose storage died (its address may
+  /// be reused by a new storage).
   struct Written {
     ir::Value* flat;
     uint64_t version;
+    std::weak_ptr<Storage> storage;
   };
   std::unordered_map<const Storage*, Written> written;
+  /// The entry of `t`'s storage, or null.
+  const Written* Find(const Tensor& t) {
+    if (written.empty()) return nullptr;
+    auto it = written.find(t.storage().get());
+    if (it == written.end()) return nullptr;
+    if (it->second.storage.expired()) {
+      written.erase(it);
+      return nullptr;
+    }
+    return &it->second;
+  }
   uint64_t writes = 0;
 };
 
@@ -81,10 +95,9 @@ Tensor Detached(const Tensor& t) {
 bool OnTape(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->tape; }
 bool IsLeaf(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->req != GradReq::kNull; }
 
-uint64_t VersionOf(const Tape& tape, const Tensor& t) {
-  if (tape.written.empty()) return 0;
-  auto it = tape.written.find(t.storage().get());
-  return it == tape.written.end() ? 0 : it->second.version;
+uint64_t VersionOf(Tape& tape, const Tensor& t) {
+  const Tape::Written* w = tape.Find(t);
+  return w ? w->version : 0;
 }
 
 void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& attrs,
@@ -94,13 +107,11 @@ ir::Value* Reread(const std::shared_ptr<Tape>& tape, const Tensor& t, const Tape
 // The value of `t` on `tape`, adding it as a graph input (leaf or constant) when needed.
 ir::Value* ValueOn(const std::shared_ptr<Tape>& tape, const Tensor& t) {
   auto& meta = t.impl()->autograd;
-  if (!tape->written.empty() && !IsLeaf(t)) {
-    auto it = tape->written.find(t.storage().get());
-    if (it != tape->written.end()) {
-      if (meta && meta->tape == tape && meta->value && meta->version == it->second.version) return meta->value;
-      return Reread(tape, t, it->second);
+  if (!tape->written.empty() && !IsLeaf(t))
+    if (const Tape::Written* w = tape->Find(t)) {
+      if (meta && meta->tape == tape && meta->value && meta->version == w->version) return meta->value;
+      return Reread(tape, t, *w);
     }
-  }
   if (meta && meta->tape == tape && meta->value) return meta->value;
   ir::Value* v = tape->graph.AddInput(IsLeaf(t) ? "leaf" : "const", {t.shape(), t.dtype()});
   tape->data.emplace(v, Detached(t));
@@ -112,9 +123,8 @@ ir::Value* ValueOn(const std::shared_ptr<Tape>& tape, const Tensor& t) {
   return v;
 }
 
-bool NeedsRecordOn(const Tape& tape, const Tensor& t) {
-  return IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape.get() == &tape) ||
-         (!tape.written.empty() && tape.written.count(t.storage().get()));
+bool NeedsRecordOn(Tape& tape, const Tensor& t) {
+  return IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape.get() == &tape) || tape.Find(t);
 }
 
 // Runs `op` with recording paused and records it on `tape` (ops that RecordWrite and Reread add).
@@ -243,7 +253,7 @@ bool NeedsRecord(std::span<const Tensor> inputs) {
     if (IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape == tls_tape)) return true;
   if (tls_tape && !tls_tape->written.empty())
     for (const Tensor& t : inputs)
-      if (tls_tape->written.count(t.storage().get())) return true;
+      if (tls_tape->Find(t)) return true;
   return false;
 }
 
@@ -285,9 +295,9 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
   if (IsLeaf(dst)) return;  // a leaf not used yet is simply overwritten; it stays a leaf
   const size_t es = DTypeSize(dst.dtype());
   const int64_t n = static_cast<int64_t>(s->nbytes() / es);
-  auto wit = tape->written.find(s);
+  const Tape::Written* wit = tape->Find(dst);
   ir::Value* full = nullptr;  // a recorded op's output that covers the whole storage
-  if (wit == tape->written.end())
+  if (!wit)
     for (auto& [v, d] : tape->data)
       if (d.storage().get() == s && v->node() && d.dtype() == dst.dtype() && d.offset() == 0 && d.is_contiguous() &&
           d.numel() == n) {
@@ -295,7 +305,7 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
         break;
       }
   const bool same_device = src.device() == dst.device();
-  const bool record = IsFloat(dst.dtype()) && (wit != tape->written.end() || full ||
+  const bool record = IsFloat(dst.dtype()) && (wit || full ||
                                                (same_device && NeedsRecordOn(*tape, src)));
   if (!record) {
     // Nothing differentiable flows through this storage: later readers take its contents as
@@ -309,8 +319,8 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
       KILN_THROW(ValueError) << "autograd.record(): the destination of shape " << dst.shape().str()
                              << " is a broadcast view (a zero stride): its elements overlap and cannot be written";
   Tensor old_flat;
-  if (wit != tape->written.end()) {
-    old_flat = TensorOf(tape, wit->second.flat);
+  if (wit) {
+    old_flat = TensorOf(tape, wit->flat);
   } else if (full) {
     old_flat = TensorOf(tape, full);
     if (old_flat.rank() != 1) old_flat = OpOn(tape, op::kReshape, {old_flat}, {{"shape", std::vector<int64_t>{n}}});
@@ -342,7 +352,7 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
     Tensor scattered = OpOn(tape, op::kTakeGrad, {vals, idx}, {{"axis", int64_t{0}}, {"dim", n}});
     new_flat = OpOn(tape, op::kWhere, {cond, scattered, old_flat}, {});
   }
-  tape->written[s] = Tape::Written{new_flat.impl()->autograd->value, ++tape->writes};
+  tape->written[s] = Tape::Written{new_flat.impl()->autograd->value, ++tape->writes, dst.storage()};
   PreserveSaved(tape, dst);
 }
 
