@@ -527,6 +527,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       leaves.push_back(impl);
     }
   std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph);
+  PauseScope pause(IsTraining());  // writing the gradient buffers is no part of any record
   for (size_t i = 0; i < leaves.size(); ++i) {
     AutogradMeta& m = *leaves[i]->autograd;
     Tensor g = grads[i];
