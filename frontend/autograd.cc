@@ -11,7 +11,8 @@
 // the storage whose value is of an older version is read again from the flat value (a slice and
 // reshape, or a take of its element positions) when it is next used. Saved values that live in the
 // written storage are first copied, so backward reads what forward read (PyTorch raises "modified
-// by an inplace operation" there instead). A leaf this recording has used cannot be written.
+// by an inplace operation" there instead). A write into a leaf is not differentiated (an optimizer
+// step inside the scope): see WriteIntoLeaf.
 #include "kiln/frontend/autograd.h"
 
 #include <unordered_map>
@@ -282,17 +283,44 @@ void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& a
 }
 }  // namespace
 
+namespace {
+// A write into a leaf this recording used (or a view of it), such as an optimizer step taken inside
+// the record scope: the write itself is not differentiated (the leaf stays a leaf), the values saved
+// before it are kept, and later uses read a second graph input for the leaf holding its new value
+// (Backward adds the gradients of both). False when no used leaf lives in dst's storage.
+bool WriteIntoLeaf(const std::shared_ptr<Tape>& tape, const Tensor& dst) {
+  const Storage* s = dst.storage().get();
+  std::vector<std::shared_ptr<TensorImpl>> hit;
+  for (auto& [v, w] : tape->leaves)
+    if (auto impl = w.lock(); impl && impl->storage.get() == s && IsLeaf(Tensor(impl)) &&
+                              impl->autograd->tape == tape)
+      hit.push_back(impl);
+  if (hit.empty()) return false;
+  PreserveSaved(tape, dst);
+  for (auto& impl : hit) {
+    Tensor leaf(impl);
+    ir::Value* v = tape->graph.AddInput("leaf", {leaf.shape(), leaf.dtype()});
+    tape->data.emplace(v, Detached(leaf));  // a view of the storage: it holds the written values
+    impl->autograd->value = v;
+    tape->leaves.emplace_back(v, impl);
+  }
+  tape->written.erase(s);
+  // Views of the leaf taken before the write read its new value when next used.
+  Tensor leaf(hit[0]);
+  const int64_t n = static_cast<int64_t>(s->nbytes() / DTypeSize(leaf.dtype()));
+  if (leaf.offset() == 0 && leaf.is_contiguous() && leaf.numel() == n && IsFloat(leaf.dtype())) {
+    Tensor flat = OpOn(tape, op::kReshape, {leaf}, {{"shape", std::vector<int64_t>{n}}});
+    tape->written[s] = Tape::Written{flat.impl()->autograd->value, ++tape->writes, dst.storage()};
+  }
+  return true;
+}
+}  // namespace
+
 void RecordWrite(const Tensor& src, const Tensor& dst) {
   const std::shared_ptr<Tape>& tape = tls_tape;
   if (!tls_recording || !tape) return;
   const Storage* s = dst.storage().get();
-  for (auto& [v, w] : tape->leaves)
-    if (auto impl = w.lock(); impl && impl->storage.get() == s && impl->autograd && impl->autograd->req != GradReq::kNull)
-      KILN_THROW(StateError)
-          << "autograd.record(): writing in place into an array with attach_grad() (or a view of it) that this "
-             "recording has already used: backward needs the value it had before the write. Write into a copy "
-             "(y = x.copy(); y[...] = ...), or update it outside autograd.record() as an optimizer step does";
-  if (IsLeaf(dst)) return;  // a leaf not used yet is simply overwritten; it stays a leaf
+  if (WriteIntoLeaf(tape, dst) || IsLeaf(dst)) return;  // a leaf not used yet is simply overwritten
   const size_t es = DTypeSize(dst.dtype());
   const int64_t n = static_cast<int64_t>(s->nbytes() / es);
   const Tape::Written* wit = tape->Find(dst);
@@ -528,19 +556,23 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
     }
   std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph);
   PauseScope pause(IsTraining());  // writing the gradient buffers is no part of any record
+  // A leaf written in place while recording has two graph inputs (see WriteIntoLeaf): the
+  // gradients of the second and later ones are added to the first's.
+  std::unordered_set<const TensorImpl*> done;
   for (size_t i = 0; i < leaves.size(); ++i) {
     AutogradMeta& m = *leaves[i]->autograd;
     Tensor g = grads[i];
     m.fresh = true;  // the heads used it: its gradient is written (zero where nothing flows back)
+    const bool again = !done.insert(leaves[i].get()).second;
     if (!g.defined()) {
-      if (m.req == GradReq::kWrite) {
+      if (m.req == GradReq::kWrite && !again) {
         Tensor outs[1] = {m.grad};
         InvokeInto(op::kFull, {}, {{"shape", m.grad.shape().vec()}, {"value", 0.0},
                                             {"dtype", m.grad.dtype()}}, outs);
       }
       continue;
     }
-    if (m.req == GradReq::kWrite) {
+    if (m.req == GradReq::kWrite && !again) {
       g.CopyTo(m.grad);
     } else {
       Tensor gs[2] = {m.grad, g};

@@ -1,6 +1,7 @@
 // The tracer (see include/kiln/frontend/tracer.h): symbolic tensors, recording ops and copies on
-// the active trace, and handing the finished trace to CachedGraph::FromTrace. It does not compile,
-// cache or run graphs (cached_graph.cc does).
+// the active trace (a copy into a symbolic tensor or a view of one becomes a functional update),
+// and handing the finished trace to CachedGraph::FromTrace. It does not compile, cache or run
+// graphs (cached_graph.cc does).
 #include "kiln/frontend/tracer.h"
 
 #if KILN_WITH_CODEGEN
@@ -173,7 +174,7 @@ void WriteSymbolic(TraceScope::State& s, ir::Value* dst, ir::Value* src, Device 
       mask[static_cast<size_t>(pos[k])] = true;
       inv[static_cast<size_t>(pos[k])] = static_cast<int64_t>(k);
     }
-    Tensor cond, where_from, vals, old;
+    Tensor cond, where_from;
     {
       PauseScope pause;
       cond = Tensor::FromVector(mask, bs, dev);
