@@ -4,6 +4,15 @@
 // not Tensors, so no reference cycle through AutogradMeta). Every tensor produced while
 // recording points at the tape and its value; the tape lives as long as any such tensor.
 // Leaves (tensors with AttachGrad) are graph inputs of the tape that first used them.
+//
+// In-place writes (RecordWrite, called by Tensor::CopyTo): the tape tracks a storage written while
+// recording as one flat value of its whole contents. A write makes a new flat value,
+// where(mask, take_grad(src, positions), old), and bumps the storage's version; a tensor viewing
+// the storage whose value is of an older version is read again from the flat value (a slice and
+// reshape, or a take of its element positions) when it is next used. Saved values that live in the
+// written storage are first copied, so backward reads what forward read (PyTorch raises "modified
+// by an inplace operation" there instead). A write into a leaf is not differentiated (an optimizer
+// step inside the scope): see WriteIntoLeaf.
 #include "kiln/frontend/autograd.h"
 
 #include <unordered_map>
@@ -29,6 +38,28 @@ struct Tape {
   /// compiled it dropped it since (a cache cleared or evicted inside the scope). Released when a
   /// backward spends the call.
   std::unordered_map<const ir::Node*, ir::GraphRef> graphs;
+  /// Storages written in place while recording: the value of the whole contents (flat, 1-D, of
+  /// the written dtype) and a version that changes with every write (see the header comment).
+  /// Keyed by address: `storage` tells a live entry from one whose storage died (its address may
+  /// be reused by a new storage).
+  struct Written {
+    ir::Value* flat;
+    uint64_t version;
+    std::weak_ptr<Storage> storage;
+  };
+  std::unordered_map<const Storage*, Written> written;
+  /// The entry of `t`'s storage, or null.
+  const Written* Find(const Tensor& t) {
+    if (written.empty()) return nullptr;
+    auto it = written.find(t.storage().get());
+    if (it == written.end()) return nullptr;
+    if (it->second.storage.expired()) {
+      written.erase(it);
+      return nullptr;
+    }
+    return &it->second;
+  }
+  uint64_t writes = 0;
 };
 
 namespace {
@@ -45,6 +76,7 @@ struct AutogradMeta {
   // Where this tensor lives on a tape (for leaves: the tape that last used it).
   std::shared_ptr<Tape> tape;
   ir::Value* value = nullptr;
+  uint64_t version = 0;  // the written version of the storage `value` was taken at (0: never written)
 };
 
 namespace autograd {
@@ -64,9 +96,23 @@ Tensor Detached(const Tensor& t) {
 bool OnTape(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->tape; }
 bool IsLeaf(const Tensor& t) { return t.impl()->autograd && t.impl()->autograd->req != GradReq::kNull; }
 
+uint64_t VersionOf(Tape& tape, const Tensor& t) {
+  const Tape::Written* w = tape.Find(t);
+  return w ? w->version : 0;
+}
+
+void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& attrs,
+              std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+ir::Value* Reread(const std::shared_ptr<Tape>& tape, const Tensor& t, const Tape::Written& w);
+
 // The value of `t` on `tape`, adding it as a graph input (leaf or constant) when needed.
 ir::Value* ValueOn(const std::shared_ptr<Tape>& tape, const Tensor& t) {
   auto& meta = t.impl()->autograd;
+  if (!tape->written.empty() && !IsLeaf(t))
+    if (const Tape::Written* w = tape->Find(t)) {
+      if (meta && meta->tape == tape && meta->value && meta->version == w->version) return meta->value;
+      return Reread(tape, t, *w);
+    }
   if (meta && meta->tape == tape && meta->value) return meta->value;
   ir::Value* v = tape->graph.AddInput(IsLeaf(t) ? "leaf" : "const", {t.shape(), t.dtype()});
   tape->data.emplace(v, Detached(t));
@@ -76,6 +122,101 @@ ir::Value* ValueOn(const std::shared_ptr<Tape>& tape, const Tensor& t) {
     tape->leaves.emplace_back(v, t.impl_ptr());
   }
   return v;
+}
+
+bool NeedsRecordOn(Tape& tape, const Tensor& t) {
+  return IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape.get() == &tape) || tape.Find(t);
+}
+
+// Runs `op` with recording paused and records it on `tape` (ops that RecordWrite and Reread add).
+Tensor OpOn(const std::shared_ptr<Tape>& tape, ir::OpId op, std::vector<Tensor> in, const ir::Attrs& attrs) {
+  std::vector<Tensor> out;
+  {
+    PauseScope pause(IsTraining());
+    out = Invoke(op, in, attrs, std::nullopt);
+  }
+  RecordOn(tape, op, ir::GetOp(op).Resolve(attrs), in, out);
+  return out[0];
+}
+
+// A tensor holding value `v` of `tape` (its data, and meta pointing at `v`).
+Tensor TensorOf(const std::shared_ptr<Tape>& tape, ir::Value* v) {
+  auto it = tape->data.find(v);
+  if (it == tape->data.end()) KILN_THROW(StateError) << kFreedMessage;
+  Tensor t = Detached(it->second);
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->tape = tape;
+  meta->value = v;
+  meta->version = VersionOf(*tape, t);
+  t.impl()->autograd = std::move(meta);
+  return t;
+}
+
+// Positions of `t`'s elements (in its logical order) counted in elements from its storage's start.
+std::vector<int64_t> Positions(const Tensor& t) {
+  std::vector<int64_t> pos(static_cast<size_t>(t.numel()));
+  std::vector<int64_t> idx(static_cast<size_t>(t.rank()), 0);
+  for (size_t k = 0; k < pos.size(); ++k) {
+    int64_t off = t.offset();
+    for (int d = 0; d < t.rank(); ++d) off += idx[static_cast<size_t>(d)] * t.strides()[d];
+    pos[k] = off;
+    for (int d = t.rank() - 1; d >= 0 && ++idx[static_cast<size_t>(d)] == t.shape()[d]; --d)
+      idx[static_cast<size_t>(d)] = 0;
+  }
+  return pos;
+}
+
+// The value of `t`, a view of a storage written in place, read from the storage's current value.
+ir::Value* Reread(const std::shared_ptr<Tape>& tape, const Tensor& t, const Tape::Written& w) {
+  Tensor flat = TensorOf(tape, w.flat);
+  if (flat.dtype() != t.dtype())
+    KILN_THROW(DTypeError) << "autograd.record(): this " << DTypeName(t.dtype()) << " array views memory that "
+                           << "was written in place as " << DTypeName(flat.dtype()) << "; autograd cannot "
+                           << "follow writes through views of another dtype: write into a copy instead";
+  Tensor out;
+  if (t.is_contiguous()) {
+    const int64_t begin = t.offset(), end = t.offset() + t.numel();
+    Tensor part = begin == 0 && end == flat.numel()
+                      ? flat
+                      : OpOn(tape, op::kSlice, {flat}, {{"begin", std::vector<int64_t>{begin}},
+                                                        {"end", std::vector<int64_t>{end}},
+                                                        {"step", std::vector<int64_t>{1}}});
+    out = OpOn(tape, op::kReshape, {part}, {{"shape", t.shape().vec()}});
+  } else {
+    Tensor idx = Tensor::FromVector(Positions(t), t.shape(), t.device());
+    out = OpOn(tape, op::kTake, {flat, idx}, {{"axis", int64_t{0}}});
+  }
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->tape = tape;
+  meta->value = out.impl()->autograd->value;
+  meta->version = w.version;
+  t.impl()->autograd = meta;
+  return meta->value;
+}
+
+// Copies the storage of `dst` and points every saved value that lives in it at the copy: it is
+// about to be overwritten, and backward must read the values forward read.
+void PreserveSaved(const std::shared_ptr<Tape>& tape, const Tensor& dst) {
+  const Storage* s = dst.storage().get();
+  bool any = false;
+  for (auto& [v, d] : tape->data) any = any || d.storage().get() == s;
+  if (!any) return;
+  auto raw = std::make_shared<TensorImpl>();
+  raw->storage = dst.storage();
+  raw->shape = Shape{static_cast<int64_t>(s->nbytes())};
+  raw->strides = raw->shape.ContiguousStrides();
+  raw->dtype = DType::kUInt8;
+  Tensor copy = Tensor::Empty(raw->shape, DType::kUInt8, dst.device());
+  {
+    PauseScope pause(IsTraining());
+    Tensor(std::move(raw)).CopyTo(copy);
+  }
+  for (auto& [v, d] : tape->data)
+    if (d.storage().get() == s) {
+      auto impl = std::make_shared<TensorImpl>(*d.impl());
+      impl->storage = copy.storage();
+      d = Tensor(std::move(impl));
+    }
 }
 }  // namespace
 
@@ -111,12 +252,20 @@ bool NeedsRecord(std::span<const Tensor> inputs) {
   if (!tls_recording) return false;
   for (const Tensor& t : inputs)
     if (IsLeaf(t) || (OnTape(t) && t.impl()->autograd->tape == tls_tape)) return true;
+  if (tls_tape && !tls_tape->written.empty())
+    for (const Tensor& t : inputs)
+      if (tls_tape->Find(t)) return true;
   return false;
 }
 
 void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
             std::span<const Tensor> outputs) {
-  const std::shared_ptr<Tape>& tape = tls_tape;
+  RecordOn(tls_tape, op, attrs, inputs, outputs);
+}
+
+namespace {
+void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& attrs,
+              std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
   std::vector<ir::Value*> in;
   in.reserve(inputs.size());
   for (const Tensor& t : inputs) in.push_back(ValueOn(tape, t));
@@ -128,8 +277,111 @@ void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
     auto meta = std::make_shared<AutogradMeta>();
     meta->tape = tape;
     meta->value = v;
+    meta->version = VersionOf(*tape, outputs[i]);
     outputs[i].impl()->autograd = std::move(meta);
   }
+}
+}  // namespace
+
+namespace {
+// A write into a leaf this recording used (or a view of it), such as an optimizer step taken inside
+// the record scope: the write itself is not differentiated (the leaf stays a leaf), the values saved
+// before it are kept, and later uses read a second graph input for the leaf holding its new value
+// (Backward adds the gradients of both). False when no used leaf lives in dst's storage.
+bool WriteIntoLeaf(const std::shared_ptr<Tape>& tape, const Tensor& dst) {
+  const Storage* s = dst.storage().get();
+  std::vector<std::shared_ptr<TensorImpl>> hit;
+  for (auto& [v, w] : tape->leaves)
+    if (auto impl = w.lock(); impl && impl->storage.get() == s && IsLeaf(Tensor(impl)) &&
+                              impl->autograd->tape == tape)
+      hit.push_back(impl);
+  if (hit.empty()) return false;
+  PreserveSaved(tape, dst);
+  for (auto& impl : hit) {
+    Tensor leaf(impl);
+    ir::Value* v = tape->graph.AddInput("leaf", {leaf.shape(), leaf.dtype()});
+    tape->data.emplace(v, Detached(leaf));  // a view of the storage: it holds the written values
+    impl->autograd->value = v;
+    tape->leaves.emplace_back(v, impl);
+  }
+  tape->written.erase(s);
+  // Views of the leaf taken before the write read its new value when next used.
+  Tensor leaf(hit[0]);
+  const int64_t n = static_cast<int64_t>(s->nbytes() / DTypeSize(leaf.dtype()));
+  if (leaf.offset() == 0 && leaf.is_contiguous() && leaf.numel() == n && IsFloat(leaf.dtype())) {
+    Tensor flat = OpOn(tape, op::kReshape, {leaf}, {{"shape", std::vector<int64_t>{n}}});
+    tape->written[s] = Tape::Written{flat.impl()->autograd->value, ++tape->writes, dst.storage()};
+  }
+  return true;
+}
+}  // namespace
+
+void RecordWrite(const Tensor& src, const Tensor& dst) {
+  const std::shared_ptr<Tape>& tape = tls_tape;
+  if (!tls_recording || !tape) return;
+  const Storage* s = dst.storage().get();
+  if (WriteIntoLeaf(tape, dst) || IsLeaf(dst)) return;  // a leaf not used yet is simply overwritten
+  const size_t es = DTypeSize(dst.dtype());
+  const int64_t n = static_cast<int64_t>(s->nbytes() / es);
+  const Tape::Written* wit = tape->Find(dst);
+  ir::Value* full = nullptr;  // a recorded op's output that covers the whole storage
+  if (!wit)
+    for (auto& [v, d] : tape->data)
+      if (d.storage().get() == s && v->node() && d.dtype() == dst.dtype() && d.offset() == 0 && d.is_contiguous() &&
+          d.numel() == n) {
+        full = const_cast<ir::Value*>(v);
+        break;
+      }
+  const bool same_device = src.device() == dst.device();
+  const bool record = IsFloat(dst.dtype()) && (wit || full ||
+                                               (same_device && NeedsRecordOn(*tape, src)));
+  if (!record) {
+    // Nothing differentiable flows through this storage: later readers take its contents as
+    // constants. Only the values saved from it must keep their old contents.
+    tape->written.erase(s);
+    PreserveSaved(tape, dst);
+    return;
+  }
+  for (int d = 0; d < dst.rank(); ++d)
+    if (dst.strides()[d] == 0 && dst.shape()[d] > 1)
+      KILN_THROW(ValueError) << "autograd.record(): the destination of shape " << dst.shape().str()
+                             << " is a broadcast view (a zero stride): its elements overlap and cannot be written";
+  Tensor old_flat;
+  if (wit) {
+    old_flat = TensorOf(tape, wit->flat);
+  } else if (full) {
+    old_flat = TensorOf(tape, full);
+    if (old_flat.rank() != 1) old_flat = OpOn(tape, op::kReshape, {old_flat}, {{"shape", std::vector<int64_t>{n}}});
+  } else {  // the storage holds constants so far (a buffer made before recording)
+    auto impl = std::make_shared<TensorImpl>(*dst.impl());
+    impl->autograd.reset();
+    impl->offset = 0;
+    impl->shape = Shape{n};
+    impl->strides = impl->shape.ContiguousStrides();
+    ir::Value* v = tape->graph.AddInput("const", {impl->shape, dst.dtype()});
+    tape->data.emplace(v, Tensor(std::move(impl)));
+    old_flat = TensorOf(tape, v);
+  }
+  Tensor from = src;
+  if (!same_device) {
+    PauseScope pause(IsTraining());
+    from = src.Detach().To(dst.device());
+  }
+  Tensor new_flat;
+  if (dst.offset() == 0 && dst.is_contiguous() && dst.numel() == n) {  // y[:] = ...: every element
+    new_flat = OpOn(tape, op::kReshape, {from}, {{"shape", std::vector<int64_t>{n}}});
+  } else {
+    std::vector<int64_t> pos = Positions(dst);
+    std::vector<bool> mask(static_cast<size_t>(n), false);
+    for (int64_t p : pos) mask[static_cast<size_t>(p)] = true;
+    Tensor idx = Tensor::FromVector(pos, Shape{dst.numel()}, dst.device());
+    Tensor cond = Tensor::FromVector(mask, Shape{n}, dst.device());
+    Tensor vals = OpOn(tape, op::kReshape, {from}, {{"shape", std::vector<int64_t>{dst.numel()}}});
+    Tensor scattered = OpOn(tape, op::kTakeGrad, {vals, idx}, {{"axis", int64_t{0}}, {"dim", n}});
+    new_flat = OpOn(tape, op::kWhere, {cond, scattered, old_flat}, {});
+  }
+  tape->written[s] = Tape::Written{new_flat.impl()->autograd->value, ++tape->writes, dst.storage()};
+  PreserveSaved(tape, dst);
 }
 
 namespace {
@@ -275,6 +527,7 @@ std::shared_ptr<Tape> HeadsTape(const std::vector<Tensor>& heads) {
                                 "scopes; compute them in one scope";
     tape = h.impl()->autograd->tape;
   }
+  for (const Tensor& h : heads) ValueOn(tape, h);  // a head written in place since: its current value
   return tape;
 }
 
@@ -302,19 +555,24 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       leaves.push_back(impl);
     }
   std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph);
+  PauseScope pause(IsTraining());  // writing the gradient buffers is no part of any record
+  // A leaf written in place while recording has two graph inputs (see WriteIntoLeaf): the
+  // gradients of the second and later ones are added to the first's.
+  std::unordered_set<const TensorImpl*> done;
   for (size_t i = 0; i < leaves.size(); ++i) {
     AutogradMeta& m = *leaves[i]->autograd;
     Tensor g = grads[i];
     m.fresh = true;  // the heads used it: its gradient is written (zero where nothing flows back)
+    const bool again = !done.insert(leaves[i].get()).second;
     if (!g.defined()) {
-      if (m.req == GradReq::kWrite) {
+      if (m.req == GradReq::kWrite && !again) {
         Tensor outs[1] = {m.grad};
         InvokeInto(op::kFull, {}, {{"shape", m.grad.shape().vec()}, {"value", 0.0},
                                             {"dtype", m.grad.dtype()}}, outs);
       }
       continue;
     }
-    if (m.req == GradReq::kWrite) {
+    if (m.req == GradReq::kWrite && !again) {
       g.CopyTo(m.grad);
     } else {
       Tensor gs[2] = {m.grad, g};

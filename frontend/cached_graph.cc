@@ -414,8 +414,12 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
                                    {{"graph_id", id}, {"num_outputs", static_cast<int64_t>(n_out)}}, device_);
   for (const Assign& a : assigns_) {
     const Tensor& src = out[static_cast<size_t>(a.output)];
-    if (trace::Active()) trace::RecordAssign(src, a.dst);
-    else src.CopyTo(a.dst);
+    if (trace::Active()) {
+      trace::RecordAssign(src, a.dst);
+    } else {
+      autograd::PauseScope pause(autograd::IsTraining());  // as eager batch norm: statistics are not recorded
+      src.CopyTo(a.dst);
+    }
   }
   out.resize(static_cast<size_t>(num_outputs_));
   return out;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/engine.h"
@@ -135,6 +136,34 @@ std::string Tensor::str() const {
 
 // ---- copies between devices ----------------------------------------------------------------------
 
+namespace {
+// [lowest, highest) byte offset in its storage that a view can reach; empty for no elements.
+std::pair<int64_t, int64_t> ByteRange(const Tensor& t) {
+  if (t.numel() == 0) return {0, 0};
+  const int64_t es = static_cast<int64_t>(DTypeSize(t.dtype()));
+  int64_t lo = t.offset(), hi = t.offset();
+  for (int d = 0; d < t.rank(); ++d) {
+    int64_t reach = (t.shape()[d] - 1) * t.strides()[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo * es, (hi + 1) * es};
+}
+
+bool SameView(const Tensor& a, const Tensor& b) {
+  return a.SharesStorage(b) && a.offset() == b.offset() && a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         a.strides() == b.strides();
+}
+
+void CopyData(const Tensor& self, const Tensor& dst);
+}  // namespace
+
+bool MemoryOverlaps(const Tensor& a, const Tensor& b) {
+  if (!a.SharesStorage(b)) return false;
+  auto [alo, ahi] = ByteRange(a);
+  auto [blo, bhi] = ByteRange(b);
+  return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
+}
+
 void Tensor::CopyTo(const Tensor& dst) const {
   if (!(dst.shape() == shape()))
     KILN_THROW(ShapeError) << "copyto: source shape " << shape().str() << " does not match destination "
@@ -147,13 +176,29 @@ void Tensor::CopyTo(const Tensor& dst) const {
     trace::RecordAssign(*this, dst);
     return;
   }
-  Device sd = device(), dd = dst.device();
-  engine::Var* r[1] = {storage()->var()};
+  if (autograd::IsRecording()) autograd::RecordWrite(*this, dst);
+  // The copy itself is plain data movement (the temporaries below are not part of the record).
+  autograd::PauseScope pause(autograd::IsTraining());
+  CopyData(*this, dst);
+}
+
+namespace {
+void CopyData(const Tensor& self, const Tensor& dst) {
+  if (SameView(self, dst)) return;  // x[:] = x: nothing moves
+  if (MemoryOverlaps(self, dst)) {
+    // x[:] = x[::-1], z[:] = z.T: an element-by-element copy would read values it already wrote.
+    Tensor tmp = Tensor::Empty(self.shape(), self.dtype(), self.device());
+    CopyData(self, tmp);
+    CopyData(tmp, dst);
+    return;
+  }
+  Device sd = self.device(), dd = dst.device();
+  engine::Var* r[1] = {self.storage()->var()};
   engine::Var* w[1] = {dst.storage()->var()};
   engine::TaskOptions o;
   o.name = "copyto";
   o.bytes = dst.storage()->nbytes();
-  Tensor src = *this;
+  Tensor src = self;
   if (sd.is_cpu() && dd.is_cpu()) {
     o.device = dd;
     engine::Engine::Get().Push([src, dst] { host::CopyConvert(src.View(), dst.View()); }, r, w, o);
@@ -163,15 +208,15 @@ void Tensor::CopyTo(const Tensor& dst) const {
   if (!src.is_contiguous()) src = src.Contiguous();
   if (!dst.is_contiguous() && dd.is_cpu()) {
     Tensor tmp = Tensor::Empty(dst.shape(), dst.dtype(), dd);
-    src.CopyTo(tmp);
-    tmp.CopyTo(dst);  // host to host
+    CopyData(src, tmp);
+    CopyData(tmp, dst);  // host to host
     return;
   }
   if (!dst.is_contiguous()) {
     // A strided destination on a GPU (a slice being assigned: a[1:, 1:] += b) is written run by
     // run from a contiguous copy on its device, each run a contiguous stretch of its innermost
-    // dimension (a copy of its own, so that a source overlapping the destination reads old values).
-    if (!(src.device() == dd) || src.SharesStorage(dst)) src = src.To(dd, /*copy=*/true);
+    // dimension (an overlapping source was copied to a temporary above).
+    if (!(src.device() == dd)) src = src.To(dd, /*copy=*/true);
     r[0] = src.storage()->var();
     o.device = dd;
     o.stream = engine::StreamKind::kCopyH2D;
@@ -196,7 +241,7 @@ void Tensor::CopyTo(const Tensor& dst) const {
     return;
   }
   r[0] = src.storage()->var();
-  size_t nbytes = static_cast<size_t>(numel()) * DTypeSize(dtype());
+  size_t nbytes = static_cast<size_t>(self.numel()) * DTypeSize(self.dtype());
   if (sd.is_cpu()) {
     o.device = dd;
     o.stream = engine::StreamKind::kCopyH2D;
@@ -218,6 +263,7 @@ void Tensor::CopyTo(const Tensor& dst) const {
     }, r, w, o);
   }
 }
+}  // namespace
 
 Tensor Tensor::To(Device device, bool copy) const {
   if (device == this->device() && !copy) return *this;

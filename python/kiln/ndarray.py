@@ -248,7 +248,9 @@ def _setitem(self, key, value):
     whole = isinstance(key, tuple) and key == ()
     begins, ends, steps, shape = ([], [], [], self.shape) if whole else _normalize_key(self, key)
     view = _C.slice(self, begins, ends, steps) if begins else self
-    if begins and not view._shares_storage(self):
+    # While tracing (hybridize), views are new symbolic values: the tracer follows the write from
+    # the view back to `self` (trace::RecordAssign).
+    if begins and not view._shares_storage(self) and not _C.is_symbolic(self):
         raise RuntimeError("internal: the indexed region is not a view of the array")
     if _has_bool(key) and 0 in shape and 0 not in view.shape:
         return  # a False index selects nothing

@@ -65,4 +65,13 @@ bool NeedsRecord(std::span<const Tensor> inputs);
 void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
             std::span<const Tensor> outputs);
 
+/// Called by Tensor::CopyTo while recording, before `src` is written into `dst` (y[0] = 10,
+/// y[:] = x * 5, h += 1): the tape then sees the storage of `dst` as a new value, its old value
+/// with the written elements replaced by `src`, and every tensor viewing that storage is read from
+/// the new value when it is next used. Values that recorded ops saved from that storage keep
+/// their old contents (copied before the write). A write into a leaf (a tensor with attach_grad(),
+/// or a view of one) is not differentiated, as an optimizer step taken inside the scope: earlier
+/// uses keep the old value, later ones read the new one, and backward adds both gradients.
+void RecordWrite(const Tensor& src, const Tensor& dst);
+
 }  // namespace kiln::autograd

@@ -34,6 +34,12 @@ struct TensorImpl {
   uint64_t trace_id = 0;  ///< the trace `symbol` belongs to
 };
 
+class Tensor;
+/// True when `a` and `b` are views of one storage whose byte ranges (from the lowest to the highest
+/// byte each view can reach) intersect; an empty view overlaps nothing. A copy between two such
+/// views must go through a temporary, or it reads values it has already overwritten.
+bool MemoryOverlaps(const Tensor& a, const Tensor& b);
+
 class Tensor {
  public:
   Tensor() = default;
@@ -96,7 +102,9 @@ class Tensor {
   // ---- movement ----
   /// A copy on `device` (returns *this when already there and `copy` is false).
   Tensor To(Device device, bool copy = false) const;
-  /// Writes this tensor's values into `dst` (same shape; any devices); queued.
+  /// Writes this tensor's values into `dst` (same shape; any devices); queued. A source whose
+  /// memory overlaps `dst` (x[:] = x[::-1]) is read whole before `dst` is written. Under
+  /// autograd.record() the write is recorded (autograd::RecordWrite).
   void CopyTo(const Tensor& dst) const;
   Tensor AsType(DType dtype) const;
   Tensor Contiguous() const;

@@ -83,7 +83,10 @@ bool IsSymbolic(const Tensor& t);
 /// Records `op` on the active trace (called by Invoke); returns symbolic outputs.
 std::vector<Tensor> RecordOp(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& attrs,
                              std::optional<Device> device);
-/// Records `dst = src` where `dst` is concrete: done after every call of the compiled graph.
+/// Records `dst = src`. A concrete `dst`: copied after every call of the compiled graph. A
+/// symbolic `dst` (y[0] = 0, y += 1 on a value of the trace): the symbolic tensors holding it, and
+/// the arrays it is a view of, take the written value, as the eager write would have changed them;
+/// writing into a data input of the trace is a StateError.
 void RecordAssign(const Tensor& src, const Tensor& dst);
 
 }  // namespace trace
