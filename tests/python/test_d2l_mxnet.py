@@ -564,3 +564,19 @@ def test_concise_resnet18_on_two_cpu_devices(capsys):
     out = capsys.readouterr().out
     assert "running on: [cpu(0), cpu(1)]" in out and "trained 110 parameters" in out, out
     assert all(np.isfinite(p).all() for p in g["params"])
+
+
+def test_hybridize_and_async_chapters_on_a_simulated_gpu(tmp_path):
+    # The same chapter code, unchanged, with gpu(0) as the default device (MXNet's `with ctx:`).
+    code = (f"EXPORT_PREFIX = {str(tmp_path / 'gpu_mlp')!r}\n" + "with mx.gpu(0):\n" +
+            textwrap.indent(HYBRIDIZE + HYBRID_FORWARD + ASYNC, "    ") + '''
+assert x.context == mx.gpu(0) and net[0].weight.data().context == mx.gpu(0)
+assert hybrid.context == mx.gpu(0)
+np.testing.assert_allclose(hybrid.asnumpy(), eager.asnumpy(), rtol=1e-5, atol=1e-6)
+assert y_async.context == mx.gpu(0) and losses[-1] < losses[0], losses
+np.testing.assert_allclose(norm, np.linalg.norm(x.asnumpy().astype(np.float64) @ x.asnumpy()), rtol=1e-4)
+print('ok', arg_count)
+''')
+    code = code.replace("y_sym = net(x_sym)\n", "y_sym = net(x_sym)\n    arg_count = len(y_sym.list_arguments())\n")
+    out = run_sim("import numpy as np\n" + D2LZH + code)
+    assert "after hybridizing" in out and "asynchronous. time" in out and "ok 7" in out, out
