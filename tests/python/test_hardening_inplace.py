@@ -2,16 +2,13 @@
 backward, eagerly and hybridized alike (or are refused with a reason where they cannot); copies whose
 source overlaps the destination (x[:] = x[::-1]) give NumPy's result, on the CPU and on two
 simulated GPUs; and the training idioms that write in place outside recording keep working."""
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import kiln
 from kiln import autograd, nd, nn
+from test_gpu import run_sim
 
 
 def _leaf(values):
@@ -290,16 +287,8 @@ def test_shifted_and_disjoint_copies_within_one_array():
     np.testing.assert_array_equal(m.asnumpy(), e)
 
 
-def _run_sim(code):
-    env = dict(os.environ, KILN_GPU_SIM="2")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
-
-
 def test_overlapping_copies_on_two_simulated_gpus():
-    out = _run_sim("""
+    out = run_sim("""
         import numpy as np, kiln
         from kiln import nd
         for dev in (kiln.gpu(0), kiln.gpu(1)):
