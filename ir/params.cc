@@ -135,6 +135,11 @@ void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& par
 
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params,
                 const std::vector<std::pair<std::string, std::string>>& metadata) {
+  WriteFileAtomic(path, ParamsBytes(params, metadata, path));
+}
+
+std::string ParamsBytes(const std::vector<NamedHostTensor>& params,
+                        const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& path) {
   // The header is assembled entry by entry (an ordered JSON object would search its keys on every
   // insertion); each piece is dumped like json.dumps(separators=(",", ":")) with ASCII escapes.
   auto dump = [&](const OrderedJson& j) -> std::string {
@@ -178,7 +183,7 @@ void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& par
   blob += text;
   for (const auto& [name, t] : params)
     blob.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
-  WriteFileAtomic(path, blob);
+  return blob;
 }
 
 std::vector<NamedHostTensor> LoadParams(const std::string& path,

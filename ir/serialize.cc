@@ -1,14 +1,10 @@
-// The graph JSON format (`NAME-symbol.json`, layout documented in serialize.h) and atomic file
-// writes. Loading goes: parse -> check "format" -> upgrade an older version to the current one ->
-// check every field while rebuilding the graph through Graph::AddNode, which re-runs inference so
-// the recorded types are verified rather than trusted. Not here: the params file (params.cc).
+// The graph JSON format (`NAME-symbol.json`, layout documented in serialize.h). Loading goes:
+// parse -> check "format" -> upgrade an older version to the current one -> check every field
+// while rebuilding the graph through Graph::AddNode, which re-runs inference so the recorded types
+// are verified rather than trusted. Not here: the params file (params.cc), atomic writes
+// (runtime/atomic_file.cc).
 #include "kiln/ir/serialize.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -21,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/runtime/atomic_file.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::ir {
@@ -503,62 +500,6 @@ void SaveGraph(const std::string& path, const Graph& g, const GraphManifest& m) 
 }
 
 LoadedGraph LoadGraph(const std::string& path) { return FromJson(ReadFile(path), "'" + path + "'"); }
-
-void WriteFileAtomic(const std::string& path, std::string_view bytes) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  std::string base = target.filename().string();
-  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  auto fail = [&](const std::string& step, int err) {
-    KILN_THROW(FormatError) << "cannot write '" << path << "': " << step << " failed: " << std::strerror(err)
-                            << "; check that the directory exists, is writable and has space";
-  };
-  if (base.empty() || base == "." || base == "..") fail("naming the file", EISDIR);
-
-  // The temporary file lives in the same directory so the rename cannot cross file systems.
-  // O_EXCL with 0666 lets the umask decide the mode, as for any new file.
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = (dir / ("." + base + "." + std::to_string(::getpid()) + "." + std::to_string(counter++) + ".tmp"))
-              .string();
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) fail("creating a temporary file in '" + dir.string() + "'", errno);
-
-  struct TempFile { // closes and removes the temporary file unless it was renamed into place
-    int fd;
-    const std::string& path;
-    bool renamed = false;
-    ~TempFile() {
-      if (fd >= 0) ::close(fd);
-      if (!renamed) ::unlink(path.c_str());
-    }
-  } guard{fd, tmp};
-
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("writing " + std::to_string(bytes.size()) + " bytes to '" + tmp + "'", errno);
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("fsync of '" + tmp + "'", errno);
-  guard.fd = -1;
-  if (::close(fd) != 0) fail("closing '" + tmp + "'", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming '" + tmp + "' onto it", errno);
-  guard.renamed = true;
-  // Make the rename itself durable; a failure here leaves a complete file, so it is not an error.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 namespace detail {
 void SetGraphUpgradeForTesting(int from_version, std::function<std::string(const std::string&)> fn) {

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kiln/runtime/atomic_file.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
@@ -339,25 +340,10 @@ std::string TraceJson() {
 }
 
 void WriteTrace(const std::string& path) {
-  const std::string json = TraceJson();
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  auto fail = [&](int err) {
-    KILN_THROW(ValueError) << "profiler: cannot write the trace to '" << path << "': " << std::strerror(err)
-                           << "; expected a file name in an existing, writable directory";
-  };
-  if (!f) fail(errno);
-  bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  int err = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail(err ? err : EIO);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    std::remove(tmp.c_str());
-    fail(err);
+  try {
+    WriteFileAtomic(path, TraceJson());
+  } catch (const FileError& e) {
+    KILN_THROW(FileError) << "profiler: " << e.what();
   }
 }
 

@@ -26,6 +26,7 @@ What it does not do: asynchronous 'dist_async' training, parameter-server proces
 (row_sparse) values, gradient compression.
 """
 import numbers
+import os
 import pickle
 
 from . import _C
@@ -206,11 +207,7 @@ class KVStore:
         _C.waitall()
         blob = {"states": {k: [s.asnumpy() for s in st] for k, st in self._states.items()},
                 "index": dict(self._index), "num_update": self._optimizer.num_update}
-        tmp = fname + ".tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(blob, f)
-        import os
-        os.replace(tmp, fname)
+        _C.write_file_atomic(os.fspath(fname), pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
 
     def load_optimizer_states(self, fname):
         if self._optimizer is None:

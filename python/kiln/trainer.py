@@ -31,6 +31,7 @@ What it does not do: update_on_kvstore=True (updates always run on every device 
 sum), gradient compression, or zeroing gradients after a step (grad_req 'add' accumulates until
 the caller zeroes them).
 """
+import os
 import pickle
 
 from . import _C
@@ -296,8 +297,7 @@ class Trainer:
             "index_update_count": dict(opt._index_update_count),
             "lr": opt.lr,
         }
-        with open(fname, "wb") as f:
-            pickle.dump(blob, f)
+        _C.write_file_atomic(os.fspath(fname), pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
 
     def load_states(self, fname):
         """Loads states saved by save_states onto the devices of this Trainer's parameters."""

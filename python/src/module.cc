@@ -8,6 +8,7 @@
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/allocator.h"
+#include "kiln/runtime/atomic_file.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
@@ -134,9 +135,13 @@ void RegisterErrors(pyb::module_& m) {
   pyb::object state = make("StateError", "RuntimeError");
   pyb::object memory = make("OutOfMemoryError", "MemoryError");
   pyb::object internal = make("InternalError", "RuntimeError");
+  // A file that cannot be written: a FormatError as before, and the OSError a Python user catches.
+  pyb::object file = pyb::reinterpret_steal<pyb::object>(PyErr_NewException(
+      "kiln.FileError", pyb::make_tuple(format, builtins.attr("OSError")).ptr(), nullptr));
   m.attr("KilnError") = error, m.attr("ShapeError") = shape, m.attr("DTypeError") = dtype;
   m.attr("DeviceError") = device, m.attr("FormatError") = format, m.attr("ArgumentError") = value;
   m.attr("StateError") = state, m.attr("OutOfMemoryError") = memory, m.attr("InternalError") = internal;
+  m.attr("FileError") = file;
   // Kept alive by the module; the translator looks them up there.
   pyb::register_exception_translator([](std::exception_ptr p) {
     if (!p) return;
@@ -146,6 +151,8 @@ void RegisterErrors(pyb::module_& m) {
     };
     try {
       std::rethrow_exception(p);
+    } catch (const FileError& e) {
+      raise("FileError", e);
     } catch (const ShapeError& e) {
       raise("ShapeError", e);
     } catch (const DTypeError& e) {

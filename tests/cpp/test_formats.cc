@@ -1,7 +1,6 @@
 // The export formats: graph JSON and params (safetensors) round trips, byte compatibility with
-// the Python writer, the exact diagnostics of every malformed input, and atomic writes.
-#include <signal.h>
-#include <sys/resource.h>
+// the Python writer, and the exact diagnostics of every malformed input. Atomic writes:
+// test_atomic_file.cc.
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -525,57 +524,6 @@ TEST_CASE("format: params checked against the manifest, all differences at once"
                        "  extra '2.bias' (float32(4,)), not a parameter of the graph\n"
                        "load the params file exported together with this graph, or export both again",
                        FormatError);
-}
-
-// --- atomic writes -------------------------------------------------------------------------------
-
-TEST_CASE("format: atomic write replaces the file and leaves no temporary file") {
-  TempDir dir;
-  WriteFileAtomic(dir / "f", "old");
-  WriteFileAtomic(dir / "f", "new contents");
-  CHECK(ReadAll(dir / "f") == "new contents");
-  CHECK(dir.Names() == std::vector<std::string>{"f"});
-}
-
-TEST_CASE("format: atomic write into a missing directory fails cleanly") {
-  TempDir dir;
-  CHECK_THROWS_WITH_AS(WriteFileAtomic(dir / "missing/f", "x"),
-                       doctest::Contains("f': creating a temporary file in '"), FormatError);
-  CHECK(dir.Names().empty());
-}
-
-TEST_CASE("format: atomic write that cannot rename keeps the old entry and no temporary file") {
-  TempDir dir;
-  fs::create_directories(dir / "target");
-  WriteRaw(dir / "target/keep", "kept");
-  CHECK_THROWS_WITH_AS(WriteFileAtomic(dir / "target", "x"), doctest::Contains("onto it failed"),
-                       FormatError);
-  CHECK(dir.Names() == std::vector<std::string>{"target"});
-  CHECK(ReadAll(dir / "target/keep") == "kept");
-}
-
-TEST_CASE("format: atomic write failing midway keeps the old file and no temporary file") {
-  TempDir dir;
-  WriteFileAtomic(dir / "f", "old");
-  // Inject a write error after the first 4 KiB: the file size limit makes write() fail (EFBIG).
-  struct rlimit old_limit;
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
-  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old_limit;
-  small.rlim_cur = 4096;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-  std::string error;
-  try {
-    WriteFileAtomic(dir / "f", std::string(1 << 20, 'n'));
-  } catch (const FormatError& e) {
-    error = e.what();
-  }
-  ::setrlimit(RLIMIT_FSIZE, &old_limit);
-  ::signal(SIGXFSZ, old_handler);
-  CHECK(error.find("writing 1048576 bytes to") != std::string::npos);
-  CHECK(error.find("File too large") != std::string::npos);
-  CHECK(ReadAll(dir / "f") == "old");
-  CHECK(dir.Names() == std::vector<std::string>{"f"});
 }
 
 } // namespace

@@ -21,6 +21,7 @@
 #include "gpu_skip.h"
 #include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/ops.h"
+#include "kiln/runtime/atomic_file.h"
 #include "kiln/runtime/collectives.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
@@ -193,7 +194,7 @@ TEST_CASE("profiler: collectives carry their byte counts") {
   CHECK(y[0] == 3.f);
 }
 
-TEST_CASE("profiler: the trace file is written whole, and a bad path is a ValueError") {
+TEST_CASE("profiler: the trace file is written whole, and a bad path is a FileError") {
   profiler::Clear();
   profiler::Complete(profiler::kOperator, "prof_file", 1000, 2000);
   const std::string path = "prof_test_trace.json";
@@ -206,9 +207,9 @@ TEST_CASE("profiler: the trace file is written whole, and a bad path is a ValueE
   CHECK(Contains(text.str(), "\n],\"otherData\":{\"max_events\":4000000,\"dropped_events\":0}}\n"));
   CHECK(text.str().substr(text.str().size() - 3) == "}}\n");
   std::remove(path.c_str());
-  std::string msg = ErrorOf<ValueError>([] { profiler::WriteTrace("/nonexistent-dir/trace.json"); });
-  CHECK(Contains(msg, "/nonexistent-dir/trace.json"));
-  CHECK(Contains(msg, "expected a file name in an existing, writable directory"));
+  std::string msg = ErrorOf<FileError>([] { profiler::WriteTrace("/nonexistent-dir/trace.json"); });
+  CHECK(Contains(msg, "profiler: cannot write '/nonexistent-dir/trace.json'"));
+  CHECK(Contains(msg, "the directory '/nonexistent-dir' does not exist: create it first"));
   profiler::Clear();
 }
 

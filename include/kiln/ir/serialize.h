@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kiln/ir/graph.h"
+#include "kiln/runtime/atomic_file.h"
 
 namespace kiln::ir {
 
@@ -84,11 +85,6 @@ void SaveGraph(const std::string& path, const Graph& g, const GraphManifest& m);
 /// GraphFromJson of a file; messages name the file.
 LoadedGraph LoadGraph(const std::string& path);
 
-/// Writes `bytes` to a temporary file in the directory of `path`, fsyncs it and renames it over
-/// `path`. On failure the previous file is untouched, no temporary file remains, and FormatError
-/// says which step failed and why.
-void WriteFileAtomic(const std::string& path, std::string_view bytes);
-
 /// A tensor on the host: dense, row-major, little-endian bytes (bfloat16 and float16 as their
 /// 16-bit patterns, bool as 0/1 bytes).
 struct HostTensor {
@@ -102,13 +98,17 @@ using NamedHostTensor = std::pair<std::string, HostTensor>;
 /// Writes `params` in the safetensors layout (what the Python package's save_parameters writes,
 /// through this function): 8-byte little-endian header length N, N bytes of compact JSON (keys in insertion order,
 /// `"__metadata__": {"format": "kiln"}` first, ASCII-escaped, padded with spaces to a multiple of
-/// 8), then the data in the given order. Atomic (WriteFileAtomic). Throws ValueError for
+/// 8), then the data in the given order. Atomic (kiln::WriteFileAtomic). Throws ValueError for
 /// duplicate names or a byte count that does not match shape and dtype.
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params);
 /// The same with the `__metadata__` entries given (in order; none: no `__metadata__` entry), as
 /// the Python package writes them (save_parameters, export).
 void SaveParams(const std::string& path, const std::vector<NamedHostTensor>& params,
                 const std::vector<std::pair<std::string, std::string>>& metadata);
+/// The bytes SaveParams writes (for writing them together with other files: WriteFilesAtomic);
+/// `path` only names the file in errors.
+std::string ParamsBytes(const std::vector<NamedHostTensor>& params,
+                        const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& path);
 /// Reads a safetensors file in file order, checking everything (see the header comment of
 /// ir/params.cc). The `__metadata__` entries go to `metadata` when given.
 std::vector<NamedHostTensor> LoadParams(const std::string& path,

@@ -101,8 +101,8 @@ void Clear();
 /// The trace as Chrome trace-event JSON (every event so far, lanes named, times in microseconds
 /// since the profiler's epoch).
 std::string TraceJson();
-/// Writes TraceJson() to `path` atomically (a temporary file beside it, then rename). Throws
-/// ValueError naming the path when it cannot be written.
+/// Writes TraceJson() to `path` atomically (WriteFileAtomic). Throws FileError naming the path
+/// when it cannot be written.
 void WriteTrace(const std::string& path);
 /// The aggregate table, per category and name: count, total, min, max, mean (milliseconds for
 /// times, kilobytes for memory), in the layout of MXNet's profiler.dumps().

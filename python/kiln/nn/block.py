@@ -431,14 +431,18 @@ def _export_graph(graph, path, epoch, input_names, param_names, frozen, structur
     it (a SymbolBlock used inside a hybridized block) is written inlined: graph.save inlines it, so
     the file holds plain ops and loads anywhere (passes/inline_calls.h). `order` (indices into the
     captured tensors) is the order the files list the parameters in; None: as traced."""
+    from .. import _C
     if not isinstance(epoch, int) or not 0 <= epoch <= 9999:
         raise ArgumentError(f"{who}.export: epoch must be an integer in [0, 9999], got {epoch!r}")
     symbol_file, params_file = f"{path}-symbol.json", f"{path}-{epoch:04d}.params"
     order = list(range(len(param_names))) if order is None else list(order)
     names, captured = [param_names[i] for i in order], graph.captured
-    graph.save(symbol_file, list(input_names), names, structure, param_order=order)
-    serialization.save_arrays(params_file, {param_names[i]: captured[i] for i in order},
-                             {"format": "kiln", FROZEN_KEY: json.dumps(list(frozen))})
+    text = graph.to_json(list(input_names), names, structure, param_order=order)
+    # Both files are written before either replaces its old version (a full disk changes neither);
+    # see _C.save_export for what a kill between the two renames leaves.
+    _C.save_export(symbol_file, text, params_file,
+                   [(param_names[i], _C.HostTensor(captured[i])) for i in order],
+                   {"format": "kiln", FROZEN_KEY: json.dumps(list(frozen))})
     return symbol_file, params_file
 
 
