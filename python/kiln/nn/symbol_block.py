@@ -63,7 +63,8 @@ def _load_params(param_file, names, types, device):
             problems.append(f"'{name}' is {arr._dtype_name}, the graph expects {dtype}")
     if problems:
         raise FormatError(f"'{param_file}' does not fit its graph: {'; '.join(problems)}; load the "
-                          f"params file exported together with the symbol file")
+                          f"params file exported together with the symbol file (an export killed "
+                          f"between its two files leaves such a pair: export again)")
     try:
         frozen = json.loads(metadata.get(FROZEN_KEY, "[]"))
         if not isinstance(frozen, list) or not all(isinstance(n, str) for n in frozen):
