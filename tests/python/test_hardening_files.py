@@ -26,7 +26,7 @@ from kiln.nn import serialization
 TEMP_SUFFIX = ".kiln.tmp"  # runtime/atomic_file.cc names its temporaries .NAME.HOST-PID-N.kiln.tmp
 
 SERVER = r"""
-import json, os, sys
+import json, os, sys, time
 import kiln
 from kiln import nd, nn
 
@@ -73,22 +73,28 @@ def compile_kernel(n):
 def writer(nets, progress):
     n = 1
     while True:
-        if mode == "params":
-            nets[n % 2].save_parameters(path)
-        elif mode == "export":
-            nets[n % 2].export(path)
-        else:
+        if mode == "cache":
             compile_kernel(n)
+        else:
+            save(nets[n % 2])
         os.write(progress, b"%d\n" % n)
         n += 1
 
 
+def save(net):
+    net.save_parameters(path) if mode == "params" else net.export(path)
+
+
+# The time one save (or one kernel's compile and store) takes here, so that the test's random
+# delays span a few of them however loaded the machine is. The file ends as version 0.
 nets = [make(0), make(1)] if mode != "cache" else None
-if mode == "params":
-    nets[0].save_parameters(path)
-elif mode == "export":
-    nets[0].export(path)
-print("ready", flush=True)
+t0 = time.perf_counter()
+if mode == "cache":
+    compile_kernel(0)  # not one of the writers' kernels (they start at 1)
+else:
+    save(nets[1])
+    save(nets[0])
+print("ready", (time.perf_counter() - t0) / (1 if mode == "cache" else 2), flush=True)
 for line in sys.stdin:
     if line.startswith("replay"):  # the cache: compile kernels 1..N again, in this process
         before = kiln.codegen_stats()
@@ -122,7 +128,9 @@ class Server:
                    KILN_CACHE_DIR=str(cache_dir), KILN_DISABLE_PASS="epilogue")
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER, mode, str(path)], env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert self._line() == "ready"
+        ready, seconds = self._line().split()
+        assert ready == "ready"
+        self.seconds = float(seconds)  # one save or one compile, measured by the server
 
     def _line(self):
         line = self.proc.stdout.readline().strip()
@@ -149,7 +157,11 @@ class Server:
 
     def close(self):
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
 
 
 def _temporaries(directory):
@@ -168,9 +180,10 @@ def _version(arrays, width=1024):
     return version if ok and version in (0, 1) else None
 
 
-def _delays(n, longest):
+def _delays(n, server, saves):
+    """`n` random delays, each up to the time of `saves` saves (at least 50 ms)."""
     rng = random.Random(17)
-    return [rng.uniform(0.0, longest) for _ in range(n)]
+    return [rng.uniform(0.0, max(saves * server.seconds, 0.05)) for _ in range(n)]
 
 
 def test_save_parameters_killed_at_random_leaves_a_whole_version(tmp_path):
@@ -180,7 +193,7 @@ def test_save_parameters_killed_at_random_leaves_a_whole_version(tmp_path):
     server = Server("params", path, tmp_path / "cache")
     seen, mid_write, saves = set(), 0, 0
     try:
-        for delay in _delays(30, 0.25):
+        for delay in _delays(30, server, 3):
             saves += server.kill_writer(delay)
             temps = _temporaries(out)
             assert len(temps) <= 1, f"temporaries pile up: {temps}"
@@ -193,7 +206,8 @@ def test_save_parameters_killed_at_random_leaves_a_whole_version(tmp_path):
     finally:
         server.close()
     # The kills landed both inside writes (a temporary was left) and between them.
-    print(f"save_parameters: 30 kills, {mid_write} inside a write, {saves} saves completed")
+    print(f"save_parameters: {server.seconds * 1e3:.0f} ms per save; 30 kills, {mid_write} inside a "
+          f"write, {saves} saves completed")
     assert saves > 0 and mid_write > 0 and seen == {0, 1}, (saves, mid_write, seen)
     # The next save removes what the killed writers left.
     net = nn.Dense(2, in_units=2)
@@ -210,7 +224,7 @@ def test_export_killed_at_random_leaves_whole_files_and_a_pair_that_loads_or_say
     server = Server("export", prefix, tmp_path / "cache")
     pairs, mismatched, mid_write = set(), 0, 0
     try:
-        for delay in _delays(20, 0.3):
+        for delay in _delays(20, server, 3):
             server.kill_writer(delay)
             temps = _temporaries(out)
             assert len(temps) <= 2, f"temporaries pile up: {temps}"  # one per file at most
@@ -229,7 +243,8 @@ def test_export_killed_at_random_leaves_whole_files_and_a_pair_that_loads_or_say
                     nn.SymbolBlock.imports(symbol_file, ["data"], params_file)
     finally:
         server.close()
-    print(f"export: 20 kills, {mid_write} inside a write, {mismatched} between the two renames")
+    print(f"export: {server.seconds * 1e3:.0f} ms per export; 20 kills, {mid_write} inside a write, "
+          f"{mismatched} between the two renames")
     assert mid_write > 0 and {(1024, 0), (768, 1)} <= pairs, (mid_write, pairs)
     block = nn.SymbolBlock.imports(symbol_file, ["data"], params_file) if not mismatched else None
     if block is not None:
@@ -241,12 +256,13 @@ def test_export_killed_at_random_leaves_whole_files_and_a_pair_that_loads_or_say
 def test_kernel_cache_writer_killed_at_random_leaves_whole_files(tmp_path):
     cache = tmp_path / "cache"
     server = Server("cache", tmp_path / "unused", cache)
-    done = 0
+    done, mid_write = 0, 0
     try:
-        for delay in _delays(12, 0.6):
+        for delay in _delays(15, server, 8):
             done = max(done, server.kill_writer(delay))
             temps = _temporaries(cache)
             assert len(temps) <= 1, f"temporaries pile up: {temps}"
+            mid_write += bool(temps)
             for name in os.listdir(cache):
                 if name.endswith(".kobj"):
                     data = (cache / name).read_bytes()
@@ -262,7 +278,8 @@ def test_kernel_cache_writer_killed_at_random_leaves_whole_files(tmp_path):
         server.close()
     compiled = after["compiles"] - before["compiles"]
     read = after["disk_hits"] - before["disk_hits"]
-    print(f"kernel cache: 12 kills, {done} kernels written")
+    print(f"kernel cache: {server.seconds * 1e3:.0f} ms for the first kernel; 15 kills, {mid_write} inside a "
+          f"write, {done} kernels written and read back")
     assert compiled == 0 and read >= done, (compiled, read, done)
 
 
