@@ -58,9 +58,9 @@ void Write(const std::string& dir) {
     b.replace(b.find(from), from.size(), to);
     return b;
   };
-  WriteFileAtomic(path("fortran.npy"), patch("'fortran_order': False", "'fortran_order': True "));
-  WriteFileAtomic(path("bigendian.npy"), patch("'<f4'", "'>f4'"));
-  WriteFileAtomic(path("truncated.npy"), good.substr(0, good.size() - 4));
+  ir::WriteFileAtomic(path("fortran.npy"), patch("'fortran_order': False", "'fortran_order': True "));
+  ir::WriteFileAtomic(path("bigendian.npy"), patch("'<f4'", "'>f4'"));
+  ir::WriteFileAtomic(path("truncated.npy"), good.substr(0, good.size() - 4));
 }
 
 int Compare(const std::string& a_path, const std::string& b_path) {

@@ -9,7 +9,6 @@
 #include <optional>
 #include <sstream>
 
-#include "kiln/runtime/atomic_file.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::tools {
@@ -203,6 +202,6 @@ std::string NpyBytes(const ir::HostTensor& t) {
   return out;
 }
 
-void WriteNpy(const std::string& path, const ir::HostTensor& t) { WriteFileAtomic(path, NpyBytes(t)); }
+void WriteNpy(const std::string& path, const ir::HostTensor& t) { ir::WriteFileAtomic(path, NpyBytes(t)); }
 
 }  // namespace kiln::tools

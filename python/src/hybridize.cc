@@ -245,7 +245,7 @@ KILN_PY_BIND(50) {
          "captured; empty: as traced); calls of other compiled graphs (SymbolBlocks) are inlined.")
       .def("save", [](const CachedGraph& g, const std::string& path, const std::vector<std::string>& inputs,
                       const std::vector<std::string>& params, pyb::handle structure, const std::vector<int>& order) {
-        WriteFileAtomic(path, ExportJson(g, Manifest(inputs, params, structure), order));
+        ir::WriteFileAtomic(path, ExportJson(g, Manifest(inputs, params, structure), order));
       }, pyb::arg("path"), pyb::arg("input_names"), pyb::arg("param_names"), pyb::arg("output_structure"),
          pyb::arg("param_order") = std::vector<int>{},
          "Writes to_json()'s text to NAME-symbol.json atomically.");

@@ -80,6 +80,10 @@ std::string GraphToJson(const Graph& g, const GraphManifest& m);
 /// re-running inference for every node. Throws FormatError naming the JSON path of the problem.
 LoadedGraph GraphFromJson(std::string_view text);
 
+/// Atomic file writes live in runtime/ (kiln/runtime/atomic_file.h); ir's writers and their
+/// callers use them under this name too.
+using ::kiln::WriteFileAtomic;
+
 /// GraphToJson written with WriteFileAtomic.
 void SaveGraph(const std::string& path, const Graph& g, const GraphManifest& m);
 /// GraphFromJson of a file; messages name the file.
