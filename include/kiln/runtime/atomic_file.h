@@ -33,7 +33,8 @@ struct FileContents {
 /// is written and fsynced to its temporary before the first rename, so a failure while writing (a
 /// full disk) changes none of them. The renames follow the order given; a process killed between
 /// two of them leaves the earlier files new and the later ones old. A rename that fails after
-/// others succeeded throws FileError naming the files already replaced.
+/// others succeeded throws FileError naming the files already replaced. A path that names no file
+/// ("dir/") or one file given twice is a ValueError.
 void WriteFilesAtomic(const std::vector<FileContents>& files);
 
 /// Removes the temporary files beside `path` that writers of `path` on this host left when they
