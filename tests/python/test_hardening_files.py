@@ -284,7 +284,11 @@ def test_kernel_cache_writer_killed_at_random_leaves_whole_files(tmp_path):
 
 
 FULL_DISK = r"""
-import json, os, signal, sys
+import json, os, resource, signal, sys
+# A full disk, as `ulimit -f` makes one: files may not grow past 64 KiB, and write() fails with
+# EFBIG (SIGXFSZ ignored, else it would kill the process).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 import kiln
 from kiln import autograd, nd, nn
 d = sys.argv[1]
@@ -309,20 +313,13 @@ print(json.dumps(out))
 """
 
 
-def _limit_file_size():
-    import resource
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-
-
 def test_full_disk_raises_file_error_and_keeps_the_old_files(tmp_path):
     old = {"net.params": b"old params", "net-symbol.json": b"old symbol", "net-0000.params": b"old pair",
            "net.states": b"old states"}
     for name, data in old.items():
         (tmp_path / name).write_bytes(data)
     out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, preexec_fn=_limit_file_size,
-                         env=dict(os.environ, KILN_CACHE_DIR="off"))
+                         timeout=120, env=dict(os.environ, KILN_CACHE_DIR="off"))
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
     for what, name in [("params", "net.params"), ("export", "net-0000.params"), ("states", "net.states")]:
