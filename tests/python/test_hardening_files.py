@@ -193,7 +193,7 @@ def test_save_parameters_killed_at_random_leaves_a_whole_version(tmp_path):
     server = Server("params", path, tmp_path / "cache")
     seen, mid_write, saves = set(), 0, 0
     try:
-        for delay in _delays(30, server, 3):
+        for delay in _delays(24, server, 3):
             saves += server.kill_writer(delay)
             temps = _temporaries(out)
             assert len(temps) <= 1, f"temporaries pile up: {temps}"
@@ -206,7 +206,7 @@ def test_save_parameters_killed_at_random_leaves_a_whole_version(tmp_path):
     finally:
         server.close()
     # The kills landed both inside writes (a temporary was left) and between them.
-    print(f"save_parameters: {server.seconds * 1e3:.0f} ms per save; 30 kills, {mid_write} inside a "
+    print(f"save_parameters: {server.seconds * 1e3:.0f} ms per save; 24 kills, {mid_write} inside a "
           f"write, {saves} saves completed")
     assert saves > 0 and mid_write > 0 and seen == {0, 1}, (saves, mid_write, seen)
     # The next save removes what the killed writers left.
@@ -224,7 +224,7 @@ def test_export_killed_at_random_leaves_whole_files_and_a_pair_that_loads_or_say
     server = Server("export", prefix, tmp_path / "cache")
     pairs, mismatched, mid_write = set(), 0, 0
     try:
-        for delay in _delays(20, server, 3):
+        for delay in _delays(16, server, 3):
             server.kill_writer(delay)
             temps = _temporaries(out)
             assert len(temps) <= 2, f"temporaries pile up: {temps}"  # one per file at most
@@ -243,7 +243,7 @@ def test_export_killed_at_random_leaves_whole_files_and_a_pair_that_loads_or_say
                     nn.SymbolBlock.imports(symbol_file, ["data"], params_file)
     finally:
         server.close()
-    print(f"export: {server.seconds * 1e3:.0f} ms per export; 20 kills, {mid_write} inside a write, "
+    print(f"export: {server.seconds * 1e3:.0f} ms per export; 16 kills, {mid_write} inside a write, "
           f"{mismatched} between the two renames")
     assert mid_write > 0 and {(1024, 0), (768, 1)} <= pairs, (mid_write, pairs)
     block = nn.SymbolBlock.imports(symbol_file, ["data"], params_file) if not mismatched else None
@@ -258,7 +258,7 @@ def test_kernel_cache_writer_killed_at_random_leaves_whole_files(tmp_path):
     server = Server("cache", tmp_path / "unused", cache)
     done, mid_write = 0, 0
     try:
-        for delay in _delays(15, server, 8):
+        for delay in _delays(12, server, 8):
             done = max(done, server.kill_writer(delay))
             temps = _temporaries(cache)
             assert len(temps) <= 1, f"temporaries pile up: {temps}"
@@ -278,7 +278,7 @@ def test_kernel_cache_writer_killed_at_random_leaves_whole_files(tmp_path):
         server.close()
     compiled = after["compiles"] - before["compiles"]
     read = after["disk_hits"] - before["disk_hits"]
-    print(f"kernel cache: {server.seconds * 1e3:.0f} ms for the first kernel; 15 kills, {mid_write} inside a "
+    print(f"kernel cache: {server.seconds * 1e3:.0f} ms for the first kernel; 12 kills, {mid_write} inside a "
           f"write, {done} kernels written and read back")
     assert compiled == 0 and read >= done, (compiled, read, done)
 
