@@ -188,8 +188,12 @@ std::vector<NamedHostTensor> LoadParams(const std::string& path,
     KILN_THROW(FormatError) << "cannot open '" << path << "': " << std::strerror(errno) << "; check the path";
   std::ostringstream os;
   os << f.rdbuf();
-  const std::string blob = os.str();
-  ParamsReader r(path);
+  return ParseParams(os.str(), path, metadata);
+}
+
+std::vector<NamedHostTensor> ParseParams(std::string_view blob, const std::string& source,
+                                         std::map<std::string, std::string>* metadata) {
+  ParamsReader r(source);
 
   if (blob.size() < 8)
     r.Fail("is not a safetensors file: expected at least an 8-byte header length, found a file of " +
