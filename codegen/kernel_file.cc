@@ -38,7 +38,8 @@ std::string KernelFileArtifact(std::string_view bytes, std::string_view header) 
   size_t i = 0;
   // Digits only: at most 19 (below 2^63, more than any file), then one space and 16 hex digits.
   for (; i < line.size() && i < 19 && line[i] >= '0' && line[i] <= '9'; ++i) size = size * 10 + (line[i] - '0');
-  if (i == 0 || line.size() != i + 1 + 16 || line[i] != ' ') return {};
+  // Only the form the writer makes: no leading zero (fuzz_kernel_cache found "01064" accepted).
+  if (i == 0 || (line[0] == '0' && i > 1) || line.size() != i + 1 + 16 || line[i] != ' ') return {};
   for (char c : line.substr(i + 1)) {
     int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
     if (d < 0) return {};

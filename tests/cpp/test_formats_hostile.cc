@@ -1,7 +1,8 @@
 // Hostile inputs of the graph JSON and params readers that test_formats.cc does not cover (issue
 // 17): nesting deeper than kMaxJsonDepth (which overflowed the stack of recursive code walking the
 // tree), byte sizes that overflow 64 bits, non-finite or reversed attribute values an op refuses,
-// and absurd dimensions. Each asserts FormatError and its message.
+// and absurd dimensions. Each asserts FormatError and its message. Also the IDX reader's findings
+// (tests/fuzz: their inputs are replayed from tests/fuzz/corpus by test_fuzz_corpus.cc).
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "kiln/frontend/idx.h"
 #include "kiln/ir/serialize.h"
 
 namespace kiln::ir {
@@ -160,3 +162,43 @@ TEST_CASE("hostile params: offsets past the end and a header cut short are refus
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln {
+namespace {
+
+std::string IdxErrorOf(const std::string& bytes) {
+  try {
+    ParseIdxHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "t.idx");
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  FAIL("no FormatError for an IDX blob of " << bytes.size() << " bytes");
+  return "";
+}
+
+std::string BigEndian(std::initializer_list<uint32_t> words) {
+  std::string s;
+  for (uint32_t w : words)
+    for (int i = 3; i >= 0; --i) s += static_cast<char>((w >> (8 * i)) & 0xff);
+  return s;
+}
+
+TEST_CASE("hostile idx: dimensions whose element count passes 2^64 are refused, not wrapped to 0") {
+  // 2^20 * 2^20 * 2^24 = 2^64 elements: the count wrapped to 0 and an empty body was accepted.
+  std::string msg = IdxErrorOf(BigEndian({0x803, 1u << 20, 1u << 20, 1u << 24}));
+  CHECK_MESSAGE(msg.find("IDX file 't.idx': the dimensions promise more than 2^40 elements") != std::string::npos,
+                msg);
+}
+
+TEST_CASE("hostile idx: a zero dimension is an empty array, copied without touching memory") {
+  // Found by tests/fuzz/fuzz_idx: the copy passed a null destination to memcpy (UBSan).
+  std::string blob = BigEndian({0x803, 0x860100, 0, 0x123});
+  IdxHeader h = ParseIdxHeader(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), "t.idx");
+  CHECK(h.dims == std::vector<int64_t>{0x860100, 0, 0x123});
+  CHECK(h.data_offset == blob.size());
+  CopyIdxData(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), h, nullptr);
+  CHECK(IdxErrorOf(blob + "x").find("trailing bytes follow the data") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
