@@ -51,16 +51,21 @@ IdxHeader ParseIdxHeader(const uint8_t* p, size_t n, const std::string& name) {
     KILN_THROW(FormatError) << what << " is truncated inside its header: " << rank << " dimensions need "
                             << header << " bytes, the data has " << n;
   IdxHeader h{type, {}, header};
-  uint64_t count = 1;
+  // The dimensions other than zero must multiply to at most 2^40 elements (NumPy and kiln refuse
+  // absurd shapes even beside a zero). 2^40 times a dimension below 2^31 can pass 2^64: a wrapped
+  // count could have matched the data.
+  uint64_t nonzero = 1;
+  bool zero = false;
   for (int i = 0; i < rank; ++i) {
     uint32_t d = BigEndian32(p + 4 + 4 * i);
     if (d > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
       KILN_THROW(FormatError) << what << ": dimension " << i << " is " << d << ", above 2^31-1; the header is corrupt";
     h.dims.push_back(d);
-    // 2^40 elements times a dimension below 2^31 can pass 2^64: a wrapped count could match the data.
-    if (__builtin_mul_overflow(count, uint64_t{d}, &count) || count > (uint64_t{1} << 40))
+    zero |= d == 0;
+    if (d != 0 && (__builtin_mul_overflow(nonzero, uint64_t{d}, &nonzero) || nonzero > (uint64_t{1} << 40)))
       KILN_THROW(FormatError) << what << ": the dimensions promise more than 2^40 elements; the header is corrupt";
   }
+  const uint64_t count = zero ? 0 : nonzero;
   uint64_t expected = header + count * type->size;
   if (n != expected) {
     std::ostringstream dims;
