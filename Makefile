@@ -44,3 +44,15 @@ bench: build
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log
+
+# The libFuzzer targets of tests/fuzz (one per reader of outside data), built by clang-19 with
+# ASan and UBSan in their own build directory, each run for FUZZ_SECONDS; fails on a finding.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 30
+.PHONY: fuzz
+fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DKILN_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 > $(FUZZ_BUILD).configure.log 2>&1 \
+	  || { cat $(FUZZ_BUILD).configure.log; exit 1; }
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/run-fuzz $(FUZZ_BUILD)

@@ -6,7 +6,7 @@
 // Disk: one file per kernel in KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln),
 // named by a hash of the kind, exact form, target and toolchain key, holding a header (format,
 // kind, toolchain, target, form, symbol, size and checksum of the artifact) and the artifact (an
-// ELF object, or PTX text). A file whose header does not match exactly, that is truncated or
+// ELF object, or PTX text); kernel_file.cc reads and writes these bytes. A file whose header does not match exactly, that is truncated or
 // whose checksum fails is a miss: the kernel is built and the file rewritten. Files are written to
 // a temporary file and renamed into place (ir::WriteFileAtomic), so processes sharing the
 // directory never see half a file and the last writer wins with an equally valid one; they are
@@ -20,6 +20,7 @@
 //
 // Not here: lowering and code emission (llvm_jit.cc, row.cc, nvptx.cc), LLVM's headers.
 #include "kernel_cache.h"
+#include "kernel_file.h"
 
 #include <llvm/Config/llvm-config.h>
 
@@ -49,20 +50,9 @@ namespace {
 namespace fs = std::filesystem;
 using detail::KernelRequest;
 using detail::Obtained;
+using detail::HashBytes;
+using detail::Mix;
 constexpr const char* kFormat = "kiln-kernel 2";
-
-uint64_t Mix(uint64_t h, uint64_t v) { // splitmix64 step folded into h
-  v += 0x9e3779b97f4a7c15ULL + h;
-  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
-  return v ^ (v >> 31);
-}
-
-uint64_t HashBytes(std::string_view b) { // FNV-1a, then mixed: a checksum, not security
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : b) h = (h ^ c) * 0x100000001b3ULL;
-  return Mix(h, b.size());
-}
 
 std::string Hex(uint64_t v) {
   char buf[17];
@@ -145,13 +135,7 @@ std::string ReadCached(const fs::path& file, const std::string& header) {
   std::string bytes(header.size(), '\0'); // the header first: a foreign file is not read whole
   if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())) || bytes != header) return {};
   bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  size_t eol = bytes.find('\n', header.size());
-  if (eol == std::string::npos) return {};
-  unsigned long long size = 0, sum = 0;
-  if (std::sscanf(bytes.c_str() + header.size(), "object %llu %llx", &size, &sum) != 2) return {};
-  std::string artifact = bytes.substr(eol + 1);
-  if (artifact.size() != size || HashBytes(artifact) != sum) return {};
-  return artifact;
+  return detail::KernelFileArtifact(bytes, header);
 }
 
 /// When the directory holds more than `max_bytes` of cache files, deletes the least recently used
@@ -188,8 +172,7 @@ void Store(Cache& cache, const fs::path& dir, const fs::path& file, const std::s
   try {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    std::string bytes = header + "object " + std::to_string(artifact.size()) + " " +
-                        Hex(HashBytes(artifact)) + "\n" + artifact;
+    std::string bytes = detail::KernelFileBytes(header, artifact);
     ir::WriteFileAtomic(file.string(), bytes);
     ++stats.disk_writes;
     uint64_t max_bytes = static_cast<uint64_t>(std::max<int64_t>(env::GetInt("KILN_CACHE_MAX_MB"), 1)) << 20;

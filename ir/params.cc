@@ -60,12 +60,15 @@ std::string Short(const Json& j) {
 
 std::string Type(DType t, const Shape& s) { return std::string(DTypeName(t)) + s.str(); }
 
-// Bytes of `shape` x `dtype`, or nullopt when that overflows.
+// Bytes of `shape` x `dtype` as kiln counts them (Shape::NumBytes), or nullopt when kiln cannot
+// hold the shape: its sizes other than zero multiply past 2^63 (so a zero size does not excuse
+// them: fuzz_npy found such a shape accepted and then refused by every use).
 std::optional<uint64_t> ByteSize(const Shape& shape, DType dtype) {
-  uint64_t n = DTypeSize(dtype);
-  for (int64_t d : shape)
-    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
-  return n;
+  try {
+    return static_cast<uint64_t>(shape.NumBytes(DTypeSize(dtype)));
+  } catch (const ShapeError&) {
+    return std::nullopt;
+  }
 }
 
 struct Entry {
@@ -114,7 +117,7 @@ public:
     std::optional<uint64_t> want = ByteSize(out.shape, out.dtype);
     if (!want || out.end - out.begin != *want)
       Fail(bad + "a " + tag->tag + " tensor of shape " + out.shape.str() + " needs " +
-           (want ? std::to_string(*want) : std::string("more than 2^64")) + " bytes but data_offsets " +
+           (want ? std::to_string(*want) : std::string("more than 2^63")) + " bytes but data_offsets " +
            Short(offsets) + " span " + std::to_string(out.end - out.begin) + "; the file is damaged");
     if (out.end > data_len)
       Fail("is truncated: tensor '" + name + "' needs bytes " + Short(offsets) +
@@ -193,8 +196,12 @@ std::vector<NamedHostTensor> LoadParams(const std::string& path,
     KILN_THROW(FormatError) << "cannot open '" << path << "': " << std::strerror(errno) << "; check the path";
   std::ostringstream os;
   os << f.rdbuf();
-  const std::string blob = os.str();
-  ParamsReader r(path);
+  return ParseParams(os.str(), path, metadata);
+}
+
+std::vector<NamedHostTensor> ParseParams(std::string_view blob, const std::string& source,
+                                         std::map<std::string, std::string>* metadata) {
+  ParamsReader r(source);
 
   if (blob.size() < 8)
     r.Fail("is not a safetensors file: expected at least an 8-byte header length, found a file of " +
@@ -230,6 +237,11 @@ std::vector<NamedHostTensor> LoadParams(const std::string& path,
     r.Fail("has a bad safetensors header: expected " + std::to_string(n) +
            " bytes of UTF-8 JSON, found unparsable text (" + e.what() +
            "); the file is damaged or not a safetensors file; " + kResave);
+  } catch (const nlohmann::json::out_of_range& e) { // 406: a number past a double (found by fuzz_params)
+    std::string detail = e.what();
+    if (auto p = detail.find("number overflow"); p != std::string::npos) detail = detail.substr(p);
+    r.Fail("has a bad safetensors header: expected numbers that fit a double, found " + detail +
+           "; the file is damaged; " + kResave);
   }
   if (!header.is_object())
     r.Fail("has a bad safetensors header: expected a JSON object, found " + Short(header) + " (" +

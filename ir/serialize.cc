@@ -200,6 +200,10 @@ Json ParseStrict(std::string_view text, const Reader& r) {
     if (auto p = detail.find("syntax error"); p != std::string::npos) detail = detail.substr(p);
     r.Fail("the document", "not valid JSON at line " + std::to_string(line) + ", column " +
                                std::to_string(col) + " (byte " + std::to_string(e.byte) + "): " + detail);
+  } catch (const nlohmann::json::out_of_range& e) { // 406: a number past a double (found by fuzz_symbol_json)
+    std::string detail = e.what();
+    if (auto p = detail.find("number overflow"); p != std::string::npos) detail = detail.substr(p);
+    r.Fail("the document", "expected numbers that fit a double, found " + detail);
   }
 }
 

@@ -1,4 +1,4 @@
-// The kernel table (kernel.h) and op lookup by name (op_id.h).
+// The kernel table (kernel.h). Op lookup by name (op_id.h) is in op_id.cc.
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -7,17 +7,6 @@
 #include "kiln/runtime/kernel.h"
 
 namespace kiln {
-
-std::optional<OpId> OpIdOf(std::string_view name) {
-  static const auto* by_name = [] {
-    auto* m = new std::unordered_map<std::string_view, OpId>();
-    for (OpId i = 0; i < op::kNumOps; ++i) m->emplace(op::kNames[i], i);
-    return m;
-  }();
-  auto it = by_name->find(name);
-  if (it == by_name->end()) return std::nullopt;
-  return it->second;
-}
 
 namespace {
 struct Binders {

@@ -153,9 +153,15 @@ ir::HostTensor ParseNpy(const std::string& b, const std::string& source) {
   if (dims->size() > static_cast<size_t>(kMaxRank))
     fail("has " + std::to_string(dims->size()) + " dimensions; kiln supports at most " + std::to_string(kMaxRank));
   ir::HostTensor out{d->dtype, Shape(*dims), {}};
-  uint64_t need = DTypeSize(d->dtype);
-  for (int64_t x : *dims)
-    if (__builtin_mul_overflow(need, static_cast<uint64_t>(x), &need)) fail("has an absurd shape");
+  // As kiln counts bytes (Shape::NumBytes): sizes other than zero that multiply past 2^63 are
+  // refused even beside a zero size, which every later use of the shape would refuse.
+  uint64_t need = 0;
+  try {
+    need = static_cast<uint64_t>(out.shape.NumBytes(DTypeSize(d->dtype)));
+  } catch (const ShapeError&) {
+    fail("has an absurd shape " + out.shape.str() + ": its sizes multiply past 2^63 (zeros aside); the "
+         "header is damaged");
+  }
   const uint64_t have = b.size() - start - header_len;
   if (have < need)
     fail("is truncated: a " + std::string(DTypeName(d->dtype)) + out.shape.str() + " array needs " +

@@ -1,5 +1,5 @@
-// kiln._C data helpers: the IDX file format (MNIST, Fashion-MNIST) and the batch conversion the
-// DataLoader uses (gather uint8 images, scale, normalize, HWC -> CHW, in one pass without the GIL).
+// kiln._C data helpers: IDX files (MNIST, Fashion-MNIST; the format is frontend/idx.cc) as NumPy
+// arrays, and the batch conversion the DataLoader uses (gather uint8 images, scale, normalize, HWC -> CHW, in one pass without the GIL).
 // Deliberately not here: gzip (the extension does not link zlib; kiln.data.read_idx decompresses
 // with Python's gzip module and hands the bytes to parse_idx), shuffling, threading (Python's).
 #include <bit>
@@ -11,99 +11,22 @@
 #include <string>
 
 #include "bind.h"
+#include "kiln/frontend/idx.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::py {
 namespace {
 
-// The element types the IDX format names in byte 3 of its magic number.
-struct IdxType {
-  uint8_t code;
-  const char* numpy;
-  size_t size;
-};
-constexpr IdxType kIdxTypes[] = {{0x08, "uint8", 1}, {0x09, "int8", 1},    {0x0B, ">i2", 2},
-                                 {0x0C, ">i4", 4},   {0x0D, ">f4", 4},     {0x0E, ">f8", 8}};
-constexpr int kMaxIdxRank = 8;
-
-uint32_t BigEndian32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
-}
-
-std::string Where(const std::string& name) { return name.empty() ? "IDX data" : "IDX file '" + name + "'"; }
-
-// The header of an IDX blob, validated against the blob's length.
-struct IdxHeader {
-  const IdxType* type;
-  std::vector<int64_t> dims;
-  size_t data_offset;
-};
-
-IdxHeader ParseHeader(const uint8_t* p, size_t n, const std::string& name) {
-  const std::string what = Where(name);
-  if (n < 4)
-    KILN_THROW(FormatError) << what << " is " << n << " bytes, shorter than the 4-byte IDX magic number; "
-                            << "the file is truncated or not an IDX file";
-  if (p[0] == 0x1f && p[1] == 0x8b)
-    KILN_THROW(FormatError) << what << " is gzip-compressed; decompress it first (kiln.data.read_idx "
-                            << "reads .gz files)";
-  const IdxType* type = nullptr;
-  for (const IdxType& t : kIdxTypes)
-    if (t.code == p[2]) type = &t;
-  int rank = p[3];
-  if (p[0] != 0 || p[1] != 0 || !type || rank < 1 || rank > kMaxIdxRank) {
-    char magic[16];
-    std::snprintf(magic, sizeof magic, "0x%08X", BigEndian32(p));
-    KILN_THROW(FormatError) << what << " has magic number " << magic
-                            << "; expected 0x00000801 (labels), 0x00000803 (images) or another IDX magic "
-                            << "0x0000TTDD (TT a type code 08/09/0B/0C/0D/0E, DD 1-" << kMaxIdxRank
-                            << " dimensions); the file is corrupt or not an IDX file";
-  }
-  size_t header = 4 + 4 * static_cast<size_t>(rank);
-  if (n < header)
-    KILN_THROW(FormatError) << what << " is truncated inside its header: " << rank << " dimensions need "
-                            << header << " bytes, the data has " << n;
-  IdxHeader h{type, {}, header};
-  uint64_t count = 1;
-  for (int i = 0; i < rank; ++i) {
-    uint32_t d = BigEndian32(p + 4 + 4 * i);
-    if (d > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
-      KILN_THROW(FormatError) << what << ": dimension " << i << " is " << d << ", above 2^31-1; the header is corrupt";
-    h.dims.push_back(d);
-    count *= d;
-    if (count > (uint64_t{1} << 40))
-      KILN_THROW(FormatError) << what << ": the dimensions promise more than 2^40 elements; the header is corrupt";
-  }
-  uint64_t expected = header + count * type->size;
-  if (n != expected) {
-    std::ostringstream dims;
-    for (int i = 0; i < rank; ++i) dims << (i ? "x" : "") << h.dims[i];
-    KILN_THROW(FormatError) << what << " has " << n << " bytes but its header (" << dims.str() << " "
-                            << type->numpy << ") promises " << expected << ": "
-                            << (n < expected ? "the file is truncated; download it again"
-                                             : "trailing bytes follow the data; the file is corrupt");
-  }
-  return h;
-}
-
 // A NumPy array (native byte order) holding the IDX blob's values.
 pyb::array ParseIdx(const uint8_t* p, size_t n, const std::string& name) {
-  IdxHeader h = ParseHeader(p, n, name);
+  IdxHeader h = ParseIdxHeader(p, n, name);
   std::vector<ssize_t> dims(h.dims.begin(), h.dims.end());
   pyb::dtype stored(h.type->numpy);
   pyb::dtype native = stored.attr("newbyteorder")("=");
   pyb::array out(native, dims);
   {
     pyb::gil_scoped_release nogil;
-    const uint8_t* src = p + h.data_offset;
-    auto* dst = static_cast<uint8_t*>(out.mutable_data());
-    size_t bytes = n - h.data_offset, w = h.type->size;
-    if (w == 1 || std::endian::native == std::endian::big) {
-      std::memcpy(dst, src, bytes);
-    } else {
-      for (size_t i = 0; i < bytes; i += w)
-        for (size_t j = 0; j < w; ++j) dst[i + j] = src[i + w - 1 - j];
-    }
+    CopyIdxData(p, n, h, static_cast<uint8_t*>(out.mutable_data()));
   }
   return out;
 }

@@ -1,7 +1,8 @@
 // Hostile inputs of the graph JSON and params readers that test_formats.cc does not cover (issue
 // 17): nesting deeper than kMaxJsonDepth (which overflowed the stack of recursive code walking the
 // tree), byte sizes that overflow 64 bits, non-finite or reversed attribute values an op refuses,
-// and absurd dimensions. Each asserts FormatError and its message.
+// and absurd dimensions. Each asserts FormatError and its message. Also the IDX reader's findings
+// (tests/fuzz: their inputs are replayed from tests/fuzz/corpus by test_fuzz_corpus.cc).
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -11,7 +12,9 @@
 #include <fstream>
 #include <string>
 
+#include "kiln/frontend/idx.h"
 #include "kiln/ir/serialize.h"
+#include "tools/npy.h"
 
 namespace kiln::ir {
 namespace {
@@ -120,6 +123,18 @@ TEST_CASE("hostile graph json: absurd dimensions of an input are refused") {
                 msg);
 }
 
+TEST_CASE("hostile graph json and params: a number past a double is a FormatError, not a JSON library error") {
+  // Found by tests/fuzz (fuzz_symbol_json, fuzz_params): nlohmann's out_of_range (406) escaped both readers.
+  std::string msg = GraphErrorOf(Replace(RandomGraphJson(), "\"low\":0.0", "\"low\":1e999"));
+  CHECK_MESSAGE(msg.find("expected numbers that fit a double, found number overflow parsing '1e999'") !=
+                    std::string::npos,
+                msg);
+  msg = ParamsErrorOf(ParamsBlob(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1e400]}})", "\1"));
+  CHECK_MESSAGE(msg.find("has a bad safetensors header: expected numbers that fit a double, found number overflow") !=
+                    std::string::npos,
+                msg);
+}
+
 TEST_CASE("hostile params: a header nested past the depth limit is a FormatError, not a crash") {
   const size_t depth = size_t{1} << 20;
   std::string header = R"({"w":{"dtype":"F32","shape":)" + std::string(depth, '[') + std::string(depth, ']') +
@@ -137,7 +152,7 @@ TEST_CASE("hostile params: a shape whose byte size overflows 64 bits is refused"
   std::string msg = ParamsErrorOf(
       ParamsBlob(R"({"w":{"dtype":"F64","shape":[2305843009213693952,2],"data_offsets":[0,8]}})", std::string(8, '\0')));
   CHECK_MESSAGE(msg.find("tensor 'w' has a bad header entry: a F64 tensor of shape (2305843009213693952, 2) "
-                         "needs more than 2^64 bytes") != std::string::npos,
+                         "needs more than 2^63 bytes") != std::string::npos,
                 msg);
   msg = ParamsErrorOf(ParamsBlob(R"({"w":{"dtype":"F32","shape":[1e30],"data_offsets":[0,4]}})", std::string(4, '\0')));
   CHECK_MESSAGE(msg.find("expected shape to be a list of at most 8 non-negative integers, found [1e+30]") !=
@@ -160,3 +175,76 @@ TEST_CASE("hostile params: offsets past the end and a header cut short are refus
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln {
+namespace {
+
+std::string IdxErrorOf(const std::string& bytes) {
+  try {
+    ParseIdxHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "t.idx");
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  FAIL("no FormatError for an IDX blob of " << bytes.size() << " bytes");
+  return "";
+}
+
+std::string BigEndian(std::initializer_list<uint32_t> words) {
+  std::string s;
+  for (uint32_t w : words)
+    for (int i = 3; i >= 0; --i) s += static_cast<char>((w >> (8 * i)) & 0xff);
+  return s;
+}
+
+TEST_CASE("hostile idx: dimensions whose element count passes 2^64 are refused, not wrapped to 0") {
+  // 2^20 * 2^20 * 2^24 = 2^64 elements: the count wrapped to 0 and an empty body was accepted.
+  std::string msg = IdxErrorOf(BigEndian({0x803, 1u << 20, 1u << 20, 1u << 24}));
+  CHECK_MESSAGE(msg.find("IDX file 't.idx': the dimensions promise more than 2^40 elements") != std::string::npos,
+                msg);
+}
+
+TEST_CASE("hostile idx: a zero dimension is an empty array, copied without touching memory") {
+  // Found by tests/fuzz/fuzz_idx: the copy passed a null destination to memcpy (UBSan).
+  std::string blob = BigEndian({0x803, 0x860100, 0, 0x123});
+  IdxHeader h = ParseIdxHeader(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), "t.idx");
+  CHECK(h.dims == std::vector<int64_t>{0x860100, 0, 0x123});
+  CHECK(h.data_offset == blob.size());
+  CopyIdxData(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), h, nullptr);
+  CHECK(IdxErrorOf(blob + "x").find("trailing bytes follow the data") != std::string::npos);
+}
+
+TEST_CASE("hostile npy, params and idx: a zero size does not excuse sizes that multiply past 2^63") {
+  // Found by tests/fuzz/fuzz_npy: (0, 3232, 32, 92232, 3232, 3232, 32, 3) was read as an empty array
+  // whose shape every use then refused (Shape::numel); the params and IDX readers had the same gap.
+  std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (0, 3232, 32, 92232, 3232, 3232, 32, 3), }";
+  header.append(118 - 10 - header.size(), ' ').append("\n");
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header;
+  try {
+    tools::ParseNpy(npy, "z.npy");
+    FAIL("no FormatError");
+  } catch (const FormatError& e) {
+    CHECK_MESSAGE(std::string(e.what()).find("'z.npy': has an absurd shape (0, 3232, 32, 92232, 3232, 3232, 32, 3): "
+                                             "its sizes multiply past 2^63") != std::string::npos,
+                  e.what());
+  }
+  std::string params = R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})";
+  std::string blob(8, '\0');
+  blob[0] = static_cast<char>(params.size());
+  try {
+    ir::ParseParams(blob + params, "z.params");
+    FAIL("no FormatError");
+  } catch (const FormatError& e) {
+    CHECK_MESSAGE(std::string(e.what()).find("a F32 tensor of shape (0, 4611686018427387904, 4) needs more than "
+                                             "2^63 bytes") != std::string::npos,
+                  e.what());
+  }
+  std::string msg = IdxErrorOf(BigEndian({0x804, 0, 0x7fffffff, 0x7fffffff, 0x7fffffff}));
+  CHECK_MESSAGE(msg.find("the dimensions promise more than 2^40 elements") != std::string::npos, msg);
+  // Zeros beside sane sizes stay empty arrays.
+  CHECK(ir::ParseParams(blob.replace(0, 1, 1, static_cast<char>(56)) +
+                            R"({"w":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})",
+                        "e.params")[0].second.shape == Shape{0, 3});
+}
+
+}  // namespace
+}  // namespace kiln

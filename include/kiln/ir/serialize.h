@@ -117,6 +117,9 @@ std::string ParamsBytes(const std::vector<NamedHostTensor>& params,
 /// ir/params.cc). The `__metadata__` entries go to `metadata` when given.
 std::vector<NamedHostTensor> LoadParams(const std::string& path,
                                         std::map<std::string, std::string>* metadata = nullptr);
+/// LoadParams of the bytes of a params file; `source` names it in error messages.
+std::vector<NamedHostTensor> ParseParams(std::string_view bytes, const std::string& source,
+                                         std::map<std::string, std::string>* metadata = nullptr);
 /// Checks loaded parameters against the manifest's params and the types of the matching graph
 /// inputs, and returns them in manifest order. Throws one FormatError listing every missing,
 /// extra, misshapen or mistyped parameter; `source` (e.g. the params path) names the file.
