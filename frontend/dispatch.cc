@@ -11,6 +11,7 @@
 #include <new>
 
 #include "kiln/frontend/autograd.h"
+#include "kiln/frontend/call_site.h"
 #include "kiln/frontend/tracer.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/copy.h"
@@ -74,6 +75,7 @@ namespace {
 std::atomic<uint64_t> g_seed{static_cast<uint64_t>(env::GetInt("KILN_SEED"))};
 std::atomic<uint64_t> g_offset{0};
 thread_local const char* tls_call_site = nullptr;
+std::atomic<CallSiteProvider> g_call_site_provider{nullptr};
 std::atomic<size_t>& InlineLimit() {
   static std::atomic<size_t> limit{
       static_cast<size_t>(std::max<int64_t>(0, env::GetInt("KILN_ENGINE_INLINE_BYTES")))};
@@ -90,6 +92,14 @@ void ManualSeed(uint64_t seed) {
 }
 
 void SetCallSite(const char* site) { tls_call_site = site; }
+
+void SetCallSiteProvider(CallSiteProvider provider) { g_call_site_provider.store(provider); }
+
+const char* CurrentCallSite() {
+  if (tls_call_site) return tls_call_site;
+  CallSiteProvider provider = g_call_site_provider.load(std::memory_order_relaxed);
+  return provider ? provider() : nullptr;
+}
 
 // ---- invoke ------------------------------------------------------------------------------------
 
@@ -205,7 +215,7 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
   engine::TaskOptions opts;
   opts.device = device;
   opts.name = def.name.c_str();
-  opts.call_site = tls_call_site;
+  opts.call_site = CurrentCallSite();
   opts.bytes = bytes;
   opts.may_run_inline = device.is_cpu() && in_bytes + bytes <= InlineLimit().load(std::memory_order_relaxed);
   auto make = [&] {

@@ -1,0 +1,115 @@
+// What the engine and eager dispatch ask of Python (installed by kiln/__init__.py):
+//  - the interrupt check of the engine's sync points (kiln/runtime/interrupt.h): a Ctrl-C while
+//    waitall(), asnumpy(), item() or wait_to_read() waits raises KeyboardInterrupt within about
+//    kInterruptPoll, and the queued work goes on in the background;
+//  - the call-site provider (kiln/frontend/call_site.h): the user's file:line that queued an op,
+//    which the error of a failed engine task names.
+// What it does not do: interrupt a kernel that runs, or name call sites of ops queued while the
+// GIL is released (the optimizers' and collectives' bindings release it before they queue).
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "bind.h"
+#include "kiln/frontend/call_site.h"
+#include "kiln/runtime/interrupt.h"
+
+namespace kiln::py {
+namespace {
+
+unsigned long g_main_thread = 0;  // Python's main thread: the one that runs signal handlers
+
+// Signal handlers run only on the main thread, with the GIL: other threads never take it here.
+void PythonInterruptCheck() {
+  if (PyThread_get_thread_ident() != g_main_thread || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (PyErr_CheckSignals() == 0) {
+    PyGILState_Release(gil);
+    return;
+  }
+  pyb::error_already_set e;  // takes the handler's exception (KeyboardInterrupt)
+  PyGILState_Release(gil);
+  throw e;
+}
+
+// ---- call sites ----
+// Walking the stack and decoding a line number per op would cost more than the op, so the answer
+// for the innermost frames is cached by (code object, instruction offset): on a hit an op pays a
+// few loads. The cache holds a reference to each code object it names, so that an address cannot
+// be reused while an entry points at it. Everything here runs with the GIL held.
+
+std::string* g_package_dir = new std::string();  // kiln's own frames are not the user's
+const char kInternal[] = "";                       // the site of a frame inside kiln
+
+struct SiteEntry {
+  PyCodeObject* code = nullptr;
+  int lasti = -1;
+  const char* site = nullptr;
+};
+constexpr size_t kSiteSlots = 1024;
+SiteEntry* g_sites = new SiteEntry[kSiteSlots];  // leaked: no Python calls after finalization
+auto* g_interned = new std::unordered_set<std::string>();
+constexpr size_t kMaxSites = 1 << 16;  // a program that generates code forever stops naming sites
+
+const char* Site(PyFrameObject* f, PyCodeObject* code) {
+  int lasti = PyFrame_GetLasti(f);
+  size_t h = ((reinterpret_cast<uintptr_t>(code) >> 4) ^ (static_cast<size_t>(lasti) * 0x9E3779B1u)) & (kSiteSlots - 1);
+  SiteEntry& e = g_sites[h];
+  if (e.code == code && e.lasti == lasti) return e.site;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (!file) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const char* site = kInternal;
+  if (g_package_dir->empty() || std::strncmp(file, g_package_dir->c_str(), g_package_dir->size()) != 0) {
+    if (g_interned->size() >= kMaxSites) return nullptr;
+    site = g_interned->insert(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(f))).first->c_str();
+  }
+  Py_INCREF(code);
+  Py_XDECREF(e.code);
+  e = {code, lasti, site};
+  return site;
+}
+
+// The innermost frame outside the kiln package, as "file.py:12"; nullptr without the GIL.
+const char* PythonCallSite() {
+  if (!PyGILState_Check()) return nullptr;
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  PyFrameObject* owned = nullptr;        // a frame PyFrame_GetBack gave us
+  const char* site = nullptr;
+  for (int depth = 0; f && depth < 64; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    site = Site(f, code);
+    Py_DECREF(code);
+    if (site != kInternal) break;
+    site = nullptr;
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_XDECREF(owned);
+    owned = f = back;
+  }
+  Py_XDECREF(owned);
+  return site;
+}
+
+}  // namespace
+
+KILN_PY_BIND(70) {
+  m.def("_install_hooks", [](const std::string& package_dir, unsigned long main_thread) {
+    *g_package_dir = package_dir;
+    g_main_thread = main_thread;
+    SetInterruptCheck(&PythonInterruptCheck);
+    SetCallSiteProvider(&PythonCallSite);
+  }, pyb::arg("package_dir"), pyb::arg("main_thread"),
+  "Lets Ctrl-C end the engine's waits and engine errors name the user's call site (kiln/__init__.py).");
+  m.def("_remove_hooks", [] {
+    SetInterruptCheck(nullptr);
+    SetCallSiteProvider(nullptr);
+  }, "Undoes _install_hooks (at exit, before the interpreter goes away).");
+  m.def("_call_site", [] {
+    const char* s = PythonCallSite();
+    return s ? pyb::object(pyb::str(s)) : pyb::object(pyb::none());
+  }, "The call site an op queued here would name (for tests).");
+}
+
+}  // namespace kiln::py
