@@ -4,13 +4,14 @@
 //    kInterruptPoll, and the queued work goes on in the background;
 //  - the call-site provider (kiln/frontend/call_site.h): the user's file:line that queued an op,
 //    which the error of a failed engine task names.
-// What it does not do: interrupt a kernel that runs, or name call sites of ops queued while the
-// GIL is released (the optimizers' and collectives' bindings release it before they queue).
+// What it does not do: interrupt a kernel that runs. Bindings that release the GIL before they
+// queue work name the call site first (CallSiteScope, call_site.h).
 #include <cstring>
 #include <string>
 #include <unordered_set>
 
 #include "bind.h"
+#include "call_site.h"
 #include "kiln/frontend/call_site.h"
 #include "kiln/runtime/interrupt.h"
 
@@ -72,7 +73,8 @@ const char* Site(PyFrameObject* f, PyCodeObject* code) {
   return site;
 }
 
-// The innermost frame outside the kiln package, as "file.py:12"; nullptr without the GIL.
+}  // namespace
+
 const char* PythonCallSite() {
   if (!PyGILState_Check()) return nullptr;
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
@@ -91,8 +93,6 @@ const char* PythonCallSite() {
   Py_XDECREF(owned);
   return site;
 }
-
-}  // namespace
 
 KILN_PY_BIND(70) {
   m.def("_install_hooks", [](const std::string& package_dir, unsigned long main_thread) {
