@@ -74,6 +74,12 @@ const bool kScalarEvaluatorInstalled = (passes::SetScalarEvaluator(&EvalScalar),
 namespace {
 std::atomic<uint64_t> g_seed{static_cast<uint64_t>(env::GetInt("KILN_SEED"))};
 std::atomic<uint64_t> g_offset{0};
+// A thread's own generator, once it called ManualSeed(seed, /*this_thread=*/true).
+struct ThreadGenerator {
+  bool own = false;
+  uint64_t seed = 0, offset = 0;
+};
+thread_local ThreadGenerator tls_generator;
 thread_local const char* tls_call_site = nullptr;
 std::atomic<CallSiteProvider> g_call_site_provider{nullptr};
 std::atomic<size_t>& InlineLimit() {
@@ -86,7 +92,11 @@ std::atomic<size_t>& InlineLimit() {
 
 size_t SetInlineLimit(size_t bytes) { return InlineLimit().exchange(bytes); }
 
-void ManualSeed(uint64_t seed) {
+void ManualSeed(uint64_t seed, bool this_thread) {
+  if (this_thread) {
+    tls_generator = {true, seed, 0};
+    return;
+  }
   g_seed = seed;
   g_offset = 0;
 }
@@ -209,8 +219,14 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     if (def.random_numel) n = def.random_numel(attrs);
     else
       for (const Tensor* t : outputs) n += t->numel();
-    seed = g_seed.load();
-    offset = g_offset.fetch_add(static_cast<uint64_t>((n + 3) / 4 * 4));
+    const auto draws = static_cast<uint64_t>((n + 3) / 4 * 4);
+    if (tls_generator.own) {
+      seed = tls_generator.seed, offset = tls_generator.offset;
+      tls_generator.offset += draws;
+    } else {
+      seed = g_seed.load();
+      offset = g_offset.fetch_add(draws);
+    }
   }
   engine::TaskOptions opts;
   opts.device = device;
