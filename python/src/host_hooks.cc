@@ -15,6 +15,15 @@
 #include "kiln/frontend/call_site.h"
 #include "kiln/runtime/interrupt.h"
 
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && __has_include(<internal/pycore_frame.h>)
+#define KILN_PY_FRAMES_311 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define KILN_PY_FRAMES_311 0
+#endif
+
 namespace kiln::py {
 namespace {
 
@@ -35,16 +44,20 @@ void PythonInterruptCheck() {
 
 // ---- call sites ----
 // Walking the stack and decoding a line number per op would cost more than the op, so the answer
-// for the innermost frames is cached by (code object, instruction offset): on a hit an op pays a
-// few loads. The cache holds a reference to each code object it names, so that an address cannot
-// be reused while an entry points at it. Everything here runs with the GIL held.
+// for a frame is cached by (code object, instruction offset): on a hit an op pays a few loads.
+// The cache holds a reference to each code object it names, so that an address cannot be reused
+// while an entry points at it. Everything here runs with the GIL held.
+//
+// On CPython 3.11 the walk reads the interpreter's own frame records: the public API would make a
+// frame object for each of kiln's frames it steps over (a layer's forward, Block.__call__), an
+// allocation per frame per op. Other versions use the public API.
 
 std::string* g_package_dir = new std::string();  // kiln's own frames are not the user's
 const char kInternal[] = "";                       // the site of a frame inside kiln
 
 struct SiteEntry {
   PyCodeObject* code = nullptr;
-  int lasti = -1;
+  int offset = -1;
   const char* site = nullptr;
 };
 constexpr size_t kSiteSlots = 1024;
@@ -52,11 +65,11 @@ SiteEntry* g_sites = new SiteEntry[kSiteSlots];  // leaked: no Python calls afte
 auto* g_interned = new std::unordered_set<std::string>();
 constexpr size_t kMaxSites = 1 << 16;  // a program that generates code forever stops naming sites
 
-const char* Site(PyFrameObject* f, PyCodeObject* code) {
-  int lasti = PyFrame_GetLasti(f);
-  size_t h = ((reinterpret_cast<uintptr_t>(code) >> 4) ^ (static_cast<size_t>(lasti) * 0x9E3779B1u)) & (kSiteSlots - 1);
+// The site of the instruction at byte `offset` of `code`: kInternal inside kiln, nullptr unknown.
+const char* Site(PyCodeObject* code, int offset) {
+  size_t h = ((reinterpret_cast<uintptr_t>(code) >> 4) ^ (static_cast<size_t>(offset) * 0x9E3779B1u)) & (kSiteSlots - 1);
   SiteEntry& e = g_sites[h];
-  if (e.code == code && e.lasti == lasti) return e.site;
+  if (e.code == code && e.offset == offset) return e.site;
   const char* file = PyUnicode_AsUTF8(code->co_filename);
   if (!file) {
     PyErr_Clear();
@@ -65,11 +78,11 @@ const char* Site(PyFrameObject* f, PyCodeObject* code) {
   const char* site = kInternal;
   if (g_package_dir->empty() || std::strncmp(file, g_package_dir->c_str(), g_package_dir->size()) != 0) {
     if (g_interned->size() >= kMaxSites) return nullptr;
-    site = g_interned->insert(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(f))).first->c_str();
+    site = g_interned->insert(std::string(file) + ":" + std::to_string(PyCode_Addr2Line(code, offset))).first->c_str();
   }
   Py_INCREF(code);
   Py_XDECREF(e.code);
-  e = {code, lasti, site};
+  e = {code, offset, site};
   return site;
 }
 
@@ -77,12 +90,22 @@ const char* Site(PyFrameObject* f, PyCodeObject* code) {
 
 const char* PythonCallSite() {
   if (!PyGILState_Check()) return nullptr;
+  const char* site = nullptr;
+#if KILN_PY_FRAMES_311
+  int depth = 0;
+  for (_PyInterpreterFrame* f = _PyThreadState_UncheckedGet()->cframe->current_frame; f && depth < 64;
+       f = f->previous, ++depth) {
+    if (_PyFrame_IsIncomplete(f)) continue;  // a frame still setting up: no instruction yet
+    site = Site(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+    if (site != kInternal) return site;
+  }
+  return nullptr;
+#else
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   PyFrameObject* owned = nullptr;        // a frame PyFrame_GetBack gave us
-  const char* site = nullptr;
   for (int depth = 0; f && depth < 64; ++depth) {
     PyCodeObject* code = PyFrame_GetCode(f);
-    site = Site(f, code);
+    site = Site(code, PyFrame_GetLasti(f));
     Py_DECREF(code);
     if (site != kInternal) break;
     site = nullptr;
@@ -92,6 +115,7 @@ const char* PythonCallSite() {
   }
   Py_XDECREF(owned);
   return site;
+#endif
 }
 
 KILN_PY_BIND(70) {
