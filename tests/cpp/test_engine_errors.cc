@@ -1,7 +1,8 @@
 // Engine errors that keep their type, and sync points that an interrupt check ends (engine.h,
 // interrupt.h): a DistributedError stays a DistributedError, a GpuError keeps its code, an error
 // is named once; a throwing check ends WaitForVar and WaitForAll while the work goes on, and the
-// engine stays usable. Every engine kind (threaded, naive) where it applies.
+// engine stays usable; eager ops name the call site a provider gives. Every engine kind
+// (threaded, naive) where it applies.
 //
 // No test asserts on elapsed time; a blocked task waits at a gate the test opens.
 #include <doctest/doctest.h>
@@ -14,6 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/frontend/call_site.h"
+#include "kiln/frontend/dispatch.h"
+#include "kiln/frontend/ops.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
@@ -173,4 +177,33 @@ TEST_CASE("engine errors: with nothing pending, waits return without calling the
   CHECK_NOTHROW(e->WaitForVar(a.v));
   CHECK_NOTHROW(e->WaitForAll());
   CHECK(g_checks.load() == 0);
+}
+
+namespace {
+const char* TestProvider() { return "provider.py:3"; }
+}  // namespace
+
+TEST_CASE("engine errors: an eager op's error names the call site of the provider, SetCallSite first") {
+  kiln::Tensor x = kiln::nd::arange(0, 6);
+  kiln::Tensor bad = kiln::Tensor::FromVector<int64_t>({1, 9}, kiln::Shape({2}));
+  kiln::SetCallSiteProvider(&TestProvider);
+  struct Remove {
+    ~Remove() { kiln::SetCallSiteProvider(nullptr); }
+  } remove;
+  std::string msg;
+  try {
+    kiln::nd::take(x, bad).WaitToRead();
+  } catch (const kiln::ValueError& e) {
+    msg = e.what();
+  }
+  CHECK(kiln::testing::Contains(msg, "error in operator 'take' (called from provider.py:3): take: index 9"));
+  kiln::SetCallSite("explicit.cc:4");
+  try {
+    kiln::nd::take(x, bad).WaitToRead();
+  } catch (const kiln::ValueError& e) {
+    msg = e.what();
+  }
+  kiln::SetCallSite(nullptr);
+  CHECK(kiln::testing::Contains(msg, "(called from explicit.cc:4)"));
+  CHECK_THROWS_AS(kiln::engine::Engine::Get().WaitForAll(), kiln::ValueError);
 }
