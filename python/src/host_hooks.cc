@@ -89,11 +89,13 @@ const char* Site(PyCodeObject* code, int offset) {
 }  // namespace
 
 const char* PythonCallSite() {
-  if (!PyGILState_Check()) return nullptr;
+  // This thread holds the GIL (PyGILState_Check without its shortcut for subinterpreters).
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (!ts || ts != _PyThreadState_UncheckedGet()) return nullptr;
   const char* site = nullptr;
 #if KILN_PY_FRAMES_311
   int depth = 0;
-  for (_PyInterpreterFrame* f = _PyThreadState_UncheckedGet()->cframe->current_frame; f && depth < 64;
+  for (_PyInterpreterFrame* f = ts->cframe->current_frame; f && depth < 64;
        f = f->previous, ++depth) {
     if (_PyFrame_IsIncomplete(f)) continue;  // a frame still setting up: no instruction yet
     site = Site(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
