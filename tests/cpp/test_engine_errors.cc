@@ -116,7 +116,7 @@ TEST_CASE("engine errors: a DistributedError from a task is still a DistributedE
   }
 }
 
-TEST_CASE("engine errors: a GpuError keeps its code; std::bad_alloc becomes a MemoryError") {
+TEST_CASE("engine errors: a GpuError keeps its code, std::bad_alloc becomes a MemoryError") {
   for (const char* config : {"threaded2", "naive"}) {
     CAPTURE(config);
     auto e = MakeEngine(config);
@@ -135,7 +135,7 @@ TEST_CASE("engine errors: a GpuError keeps its code; std::bad_alloc becomes a Me
   }
 }
 
-TEST_CASE("engine errors: an interrupt check ends WaitForVar and WaitForAll; the work goes on") {
+TEST_CASE("engine errors: an interrupt check ends WaitForVar and WaitForAll, the work goes on") {
   auto e = MakeEngine("threaded2");
   VarGuard a(*e), b(*e);
   Gate gate;
