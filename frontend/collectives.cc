@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "kiln/frontend/call_site.h"
 #include "kiln/frontend/tracer.h"
 #include "kiln/runtime/collectives.h"
 #include "kiln/runtime/engine.h"
@@ -191,6 +192,7 @@ void PushTask(const char* name, Device device, std::span<const Tensor> reads, st
   opts.device = device;
   opts.stream = engine::StreamKind::kComm;
   opts.name = name;
+  opts.call_site = CurrentCallSite();
   opts.bytes = bytes;
   auto task = std::make_shared<std::pair<Body, std::vector<StoragePtr>>>(std::move(body), std::move(keep));
   engine::Engine::Get().Push([task] { task->first(); }, r, w, opts);

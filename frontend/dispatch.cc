@@ -11,6 +11,7 @@
 #include <new>
 
 #include "kiln/frontend/autograd.h"
+#include "kiln/frontend/call_site.h"
 #include "kiln/frontend/tracer.h"
 #include "kiln/passes/pass.h"
 #include "kiln/runtime/cpu/copy.h"
@@ -73,7 +74,14 @@ const bool kScalarEvaluatorInstalled = (passes::SetScalarEvaluator(&EvalScalar),
 namespace {
 std::atomic<uint64_t> g_seed{static_cast<uint64_t>(env::GetInt("KILN_SEED"))};
 std::atomic<uint64_t> g_offset{0};
+// A thread's own generator, once it called ManualSeed(seed, /*this_thread=*/true).
+struct ThreadGenerator {
+  bool own = false;
+  uint64_t seed = 0, offset = 0;
+};
+thread_local ThreadGenerator tls_generator;
 thread_local const char* tls_call_site = nullptr;
+std::atomic<CallSiteProvider> g_call_site_provider{nullptr};
 std::atomic<size_t>& InlineLimit() {
   static std::atomic<size_t> limit{
       static_cast<size_t>(std::max<int64_t>(0, env::GetInt("KILN_ENGINE_INLINE_BYTES")))};
@@ -84,12 +92,24 @@ std::atomic<size_t>& InlineLimit() {
 
 size_t SetInlineLimit(size_t bytes) { return InlineLimit().exchange(bytes); }
 
-void ManualSeed(uint64_t seed) {
+void ManualSeed(uint64_t seed, bool this_thread) {
+  if (this_thread) {
+    tls_generator = {true, seed, 0};
+    return;
+  }
   g_seed = seed;
   g_offset = 0;
 }
 
 void SetCallSite(const char* site) { tls_call_site = site; }
+
+void SetCallSiteProvider(CallSiteProvider provider) { g_call_site_provider.store(provider); }
+
+const char* CurrentCallSite() {
+  if (tls_call_site) return tls_call_site;
+  CallSiteProvider provider = g_call_site_provider.load(std::memory_order_relaxed);
+  return provider ? provider() : nullptr;
+}
 
 // ---- invoke ------------------------------------------------------------------------------------
 
@@ -199,13 +219,19 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     if (def.random_numel) n = def.random_numel(attrs);
     else
       for (const Tensor* t : outputs) n += t->numel();
-    seed = g_seed.load();
-    offset = g_offset.fetch_add(static_cast<uint64_t>((n + 3) / 4 * 4));
+    const auto draws = static_cast<uint64_t>((n + 3) / 4 * 4);
+    if (tls_generator.own) {
+      seed = tls_generator.seed, offset = tls_generator.offset;
+      tls_generator.offset += draws;
+    } else {
+      seed = g_seed.load();
+      offset = g_offset.fetch_add(draws);
+    }
   }
   engine::TaskOptions opts;
   opts.device = device;
   opts.name = def.name.c_str();
-  opts.call_site = tls_call_site;
+  opts.call_site = CurrentCallSite();
   opts.bytes = bytes;
   opts.may_run_inline = device.is_cpu() && in_bytes + bytes <= InlineLimit().load(std::memory_order_relaxed);
   auto make = [&] {

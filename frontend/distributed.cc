@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "kiln/frontend/call_site.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 
@@ -37,6 +38,7 @@ void RunOrdered(const char* name, std::function<void()> fn) {
   o.device = cpu(0);
   o.stream = engine::StreamKind::kComm;
   o.name = name;
+  o.call_site = CurrentCallSite();
   engine::Engine::Get().Push(
       [done, fn = std::move(fn)] {
         try {
@@ -115,6 +117,7 @@ void PushCollective(const char* name, const std::vector<Tensor>& arrays, std::fu
   o.device = arrays[0].device().is_gpu() ? arrays[0].device() : cpu(0);
   o.stream = engine::StreamKind::kComm;
   o.name = name;
+  o.call_site = CurrentCallSite();
   engine::Engine::Get().Push(
       [arrays, fn = std::move(fn)] {
         try {

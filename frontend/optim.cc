@@ -17,6 +17,7 @@
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/gpu_kernels.h"
 #endif
+#include "kiln/frontend/call_site.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
@@ -141,6 +142,7 @@ void PushTask(const char* name, Device device, std::span<const Tensor> reads,
   engine::TaskOptions opts;
   opts.device = device;
   opts.name = name;
+  opts.call_site = CurrentCallSite();
   auto task = std::make_shared<std::pair<Body, std::vector<StoragePtr>>>(std::move(body), std::move(keep));
   engine::Engine::Get().Push([task] { task->first(); }, r, w, opts);
 }

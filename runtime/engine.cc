@@ -92,11 +92,13 @@ class ThreadedEngine final : public EngineBase {
     if (tls_on_worker)
       KILN_THROW(StateError) << "wait_to_read called inside an engine task: that would deadlock; "
                                 "sync only from the thread that queues work";
-    // The flag is shared with the task: the waker may still be inside notify when we return.
+    // The flag is shared with the task: the waker may still be inside notify when we return, or
+    // run long after an interrupted wait (interrupt.h) gave up.
     // The error is captured by the waiter itself: a writer queued behind it may clear it later.
     struct Result {
       std::atomic<int> done{0};
       std::exception_ptr error;
+      WaitPoint woken;
     };
     auto r = std::make_shared<Result>();
     Var* vs[1] = {v};
@@ -108,11 +110,11 @@ class ThreadedEngine final : public EngineBase {
         std::lock_guard<SpinLock> g(v->mu);
         r->error = v->error;
       }
-      r->done.store(1), r->done.notify_all();
+      r->done.store(1), r->woken.Notify();
     }, vs, o);
     // Spin a little first: a short task finishes sooner than a futex sleep and wake-up take.
     for (int i = 0; i < 2000 && !r->done.load(std::memory_order_acquire); ++i) KILN_PAUSE();
-    r->done.wait(0);
+    r->woken.WaitInterruptible([&] { return r->done.load() != 0; });
     Reap();
     if (r->error) std::rethrow_exception(r->error);
     WaitForGpuWrite(v);
@@ -126,7 +128,7 @@ class ThreadedEngine final : public EngineBase {
     auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
     // Reaping may queue more work (a GPU storage is freed by a task on its stream): until none.
     do {
-      SleepUntil(idle);
+      drained_.WaitInterruptible(idle);
       Reap();
     } while (!idle());
     RethrowFirstError();

@@ -1,34 +1,29 @@
 // The synchronous engine (KILN_ENGINE=naive: every task runs on the pushing thread, with the
 // threaded engine's error semantics), and the task helpers both engines use.
+#include <cstring>
 #include <string>
 
 #include "engine_task.h"
 
 namespace kiln::engine::detail {
 
-// Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
+// Names the task in the error's message, keeping the error's own type: a DistributedError stays
+// a DistributedError, a GpuError keeps its code. The message is replaced in place, through the
+// std::runtime_error base of the very object thrown (assigning the base leaves the dynamic type
+// and the derived members alone), so no list of types can miss one. An error that already names
+// a task (a body that rethrew another task's stored error) is passed on unchanged. The object is
+// not shared yet: the task that threw it is the only one holding it.
 std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
-  std::string prefix = std::string("error in operator '") + o.name + "'";
+  static constexpr const char kHead[] = "error in operator '";
+  std::string prefix = std::string(kHead) + o.name + "'";
   if (o.call_site) prefix += std::string(" (called from ") + o.call_site + ")";
   prefix += ": ";
   try {
     std::rethrow_exception(e);
-  } catch (const InternalError& x) {
-    return std::make_exception_ptr(InternalError(prefix + x.what()));
-  } catch (const ShapeError& x) {
-    return std::make_exception_ptr(ShapeError(prefix + x.what()));
-  } catch (const DTypeError& x) {
-    return std::make_exception_ptr(DTypeError(prefix + x.what()));
-  } catch (const DeviceError& x) {
-    return std::make_exception_ptr(DeviceError(prefix + x.what()));
-  } catch (const FormatError& x) {
-    return std::make_exception_ptr(FormatError(prefix + x.what()));
-  } catch (const ValueError& x) {
-    return std::make_exception_ptr(ValueError(prefix + x.what()));
-  } catch (const StateError& x) {
-    return std::make_exception_ptr(StateError(prefix + x.what()));
-  } catch (const MemoryError& x) {
-    return std::make_exception_ptr(MemoryError(prefix + x.what()));
+  } catch (Error& x) {
+    if (std::strncmp(x.what(), kHead, sizeof(kHead) - 1) != 0)
+      static_cast<std::runtime_error&>(x) = std::runtime_error(prefix + x.what());
+    return std::current_exception();
   } catch (const std::bad_alloc&) {
     return std::make_exception_ptr(MemoryError(prefix + "out of memory"));
   } catch (const std::exception& x) {

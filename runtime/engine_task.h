@@ -126,7 +126,7 @@ struct Task : QueueNode {
   Task* next_dead = nullptr;  // link in the graveyard (see ThreadedEngine::Bury)
 };
 
-// Rethrows `e` as the same kiln error type with the task's name (and call site) in front.
+// `e` with the task's name (and call site) in front of its message, its type kept.
 std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o);
 /// Fills the task's reads and writes from the lists given, without duplicates; a variable both
 /// read and written counts as written (and is marked in writes_read).

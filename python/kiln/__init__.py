@@ -37,6 +37,12 @@ def _drain_at_exit():
 import atexit as _atexit
 _atexit.register(_drain_at_exit)
 
+# Ctrl-C ends the engine's waits (KeyboardInterrupt); engine errors name the user's file:line.
+# Removed at exit, before the drain above runs (atexit runs in reverse order).
+import os as _os, threading as _threading
+_C._install_hooks(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep, _threading.main_thread().ident)
+_atexit.register(_C._remove_hooks)
+
 
 def gpus():
     """Every GPU of this machine, as devices ([] when there is none)."""

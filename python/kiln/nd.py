@@ -164,8 +164,14 @@ def transpose(x, axes=None):
 
 
 def _seed(seed_state, ctx="all"):
-    """Seeds every random draw (MXNet's mx.random.seed; kiln has one generator, so ctx is moot)."""
-    _C.seed(int(seed_state))
+    """Seeds the random draws (MXNet's mx.random.seed; one generator for all devices, so ctx is moot).
+
+    Called from the main thread it seeds the process-wide generator, which every thread draws from
+    unless it seeded its own; called from another thread it gives that thread a generator of its
+    own: a thread that seeds, initializes and trains gets the numbers a single-threaded run with
+    the same seed gets, whatever other threads draw meanwhile."""
+    import threading
+    _C.seed(int(seed_state), threading.current_thread() is not threading.main_thread())
 
 
 def _random_shape(shape):

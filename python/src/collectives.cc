@@ -2,6 +2,7 @@
 // all_gather over lists of NDArrays (one engine task per call; see frontend/collectives.h).
 #include "kiln/frontend/collectives.h"
 #include "bind.h"
+#include "call_site.h"
 
 namespace kiln::py {
 
@@ -10,6 +11,7 @@ KILN_PY_BIND(30) {
       "allreduce",
       [](const std::vector<std::vector<Tensor>>& groups, const std::string& op) {
         ReduceOp o = ParseReduceOp(op);
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil; // Push may wait for room in the engine's queue
         AllReduce(groups, o);
       },
@@ -22,6 +24,7 @@ Returns at once; one engine task.)");
   m.def(
       "broadcast",
       [](const std::vector<std::vector<Tensor>>& groups, int root) {
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil;
         Broadcast(groups, root);
       },
@@ -32,6 +35,7 @@ Returns at once; one engine task.)");
       "reduce_scatter",
       [](const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, const std::string& op) {
         ReduceOp o = ParseReduceOp(op);
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil;
         ReduceScatter(inputs, outputs, o);
       },
@@ -42,6 +46,7 @@ len(inputs) parts: the first N % D parts one element longer); outputs[d] lives o
   m.def(
       "all_gather",
       [](const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil;
         AllGather(inputs, outputs);
       },

@@ -2,6 +2,7 @@
 // and the Python class of DistributedError (a kiln.StateError, hence a RuntimeError).
 #include "kiln/frontend/distributed.h"
 #include "bind.h"
+#include "call_site.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::py {
@@ -69,6 +70,7 @@ KILN_PY_BIND(60) {
       [](pyb::handle arrays, const std::string& op) {
         std::vector<Tensor> v = ToArrays(arrays, "allreduce");
         mpi::ReduceOp o = mpi::ParseReduceOp(op);
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil; // Push may block on backpressure
         distributed::Allreduce(v, o);
       },
@@ -77,6 +79,7 @@ KILN_PY_BIND(60) {
       "broadcast",
       [](pyb::handle arrays, int root) {
         std::vector<Tensor> v = ToArrays(arrays, "broadcast");
+        CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
         pyb::gil_scoped_release nogil;
         distributed::Broadcast(v, root);
       },

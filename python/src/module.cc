@@ -225,7 +225,8 @@ KILN_PY_BIND(0) {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().WaitForAll();
   }, "Blocks until all queued work is done; raises the first error a task stored since the last waitall.");
-  m.def("seed", [](uint64_t s) { nd::random::seed(s); });
+  m.def("seed", [](uint64_t s, bool this_thread) { ManualSeed(s, this_thread); }, pyb::arg("seed"),
+        pyb::arg("this_thread") = false);
   m.def("env_switch", [](const std::string& name) { return env::Get(name.c_str()); }, pyb::arg("name"),
         "The value of a KILN_* switch declared in runtime/env.cc's table, or its default.");
   m.def("engine_stats", [] {

@@ -2,6 +2,7 @@
 // task per call). The optimizers and the Trainer that call them live in python/kiln/optim.py and
 // python/kiln/trainer.py.
 #include "bind.h"
+#include "call_site.h"
 #include "kiln/frontend/optim.h"
 
 namespace kiln::py {
@@ -13,6 +14,7 @@ KILN_PY_BIND(30) {
                          std::vector<double> wd_mults) {
     optim::SGDOptions o{lr, momentum, wd, rescale_grad, clip_gradient, std::move(lr_mults),
                         std::move(wd_mults)};
+    CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
     pyb::gil_scoped_release nogil;  // Push may wait for room in the engine's queue
     optim::SGDUpdate(weights, grads, moms, o);
   }, pyb::arg("weights"), pyb::arg("grads"), pyb::arg("moms"), pyb::arg("lr"), pyb::arg("momentum") = 0.0,
@@ -29,6 +31,7 @@ w += mom; without (moms may be []): w -= lr * lr_mult * g. clip_gradient <= 0 di
                           std::vector<double> wd_mults) {
     optim::AdamOptions o{lr, beta1, beta2, epsilon, wd, rescale_grad, clip_gradient, t, decoupled,
                          std::move(lr_mults), std::move(wd_mults)};
+    CallSiteScope site;  // before the GIL goes: errors of the queued tasks name it
     pyb::gil_scoped_release nogil;
     optim::AdamUpdate(weights, grads, means, vars, o);
   }, pyb::arg("weights"), pyb::arg("grads"), pyb::arg("means"), pyb::arg("vars"), pyb::arg("lr"),

@@ -40,8 +40,11 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& at
 /// they depend on is pending (KILN_ENGINE_INLINE_BYTES; 0 queues every op). Returns the old value.
 size_t SetInlineLimit(size_t bytes);
 
-/// Seeds the generator behind random ops (kiln.random.seed).
-void ManualSeed(uint64_t seed);
+/// Seeds the generator behind random ops (kiln.random.seed): the process-wide one, which every
+/// thread without a generator of its own draws from; with `this_thread`, the calling thread's
+/// own, from then on used by its random ops alone (the same seed gives the same numbers as the
+/// process-wide generator given it, whatever other threads draw meanwhile).
+void ManualSeed(uint64_t seed, bool this_thread = false);
 
 /// The call site the Python layer reports for the ops it is about to queue ("file.py:12").
 /// Engine errors name it. Thread-local; nullptr when unknown.

@@ -5,9 +5,10 @@
 // with no conflict run concurrently on the workers of their device. Push returns at once.
 //
 // Errors: an exception thrown by a task is stored on the variables it writes; tasks that read
-// such a variable are skipped and pass the error on. WaitForVar rethrows the stored error (naming
-// the task), WaitForAll rethrows the first error since the previous WaitForAll. The engine keeps
-// running.
+// such a variable are skipped and pass the error on. WaitForVar rethrows the stored error (its
+// type kept, its message naming the task and its call site), WaitForAll rethrows the first error
+// since the previous WaitForAll. The engine keeps running. While they sleep, both run the
+// interrupt check (interrupt.h), which may end the wait early (Ctrl-C from Python).
 //
 // Backpressure: at most `max_pending` tasks (KILN_ENGINE_MAX_PENDING) and `max_pending_bytes`
 // bytes of task outputs (KILN_ENGINE_MAX_PENDING_MB) wait at once, except that one task may always

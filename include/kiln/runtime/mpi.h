@@ -28,9 +28,8 @@
 namespace kiln {
 
 /// A collective across processes failed: a peer died or stalled past the timeout, the ranks
-/// disagree on what to reduce, or MPI reported an error. Derived from StateError: inside an engine
-/// task the engine rebuilds errors as their base type, so a queued collective's failure reaches
-/// the user as a StateError naming the op.
+/// disagree on what to reduce, or MPI reported an error. A StateError; a queued collective's
+/// failure reaches the user as a DistributedError naming the op (the engine keeps error types).
 class DistributedError : public StateError {
   using StateError::StateError;
 };

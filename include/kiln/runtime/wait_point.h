@@ -3,11 +3,14 @@
 // under the mutex; a notifier first makes the condition true, then looks for sleepers. With
 // seq_cst on both sides one of them always sees the other, so no wake-up is lost. `notified_`
 // limits a burst of notifications to one condition-variable broadcast per sleep.
+// WaitInterruptible also wakes every kInterruptPoll to run the interrupt check (interrupt.h).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+
+#include "kiln/runtime/interrupt.h"
 
 namespace kiln {
 
@@ -25,6 +28,30 @@ class WaitPoint {
       notified_.store(false);
     }
     sleepers_.fetch_sub(1);
+  }
+
+  /// Wait, except that the interrupt check (if one is installed) runs every kInterruptPoll
+  /// meanwhile, without the lock; when it throws, the wait ends with its exception.
+  template <class Pred>
+  void WaitInterruptible(Pred done) {
+    InterruptCheck check = GetInterruptCheck();
+    if (!check) return Wait(done);
+    if (done()) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    sleepers_.fetch_add(1);
+    struct Leave {  // also when the check throws
+      std::atomic<int>& n;
+      ~Leave() { n.fetch_sub(1); }
+    } leave{sleepers_};
+    notified_.store(false);
+    while (!done()) {
+      if (cv_.wait_for(lock, kInterruptPoll) == std::cv_status::timeout) {
+        lock.unlock();
+        check();
+        lock.lock();
+      }
+      notified_.store(false);
+    }
   }
 
   /// Whether a thread sleeps here now (seq_cst: a notifier that changed the condition and then

@@ -4,12 +4,16 @@ prepared in background threads while the model trains.
 A batch is built in one vectorised step when the dataset offers it (Dataset._batch: FashionMNIST
 and ArrayDataset of NumPy arrays, with or without ToTensor/Normalize), else sample by sample and
 stacked (batchify_fn). Worker threads, not processes: the batch conversion runs in C++ without
-the GIL, so threads overlap it with training at no pickling cost.
+the GIL, so threads overlap it with training at no pickling cost. An exception in a worker is
+raised again in the caller's thread with the same type and the worker's traceback in its message
+(as PyTorch's DataLoader does): the caller's own traceback says nothing about where it happened.
 """
 import collections
 import concurrent.futures
 import math
 import numbers
+import threading
+import traceback
 
 import numpy as np
 
@@ -29,6 +33,35 @@ def default_batchify_fn(samples, device=None):
         out = nd.stack(samples, 0)
         return out if device is None else out.to_device(device)
     return _as_batch_array(np.stack([np.asarray(s) for s in samples]), device)
+
+
+class _KeyErrorMessage(str):
+    """KeyError shows repr() of its argument: this message prints as itself, newlines and all."""
+
+    def __repr__(self):
+        return self
+
+
+class _WorkerFailure(Exception):
+    """What a worker thread raises instead of the dataset's exception: that exception, the text of
+    its traceback (which the caller's thread cannot see) and where it happened."""
+
+    def __init__(self, error, where):
+        super().__init__(where)
+        self.error, self.where = error, where
+        self.text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+    def reraise(self):
+        kind = type(self.error)
+        msg = f"Caught {kind.__name__} in {self.where}.\nOriginal traceback (most recent call last, in the worker):\n"
+        msg += self.text.split("\n", 1)[1] if self.text.startswith("Traceback") else self.text
+        if kind is KeyError:
+            msg = _KeyErrorMessage(msg)
+        try:
+            err = kind(msg)
+        except Exception:  # an exception type whose constructor wants more than a message
+            err = RuntimeError(msg)
+        raise err from None
 
 
 class DataLoader:
@@ -89,6 +122,13 @@ class DataLoader:
         out = self._batchify([self.dataset[int(i)] for i in indices])
         return out
 
+    def _make_batch_in_worker(self, indices, number):
+        try:
+            return self._make_batch(indices)
+        except Exception as e:
+            where = f"DataLoader worker thread '{threading.current_thread().name}' (batch {number} of the epoch)"
+            raise _WorkerFailure(e, where) from None
+
     def __iter__(self):
         batches = self._epoch_batches()
         if self.prefetch == 0:
@@ -100,17 +140,20 @@ class DataLoader:
         pool = concurrent.futures.ThreadPoolExecutor(max(1, self.num_workers), thread_name_prefix="kiln-data")
         pending = collections.deque()
         ahead = max(self.prefetch, self.num_workers)
-        it = iter(batches)
+        it = iter(enumerate(batches))
         try:
-            for b in it:
-                pending.append(pool.submit(self._make_batch, b))
+            for number, b in it:
+                pending.append(pool.submit(self._make_batch_in_worker, b, number))
                 if len(pending) >= ahead:
                     break
             while pending:
-                batch = pending.popleft().result()
+                try:
+                    batch = pending.popleft().result()
+                except _WorkerFailure as failure:
+                    failure.reraise()
                 nxt = next(it, None)
                 if nxt is not None:
-                    pending.append(pool.submit(self._make_batch, nxt))
+                    pending.append(pool.submit(self._make_batch_in_worker, nxt[1], nxt[0]))
                 yield batch
         finally:
             for f in pending:

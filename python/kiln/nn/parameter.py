@@ -8,6 +8,7 @@ completes the shape and runs it (deferred initialization). A Parameter's name is
 global names ('dense0_weight'). Reading data(ctx) on a device it does not live on raises
 StateError, a RuntimeError as in MXNet. Not here: sparse storage types, sharing by `params=`.
 """
+import itertools
 import re
 import warnings
 
@@ -24,8 +25,10 @@ _GRAD_REQS = ("write", "add", "null")
 
 
 
-# Bumped whenever a Parameter's arrays are replaced (not refilled): cached compiled graphs read
-# the arrays they captured, so a HybridBlock drops its cache when this changes.
+# Changed whenever a Parameter's arrays are replaced (not refilled): cached compiled graphs read
+# the arrays they captured, so a HybridBlock drops its cache when this changes. A fresh number from
+# a counter, not `+= 1`: two threads replacing arrays at once must not both write the same value.
+_generations = itertools.count(1)
 _generation = 0
 
 class DeferredInitializationError(StateError):
@@ -179,7 +182,7 @@ class Parameter:
         for arr in arrays:
             arr.attach_grad(self._grad_req)
         self._data = arrays
-        _generation += 1  # compiled graphs captured the old arrays: HybridBlock retraces
+        _generation = next(_generations)  # compiled graphs captured the old arrays: HybridBlock retraces
 
     def _infer_shape(self, shape):
         """Fills the unknown dimensions from the first input and runs a pending initialization."""

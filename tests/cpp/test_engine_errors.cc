@@ -1,0 +1,209 @@
+// Engine errors that keep their type, and sync points that an interrupt check ends (engine.h,
+// interrupt.h): a DistributedError stays a DistributedError, a GpuError keeps its code, an error
+// is named once; a throwing check ends WaitForVar and WaitForAll while the work goes on, and the
+// engine stays usable; eager ops name the call site a provider gives. Every engine kind
+// (threaded, naive) where it applies.
+//
+// No test asserts on elapsed time; a blocked task waits at a gate the test opens.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/frontend/call_site.h"
+#include "kiln/frontend/dispatch.h"
+#include "kiln/frontend/ops.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
+#include "kiln/runtime/interrupt.h"
+#include "kiln/runtime/mpi.h"
+#include "test_util.h"
+
+namespace {
+
+using kiln::engine::CreateEngine;
+using kiln::engine::Engine;
+using kiln::engine::TaskOptions;
+using kiln::engine::Var;
+using kiln::testing::ScopedEnv;
+
+std::unique_ptr<Engine> MakeEngine(const std::string& config) {
+  if (config == "naive") return CreateEngine("naive");
+  ScopedEnv env("KILN_CPU_WORKERS", config == "threaded1" ? "1" : "2");
+  return CreateEngine("threaded");
+}
+
+struct VarGuard {
+  Engine& e;
+  Var* v;
+  explicit VarGuard(Engine& eng) : e(eng), v(eng.NewVar()) {}
+  ~VarGuard() { e.ReleaseVar(v); }
+};
+
+void PushThrowing(Engine& e, Var* w, const char* name, const char* site, std::function<void()> fn) {
+  TaskOptions o;
+  o.name = name;
+  o.call_site = site;
+  e.Push(std::move(fn), {}, std::vector<Var*>{w}, o);
+}
+
+// A task blocks here until the test opens it.
+struct Gate {
+  std::atomic<int> open{0};
+  void Wait() { open.wait(0); }
+  void Open() {
+    open.store(1);
+    open.notify_all();
+  }
+};
+
+// The interrupt check of these tests: throws once `armed` is set (and counts its calls).
+std::atomic<bool> g_armed{false};
+std::atomic<int> g_checks{0};
+struct Interrupted : std::runtime_error {
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+void TestCheck() {
+  g_checks.fetch_add(1);
+  if (g_armed.load()) throw Interrupted();
+}
+struct InstalledCheck {
+  InstalledCheck() {
+    g_armed = false, g_checks = 0;
+    kiln::SetInterruptCheck(&TestCheck);
+  }
+  ~InstalledCheck() { kiln::SetInterruptCheck(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("engine errors: a DistributedError from a task is still a DistributedError, named once") {
+  for (const char* config : {"threaded1", "threaded2", "naive"}) {
+    CAPTURE(config);
+    auto e = MakeEngine(config);
+    VarGuard a(*e), b(*e);
+    PushThrowing(*e, a.v, "allreduce", "train.py:7", [] { throw kiln::DistributedError("rank 1 of 2 died"); });
+    try {
+      e->WaitForVar(a.v);
+      FAIL("no error");
+    } catch (const kiln::DistributedError& x) {
+      CHECK(std::string(x.what()) == "error in operator 'allreduce' (called from train.py:7): rank 1 of 2 died");
+    }
+    // WaitForAll rethrows the same object: the type and the one prefix again.
+    try {
+      e->WaitForAll();
+      FAIL("no error");
+    } catch (const kiln::DistributedError& x) {
+      CHECK(std::string(x.what()) == "error in operator 'allreduce' (called from train.py:7): rank 1 of 2 died");
+    }
+    // A task body that rethrows another task's stored error does not name it a second time.
+    std::exception_ptr stored = e->VarError(a.v);
+    REQUIRE(stored);
+    PushThrowing(*e, b.v, "outer", nullptr, [stored] { std::rethrow_exception(stored); });
+    try {
+      e->WaitForVar(b.v);
+      FAIL("no error");
+    } catch (const kiln::DistributedError& x) {
+      CHECK(std::string(x.what()).find("outer") == std::string::npos);
+    }
+    CHECK_THROWS_AS(e->WaitForAll(), kiln::DistributedError);
+  }
+}
+
+TEST_CASE("engine errors: a GpuError keeps its code, std::bad_alloc becomes a MemoryError") {
+  for (const char* config : {"threaded2", "naive"}) {
+    CAPTURE(config);
+    auto e = MakeEngine(config);
+    VarGuard a(*e), b(*e);
+    PushThrowing(*e, a.v, "matmul", nullptr, [] { throw kiln::gpurt::GpuError(700, "cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS"); });
+    try {
+      e->WaitForVar(a.v);
+      FAIL("no error");
+    } catch (const kiln::gpurt::GpuError& x) {
+      CHECK(x.code() == 700);
+      CHECK(std::string(x.what()) == "error in operator 'matmul': cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS");
+    }
+    PushThrowing(*e, b.v, "zeros", nullptr, [] { throw std::bad_alloc(); });
+    CHECK_THROWS_AS(e->WaitForVar(b.v), kiln::MemoryError);
+    CHECK_THROWS_AS(e->WaitForAll(), kiln::gpurt::GpuError);
+  }
+}
+
+TEST_CASE("engine errors: an interrupt check ends WaitForVar and WaitForAll, the work goes on") {
+  auto e = MakeEngine("threaded2");
+  VarGuard a(*e), b(*e);
+  Gate gate;
+  struct OpenAtExit {  // a failed check must not leave the engine's destructor waiting forever
+    Gate& g;
+    ~OpenAtExit() { g.Open(); }
+  } open_at_exit{gate};
+  InstalledCheck installed;
+  int value = 0;
+  TaskOptions o;
+  o.name = "slow";
+  e->Push([&] { gate.Wait(), value = 1; }, {}, std::vector<Var*>{a.v}, o);
+  // Not armed: the check runs while the wait sleeps (every kInterruptPoll) and the wait goes on.
+  std::thread opener([&] {
+    while (g_checks.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    g_armed = true;  // the next check throws
+  });
+  CHECK_THROWS_AS(e->WaitForVar(a.v), Interrupted);
+  opener.join();
+  CHECK_THROWS_AS(e->WaitForAll(), Interrupted);
+  CHECK(value == 0);  // still blocked: the interrupted waits cancelled nothing
+
+  // The engine stays usable: the blocked task finishes, later tasks run, waits return.
+  g_armed = false;
+  gate.Open();
+  e->WaitForVar(a.v);
+  CHECK(value == 1);
+  o.name = "later";
+  e->Push([&] { value = 2; }, std::vector<Var*>{a.v}, std::vector<Var*>{b.v}, o);
+  CHECK_NOTHROW(e->WaitForAll());
+  CHECK(value == 2);
+}
+
+TEST_CASE("engine errors: with nothing pending, waits return without calling the check") {
+  auto e = MakeEngine("threaded1");
+  VarGuard a(*e);
+  InstalledCheck installed;
+  g_armed = true;
+  CHECK_NOTHROW(e->WaitForVar(a.v));
+  CHECK_NOTHROW(e->WaitForAll());
+  CHECK(g_checks.load() == 0);
+}
+
+namespace {
+const char* TestProvider() { return "provider.py:3"; }
+}  // namespace
+
+TEST_CASE("engine errors: an eager op's error names the call site of the provider, SetCallSite first") {
+  kiln::Tensor x = kiln::nd::arange(0, 6);
+  kiln::Tensor bad = kiln::Tensor::FromVector<int64_t>({1, 9}, kiln::Shape({2}));
+  kiln::SetCallSiteProvider(&TestProvider);
+  struct Remove {
+    ~Remove() { kiln::SetCallSiteProvider(nullptr); }
+  } remove;
+  std::string msg;
+  try {
+    kiln::nd::take(x, bad).WaitToRead();
+  } catch (const kiln::ValueError& e) {
+    msg = e.what();
+  }
+  CHECK(kiln::testing::Contains(msg, "error in operator 'take' (called from provider.py:3): take: index 9"));
+  kiln::SetCallSite("explicit.cc:4");
+  try {
+    kiln::nd::take(x, bad).WaitToRead();
+  } catch (const kiln::ValueError& e) {
+    msg = e.what();
+  }
+  kiln::SetCallSite(nullptr);
+  CHECK(kiln::testing::Contains(msg, "(called from explicit.cc:4)"));
+  CHECK_THROWS_AS(kiln::engine::Engine::Get().WaitForAll(), kiln::ValueError);
+}
