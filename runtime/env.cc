@@ -30,6 +30,7 @@ constexpr Switch kSwitches[] = {
     {"KILN_VERIFY", "0", "1: run the graph verifier around every pass"},
     {"KILN_PROFILE", "", "a file name: profile the whole run and write a Chrome trace (Perfetto, chrome://tracing) there at exit"},
     {"KILN_PROFILE_MAX_EVENTS", "4000000", "events the profiler keeps in memory (about 100 bytes each); later ones are dropped and counted"},
+    {"KILN_CPU_POOL_MB", "1024", "megabytes of freed host memory each CPU pool keeps for reuse; beyond it the least recently used sizes go back to the system (0: keep none)"},
     {"KILN_GRAPH_CACHE_SIZE", "64", "compiled graphs a hybridized block keeps, one per input signature; the least recently used is dropped beyond it"},
     {"KILN_REPORT", "0", "1: print a compile report for each hybridized block"},
     {"KILN_BUCKET_MB", "25", "megabytes of gradients the Trainer sums across devices in one collective"},

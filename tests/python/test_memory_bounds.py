@@ -1,0 +1,162 @@
+"""Bounded memory: the CPU pool's statistics (kiln.cpu_memory_stats), emptying it on demand
+(kiln.empty_cache), its bound (KILN_CPU_POOL_MB), and a loop over 400 distinct shapes, eager and
+hybridized, whose pool and resident memory stay within stated bounds. The runs that set a switch
+or measure the process's memory go in a fresh interpreter."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import kiln
+from kiln import nd
+
+MiB = 1 << 20
+
+
+def run(code, timeout=600, **env):
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=timeout)
+    return r
+
+
+def test_cpu_memory_stats_count_allocations_frees_and_cached_bytes():
+    kiln.waitall()
+    s0 = kiln.cpu_memory_stats()
+    for key in ("bytes_in_use", "peak_bytes_in_use", "bytes_cached", "peak_bytes_cached", "bytes_reserved",
+                "cache_limit_bytes", "num_allocs", "num_frees", "num_system_allocs", "num_system_frees",
+                "num_trims", "num_ooms", "num_cache_flushes"):
+        assert isinstance(s0[key], int), key
+    a = nd.zeros((1 << 20,))  # 4 MiB
+    a.wait_to_read()
+    s1 = kiln.cpu_memory_stats()
+    assert s1["bytes_in_use"] >= s0["bytes_in_use"] + 4 * MiB, (s0, s1)
+    assert s1["peak_bytes_in_use"] >= s1["bytes_in_use"]
+    assert s1["num_allocs"] > s0["num_allocs"]
+    assert s1["bytes_reserved"] == s1["bytes_in_use"] + s1["bytes_cached"]
+    del a
+    kiln.waitall()
+    s2 = kiln.cpu_memory_stats()
+    assert s2["num_frees"] > s1["num_frees"]
+    assert s2["bytes_in_use"] <= s1["bytes_in_use"] - 4 * MiB, (s1, s2)
+    assert s2["bytes_cached"] >= 4 * MiB, s2  # kept for reuse, not given back
+    assert s2["cache_limit_bytes"] == int(kiln._C.env_switch("KILN_CPU_POOL_MB")) * MiB
+    assert kiln.cpu_memory_stats(device_id=0)["cache_limit_bytes"] == s2["cache_limit_bytes"]
+
+
+def test_empty_cache_gives_the_cpu_pool_back():
+    a = nd.ones((1 << 20,))
+    a.wait_to_read()
+    del a
+    kiln.waitall()
+    before = kiln.cpu_memory_stats()
+    assert before["bytes_cached"] >= 4 * MiB
+    kiln.empty_cache()
+    after = kiln.cpu_memory_stats()
+    assert after["bytes_cached"] == 0, after
+    assert after["num_cache_flushes"] == before["num_cache_flushes"] + 1
+    assert after["num_system_frees"] > before["num_system_frees"]
+    b = nd.ones((1 << 20,)) * 2  # the pool works after being emptied
+    assert float(b.sum().asscalar()) == 2.0 * (1 << 20)
+
+
+def test_empty_cache_also_empties_the_simulated_gpus_pools():
+    r = run("""
+        import kiln
+        from kiln import nd
+        a = nd.ones((1 << 20,)).as_in_context(kiln.gpu(1))
+        a.wait_to_read()
+        del a
+        kiln.waitall()
+        assert kiln.gpu_memory_stats(1)["bytes_cached"] >= 4 << 20
+        assert kiln.cpu_memory_stats()["bytes_cached"] >= 4 << 20
+        kiln.empty_cache()
+        assert kiln.gpu_memory_stats(1)["bytes_cached"] == 0 and kiln.cpu_memory_stats()["bytes_cached"] == 0
+        print("ok")
+    """, KILN_GPU_SIM="2")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_pool_limit_zero_caches_nothing_and_a_bad_limit_is_refused():
+    r = run("""
+        import kiln
+        from kiln import nd
+        for n in (1000, 1 << 20, 12345):
+            a = nd.ones((n,)) + 1
+            a.wait_to_read()
+            del a
+            kiln.waitall()
+            s = kiln.cpu_memory_stats()
+            assert s["bytes_cached"] == 0 and s["cache_limit_bytes"] == 0, s
+        assert s["num_system_frees"] >= 6, s
+        print("ok")
+    """, KILN_CPU_POOL_MB="0")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    r = run("import kiln; kiln.nd.ones((3,)).asnumpy()", KILN_CPU_POOL_MB="-5")
+    assert r.returncode != 0
+    assert "KILN_CPU_POOL_MB=-5" in r.stderr and "ArgumentError" in r.stderr, r.stderr
+
+
+# The loop of the bound test: every iteration a batch size never seen before, through eager ops
+# and a hybridized block (forward and backward), so each iteration allocates sizes the pool has
+# not cached yet and the block compiles a new graph (it keeps KILN_GRAPH_CACHE_SIZE of them).
+SHAPE_LOOP = """
+    import gc, json, os, sys
+    import kiln
+    from kiln import autograd, nd, nn
+
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    net = nn.HybridSequential()
+    net.add(nn.Dense(64, activation="relu", in_units=256), nn.Dense(10, in_units=64))
+    net.initialize()
+    net.hybridize()
+
+    def step(i):
+        n = 100 + i                                   # 400 distinct batch sizes
+        x = nd.random.uniform(shape=(n, 1024))        # 0.4 .. 2 MB, eager
+        y = ((x * 2 + 1).exp() - x).sum(axis=1)
+        z = nd.random.normal(shape=(n, 256))
+        z.attach_grad()
+        with autograd.record():
+            out = net(z)                              # hybridized: a new graph per shape
+            loss = (out * out).sum() + y.sum()
+        loss.backward()
+        return float(loss.asscalar()) + float(z.grad.sum().asscalar())
+
+    warm = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    for i in range(warm):                             # one-time costs: JIT, oneDNN, first graphs
+        step(i)
+    kiln.waitall(); gc.collect()
+    base = rss_mb()
+    peak = base
+    for i in range(warm, 400):
+        step(i)
+        if i % 10 == 0:
+            kiln.waitall()
+            peak = max(peak, rss_mb())
+    kiln.waitall(); gc.collect()
+    end = rss_mb()
+    s = kiln.cpu_memory_stats()
+    print(json.dumps({"rss_base_mb": base, "rss_peak_mb": max(peak, end), "rss_end_mb": end,
+                      "peak_cached_mb": s["peak_bytes_cached"] / 2**20, "cached_mb": s["bytes_cached"] / 2**20,
+                      "trims": s["num_trims"], "limit_mb": s["cache_limit_bytes"] / 2**20}))
+"""
+
+POOL_MB = 64          # the pool's bound in this test (KILN_CPU_POOL_MB)
+RSS_GROWTH_MB = 150   # the stated bound of the resident memory's growth over 360 new shapes
+
+
+def test_400_distinct_shapes_stay_within_the_pool_and_rss_bounds():
+    r = run(SHAPE_LOOP, KILN_CPU_POOL_MB=str(POOL_MB))
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    print(m)
+    assert m["limit_mb"] == POOL_MB
+    # The freed sizes add up to far more than the pool may keep, so it must have trimmed itself,
+    # and the cache never went above the bound at any free.
+    assert m["trims"] > 0, m
+    assert m["peak_cached_mb"] <= POOL_MB, m
+    assert m["rss_peak_mb"] - m["rss_base_mb"] <= RSS_GROWTH_MB, m
