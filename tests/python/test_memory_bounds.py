@@ -160,3 +160,57 @@ def test_400_distinct_shapes_stay_within_the_pool_and_rss_bounds():
     assert m["trims"] > 0, m
     assert m["peak_cached_mb"] <= POOL_MB, m
     assert m["rss_peak_mb"] - m["rss_base_mb"] <= RSS_GROWTH_MB, m
+
+
+# A compiled graph's arena on a simulated GPU: three 1024x1024 products live at once (12 MiB).
+ARENA_NET = """
+    import re
+    import numpy as np, kiln
+    from kiln import nd, nn
+
+    class Products(nn.HybridBlock):
+        def forward(self, x):
+            y = nd.dot(x, x)
+            z = nd.dot(y, x)
+            return (nd.dot(z, y) + z + y).sum()
+
+    net = Products()
+    net.initialize()
+    net.hybridize()
+    xn = np.random.default_rng(0).uniform(0, 0.01, (1024, 1024)).astype(np.float32)
+    x = nd.array(xn).as_in_context(kiln.gpu(0))
+    y = xn @ xn
+    z = y @ xn
+    expected = float((z @ y + z + y).sum())
+"""
+
+
+def test_a_gpu_arena_that_does_not_fit_is_an_out_of_memory_error_naming_device_and_size():
+    r = run(ARENA_NET + """
+    try:
+        net(x).asnumpy()
+    except kiln.OutOfMemoryError as e:
+        msg = str(e)
+        assert re.search(r"out of memory on gpu\\(0\\) allocating \\d+ bytes for the arena of a compiled graph", msg), msg
+    else:
+        raise AssertionError("expected OutOfMemoryError")
+    small = nd.ones((4,)).as_in_context(kiln.gpu(0)) * 2  # the device is still usable
+    assert small.asnumpy().tolist() == [2.0] * 4
+    print("ok")
+    """, KILN_GPU_SIM="1", KILN_GPU_SIM_MEM="12M")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_gpu_arena_empties_the_pool_and_retries_before_failing():
+    r = run(ARENA_NET + """
+    t = nd.zeros((6 << 20,)).as_in_context(kiln.gpu(0))  # 24 MiB freed into the pool: 28 of 40 reserved
+    t.wait_to_read()
+    del t
+    kiln.waitall()
+    flushes = kiln.gpu_memory_stats(0)["num_cache_flushes"]
+    got = float(net(x).asnumpy())
+    assert abs(got - expected) <= 1e-4 * abs(expected), (got, expected)
+    assert kiln.gpu_memory_stats(0)["num_cache_flushes"] == flushes + 1
+    print("ok")
+    """, KILN_GPU_SIM="1", KILN_GPU_SIM_MEM="40M")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
