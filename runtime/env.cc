@@ -27,6 +27,7 @@ constexpr Switch kSwitches[] = {
     {"KILN_DISABLE_PASS", "", "comma-separated passes to switch off"},
     {"KILN_CACHE_DIR", "", "directory of the compiled-kernel disk cache (default ~/.cache/kiln; off: no disk cache)"},
     {"KILN_CACHE_MAX_MB", "256", "size bound of the kernel disk cache; least recently used kernels are deleted beyond it"},
+    {"KILN_KERNEL_CACHE_SIZE", "1024", "generated kernels kept in memory; beyond it the least recently used is dropped and its code freed once no compiled graph uses it"},
     {"KILN_VERIFY", "0", "1: run the graph verifier around every pass"},
     {"KILN_PROFILE", "", "a file name: profile the whole run and write a Chrome trace (Perfetto, chrome://tracing) there at exit"},
     {"KILN_PROFILE_MAX_EVENTS", "4000000", "events the profiler keeps in memory (about 100 bytes each); later ones are dropped and counted"},

@@ -214,3 +214,49 @@ def test_a_gpu_arena_empties_the_pool_and_retries_before_failing():
     print("ok")
     """, KILN_GPU_SIM="1", KILN_GPU_SIM_MEM="40M")
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_kernels_for_ever_new_constants_stay_within_the_kernel_cache(tmp_path):
+    # A hybridized block fed a new Python constant on every call compiles a new fused kernel each
+    # time. The memory cache keeps KILN_KERNEL_CACHE_SIZE of them; the others leave the JIT once
+    # their graphs are gone (measured before the bound: about 1 MB of resident memory per 100).
+    r = run("""
+        import json, os
+        import numpy as np, kiln
+        from kiln import nd, nn
+
+        def rss_mb():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+        class Scaled(nn.HybridBlock):
+            def forward(self, x, s):
+                return ((x * s + 1).exp() * x - s).sum(axis=1)
+
+        net = Scaled()
+        net.initialize()
+        net.hybridize()
+        xn = np.random.default_rng(0).uniform(size=(50, 40)).astype(np.float32)
+        x = nd.array(xn)
+        def check(s):
+            want = (np.exp(xn * np.float32(s) + 1) * xn - np.float32(s)).sum(axis=1)
+            np.testing.assert_allclose(net(x, s).asnumpy(), want, rtol=1e-4)
+        for i in range(900):
+            check(0.001 * i)
+            if i == 150:
+                base = rss_mb()
+        kiln.waitall()
+        end = rss_mb()
+        s = kiln.codegen_stats()
+        disk_hits = s["disk_hits"]
+        check(0.0)  # evicted long ago: read back from the disk cache, and right
+        print(json.dumps({"rss_growth_mb": end - base, "compiles": s["compiles"], "evictions": s["evictions"],
+                          "disk_hit_after_eviction": kiln.codegen_stats()["disk_hits"] - disk_hits}))
+    """, KILN_KERNEL_CACHE_SIZE="16", KILN_GRAPH_CACHE_SIZE="4", KILN_CACHE_DIR=str(tmp_path),
+        PYTHONWARNINGS="ignore")
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    print(m)
+    assert m["compiles"] == 900 and m["evictions"] == 900 - 16, m
+    assert m["disk_hit_after_eviction"] == 1, m
+    assert m["rss_growth_mb"] <= 3.0, m  # 750 kernels: about 7.5 MB without the bound
