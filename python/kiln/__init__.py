@@ -13,15 +13,17 @@ kiln's own names.
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
                  StateError, OutOfMemoryError, InternalError, IntegerOverflowError, NDArray, cpu, gpu, num_gpus, waitall,
-                 codegen_stats, gpu_memory_stats, cpu_memory_stats, empty_cache, cuda_graph_stats)
+                 codegen_stats, gpu_memory_stats, empty_cache, cuda_graph_stats)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
 from .context import Context  # mx.Context: every kiln.Device is one
 
 __all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "MXNetError", "cpu", "gpu",
-           "num_gpus", "gpus", "waitall", "gpu_memory_stats", "cpu_memory_stats", "empty_cache", "cuda_graph_stats",
+           "num_gpus", "gpus", "waitall", "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "IntegerOverflowError", "codegen_stats"]
+from ._C import cpu_memory_stats  # the CPU pool's statistics, as gpu_memory_stats's
+__all__ += ["cpu_memory_stats"]
 
 
 def _drain_at_exit():
