@@ -22,8 +22,6 @@ __all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "MXNetErr
            "num_gpus", "gpus", "waitall", "gpu_memory_stats", "empty_cache", "cuda_graph_stats",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "IntegerOverflowError", "codegen_stats"]
-from ._C import cpu_memory_stats  # the CPU pool's statistics, as gpu_memory_stats's
-__all__ += ["cpu_memory_stats"]
 
 
 def _drain_at_exit():
@@ -60,6 +58,9 @@ _MXNET_ALIASES = {"symbol": "sym", "initializer": "init", "kv": "kvstore"}
 
 random = nd.random  # mx.random.seed / uniform / normal, as mx.nd.random
 MXNetError = KilnError  # mx.MXNetError and mx.base.MXNetError
+
+from ._C import cpu_memory_stats  # the CPU pool's statistics, named as gpu_memory_stats's
+__all__ += ["cpu_memory_stats"]
 
 
 def __getattr__(name):
