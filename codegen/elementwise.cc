@@ -123,12 +123,12 @@ std::shared_ptr<CompiledKernel> CompileElementwise(const Expr& e) {
   r.form = detail::ExactForm(e);
   r.target = detail::TargetKey();
   r.build = [&](const std::string& symbol, std::string* ir) { return detail::CompileObject(e, symbol, ir); };
-  r.link = [](std::string_view object, const std::string& symbol) {
-    return reinterpret_cast<void*>(detail::LoadObject(object, symbol));
+  r.link = [](std::string_view object, const std::string& symbol, std::shared_ptr<void>* code) {
+    return reinterpret_cast<void*>(detail::LoadObject(object, symbol, code));
   };
   r.make = [&](void* fn, std::string_view, const std::string&, const detail::Obtained& how) {
     return std::make_shared<CompiledKernel>(reinterpret_cast<CompiledKernel::Fn>(fn), e.NumInputs(), how.ms,
-                                            e.ToString(), how.from_disk);
+                                            e.ToString(), how.from_disk, how.code);
   };
   try {
     return detail::GetOrBuildAs<CompiledKernel>(r);

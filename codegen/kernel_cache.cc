@@ -1,7 +1,9 @@
 // The kernel cache of every generated kernel (elementwise, row, PTX): one map in memory, one
 // directory on disk, one set of counters per kind.
 //
-// Memory: kernels by (kind, exact form, target), for the life of the process.
+// Memory: kernels by (kind, exact form, target), the KILN_KERNEL_CACHE_SIZE most recently used.
+// An evicted kernel lives on in the compiled graphs that hold it; its JIT code is removed when the
+// last of them goes (the kernel object owns its code), and its symbol may then be defined again.
 //
 // Disk: one file per kernel in KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln),
 // named by a hash of the kind, exact form, target and toolchain key, holding a header (format,
@@ -72,9 +74,15 @@ const char* SymbolPrefix(KernelKind k) {
 }
 
 struct Cache {
+  struct Kept {
+    std::shared_ptr<void> kernel;
+    uint64_t used = 0; // `tick` when last asked for
+  };
   std::mutex mu; // held while building, so one kernel is never built twice
-  std::unordered_map<std::string, std::shared_ptr<void>> kernels; // by MemoryKey
-  std::unordered_set<std::string> symbols; // defined in the JIT (or failed to be): never reused
+  std::unordered_map<std::string, Kept> kernels; // by MemoryKey
+  uint64_t tick = 0;
+  size_t capacity = 0; // KILN_KERNEL_CACHE_SIZE, read on first use
+  std::unordered_set<std::string> symbols; // defined in the JIT (or failed to be): not reused while so
   std::array<CodegenStats, kNumKernelKinds> stats;
   std::array<std::string, kNumKernelKinds> last_ir;
   bool warned = false; // the disk cache's one warning
@@ -84,6 +92,14 @@ struct Cache {
   std::string disk_dir;
   uint64_t disk_bytes = 0;
 };
+
+size_t MemoryCapacity() {
+  int64_t n = env::GetInt("KILN_KERNEL_CACHE_SIZE");
+  if (n < 1)
+    KILN_THROW(ValueError) << "KILN_KERNEL_CACHE_SIZE=" << n << ": the kernel cache must keep at least one "
+                           << "kernel in memory; set it to 1 or more (the default is 1024)";
+  return static_cast<size_t>(n);
+}
 
 Cache& GetCache() {
   static Cache* cache = new Cache; // leaked: kernels may be used during static destruction
@@ -187,6 +203,31 @@ void Store(Cache& cache, const fs::path& dir, const fs::path& file, const std::s
   }
 }
 
+/// Makes `*code` (the linked code's owner, when link gave one) also free `symbol` for reuse once
+/// the code is gone. Never called with cache.mu held by the thread that drops the last owner:
+/// evicted kernels are destroyed after GetOrBuild unlocks.
+void ReleaseSymbolWithCode(Cache& cache, const KernelRequest& r, const std::string& symbol,
+                           std::shared_ptr<void>* code) {
+  class Release {
+   public:
+    Release(std::shared_ptr<void> code, std::string symbol, Cache& cache)
+        : code_(std::move(code)), symbol_(std::move(symbol)), cache_(cache) {}
+    Release(const Release&) = delete;
+    ~Release() {
+      code_.reset(); // the code leaves the JIT
+      std::lock_guard<std::mutex> lock(cache_.mu);
+      cache_.symbols.erase(symbol_);
+    }
+
+   private:
+    std::shared_ptr<void> code_;
+    std::string symbol_;
+    Cache& cache_;
+  };
+  if (!*code || !r.unique_symbols) return;
+  *code = std::make_shared<Release>(std::move(*code), symbol, cache);
+}
+
 /// The kernel of `r` from the disk cache, else built and stored there. Sets `how`.
 std::shared_ptr<void> Obtain(Cache& cache, const KernelRequest& r, std::chrono::steady_clock::time_point t0,
                              Obtained* how) {
@@ -209,11 +250,12 @@ std::shared_ptr<void> Obtain(Cache& cache, const KernelRequest& r, std::chrono::
     if (!artifact.empty()) {
       if (r.unique_symbols) cache.symbols.insert(symbol);
       try {
-        void* linked = r.link(artifact, symbol);
+        void* linked = r.link(artifact, symbol, &how->code);
+        ReleaseSymbolWithCode(cache, r, symbol, &how->code);
         std::error_code ec;
         fs::last_write_time(file, fs::file_time_type::clock::now(), ec); // recently used
         cache.last_ir[k].clear();
-        *how = {elapsed(), true};
+        how->ms = elapsed(), how->from_disk = true;
         return r.make(linked, artifact, symbol, *how);
       } catch (const InternalError& err) { // linked badly: build under a fresh name, rewrite the file
         WarnOnce(cache, "'" + file.string() + "' did not link (" + err.what() + ")");
@@ -224,9 +266,10 @@ std::shared_ptr<void> Obtain(Cache& cache, const KernelRequest& r, std::chrono::
   }
   if (r.unique_symbols) cache.symbols.insert(symbol);
   std::string artifact = r.build(symbol, &cache.last_ir[k]);
-  void* linked = r.link(artifact, symbol);
+  void* linked = r.link(artifact, symbol, &how->code);
+  ReleaseSymbolWithCode(cache, r, symbol, &how->code);
   if (!dir.empty()) Store(cache, dir, file, header, artifact, cache.stats[k]);
-  *how = {elapsed(), false};
+  how->ms = elapsed(), how->from_disk = false;
   return r.make(linked, artifact, symbol, *how);
 }
 
@@ -268,17 +311,27 @@ std::shared_ptr<void> GetOrBuild(const KernelRequest& r) {
   // The profiler: a hit, or a miss that compiled the kernel or read it from the disk cache.
   profiler::Scope event(profiler::kCompile, "kernel cache hit", profiler::Args("kind", static_cast<double>(Index(r.kind))));
   Cache& cache = GetCache();
+  std::shared_ptr<void> evicted; // destroyed after the lock is released: it may free its code
   std::lock_guard<std::mutex> lock(cache.mu);
   CodegenStats& stats = cache.stats[Index(r.kind)];
   std::string mkey = MemoryKey(r.kind, r.form, r.target);
   if (auto it = cache.kernels.find(mkey); it != cache.kernels.end()) {
     ++stats.cache_hits;
-    return it->second;
+    it->second.used = ++cache.tick;
+    return it->second.kernel;
   }
   auto t0 = std::chrono::steady_clock::now();
   Obtained how;
   std::shared_ptr<void> kernel = Obtain(cache, r, t0, &how);
-  cache.kernels.emplace(std::move(mkey), kernel);
+  if (cache.capacity == 0) cache.capacity = MemoryCapacity();
+  if (cache.kernels.size() >= cache.capacity) { // a compile costs far more than this scan
+    auto lru = std::min_element(cache.kernels.begin(), cache.kernels.end(),
+                                [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    evicted = std::move(lru->second.kernel);
+    ++cache.stats[static_cast<size_t>(static_cast<unsigned char>(lru->first[0]))].evictions;
+    cache.kernels.erase(lru);
+  }
+  cache.kernels.emplace(std::move(mkey), Cache::Kept{kernel, ++cache.tick});
   ++(how.from_disk ? stats.disk_hits : stats.compiles);
   event.Rename(how.from_disk ? "kernel cache miss: read from disk" : "kernel cache miss: codegen");
   stats.compile_ms +=

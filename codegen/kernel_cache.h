@@ -19,6 +19,9 @@ namespace kiln::codegen::detail {
 struct Obtained {
   double ms = 0;          ///< wall time of building or loading (so far, when make runs)
   bool from_disk = false; ///< the artifact came from the disk cache
+  /// Owns the linked code (null: none, or code that lives as long as the process): the kernel
+  /// object keeps it, so the code goes when the last holder of the kernel does.
+  std::shared_ptr<void> code;
 };
 
 struct KernelRequest {
@@ -35,9 +38,10 @@ struct KernelRequest {
   /// Builds the artifact that defines `symbol`; writes the optimized IR to `ir`.
   std::function<std::string(const std::string& symbol, std::string* ir)> build;
   /// Makes the artifact defining `symbol` (built now or read from disk) usable: links a host
-  /// object into the process-wide JIT and returns the function's address (PTX: nullptr). Throws
-  /// InternalError when it cannot (a file from disk is then built again under a fresh name).
-  std::function<void*(std::string_view artifact, const std::string& symbol)> link;
+  /// object into the process-wide JIT and returns the function's address (PTX: nullptr), setting
+  /// `code` to the owner of the linked code (LoadObject). Throws InternalError when it cannot (a
+  /// file from disk is then built again under a fresh name).
+  std::function<void*(std::string_view artifact, const std::string& symbol, std::shared_ptr<void>* code)> link;
   /// Wraps what link returned into the kernel object the caller returns (never fails).
   std::function<std::shared_ptr<void>(void* linked, std::string_view artifact, const std::string& symbol,
                                       const Obtained&)>
@@ -45,7 +49,8 @@ struct KernelRequest {
 };
 
 /// The kernel of `r`: from the memory cache, else loaded from the disk cache, else built (and
-/// stored on disk). Thread-safe; one kernel is never built twice at once. InternalError from
+/// stored on disk). The memory cache keeps the KILN_KERNEL_CACHE_SIZE most recently used kernels;
+/// an evicted kernel's code is removed from the JIT once nothing else holds the kernel. Thread-safe; one kernel is never built twice at once. InternalError from
 /// build or link propagates (the caller turns it into UnsupportedError); disk failures never do.
 std::shared_ptr<void> GetOrBuild(const KernelRequest& r);
 

@@ -25,6 +25,8 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,8 +90,17 @@ struct Jit {
   }
 };
 
+std::atomic<bool>& JitExiting() {
+  static std::atomic<bool> exiting{false};
+  return exiting;
+}
+
 Jit& GetJit() {
-  static Jit* jit = new Jit;
+  static Jit* jit = [] {
+    auto* j = new Jit;
+    std::atexit([] { JitExiting().store(true); });  // runs before the destructors of LLVM's statics
+    return j;
+  }();
   return *jit;
 }
 
@@ -256,6 +267,28 @@ CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name) 
   Check(jit.lljit->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(object.data(), object.size()), name)),
         "codegen: adding an object file to the JIT");
   auto addr = Unwrap(jit.lljit->lookup(name), "codegen: linking the compiled kernel");
+  return addr.toPtr<CompiledKernel::Fn>();
+}
+
+CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name, std::shared_ptr<void>* code) {
+  // The owner of one object's code: removes it from the JIT when destroyed, except at exit, when
+  // LLVM's own statics may already be gone.
+  class Code {
+   public:
+    explicit Code(llvm::orc::ResourceTrackerSP rt) : rt(std::move(rt)) {}
+    Code(const Code&) = delete;
+    ~Code() {
+      if (!JitExiting().load()) llvm::consumeError(rt->remove());
+    }
+    llvm::orc::ResourceTrackerSP rt;
+  };
+  Jit& jit = GetJit();
+  auto owner = std::make_shared<Code>(jit.lljit->getMainJITDylib().createResourceTracker());
+  Check(jit.lljit->addObjectFile(
+            owner->rt, llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(object.data(), object.size()), name)),
+        "codegen: adding an object file to the JIT");
+  auto addr = Unwrap(jit.lljit->lookup(name), "codegen: linking the compiled kernel");
+  *code = std::move(owner);
   return addr.toPtr<CompiledKernel::Fn>();
 }
 

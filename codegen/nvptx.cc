@@ -401,7 +401,7 @@ PtxKernel GeneratePtx(const Expr& e, const std::string& arch) {
                               arch, name, ir);
     return ptx + std::string(1, '\0') + *ir;
   };
-  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
+  r.link = [](std::string_view, const std::string&, std::shared_ptr<void>*) -> void* { return nullptr; };
   r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
     return FromArtifact(artifact, name, arch, e.NumInputs(), how.ms);
   };
@@ -425,7 +425,7 @@ PtxKernel GenerateFixedPtx(const std::string& form, const std::string& symbol, c
     std::string ptx = Compile([&](llvm::Module& m) { build(m, name); }, what, arch, name, ir);
     return ptx + std::string(1, '\0') + *ir;
   };
-  r.link = [](std::string_view, const std::string&) -> void* { return nullptr; };
+  r.link = [](std::string_view, const std::string&, std::shared_ptr<void>*) -> void* { return nullptr; };
   r.make = [&](void*, std::string_view artifact, const std::string& name, const detail::Obtained& how) {
     return FromArtifact(artifact, name, arch, num_inputs, how.ms);
   };

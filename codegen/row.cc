@@ -629,13 +629,14 @@ std::shared_ptr<RowKernel> CompileRow(const RowProgram& p) {
     m.print(os, nullptr);
     return detail::EmitHostObject(m);
   };
-  r.link = [](std::string_view object, const std::string& name) {
-    return reinterpret_cast<void*>(detail::LoadObject(object, name));
+  r.link = [](std::string_view object, const std::string& name, std::shared_ptr<void>* code) {
+    return reinterpret_cast<void*>(detail::LoadObject(object, name, code));
   };
   r.make = [&](void* fn, std::string_view, const std::string&, const detail::Obtained& how) {
     // LoadObject returns the symbol typed as an elementwise kernel; it is this row kernel.
     return std::make_shared<RowKernel>(reinterpret_cast<RowKernel::Fn>(fn), static_cast<int>(p.inputs.size()),
-                                       static_cast<int>(p.outputs.size()), how.ms, p.ToString(), how.from_disk);
+                                       static_cast<int>(p.outputs.size()), how.ms, p.ToString(), how.from_disk,
+                                       how.code);
   };
   try {
     return detail::GetOrBuildAs<RowKernel>(r);

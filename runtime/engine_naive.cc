@@ -25,7 +25,10 @@ std::exception_ptr NameError(std::exception_ptr e, const TaskOptions& o) {
       static_cast<std::runtime_error&>(x) = std::runtime_error(prefix + x.what());
     return std::current_exception();
   } catch (const std::bad_alloc&) {
-    return std::make_exception_ptr(MemoryError(prefix + "out of memory"));
+    // The size of the failed request is unknown here; the task's device and output size are known.
+    return std::make_exception_ptr(MemoryError(
+        prefix + "out of memory: a host allocation failed (std::bad_alloc) in a task on " + o.device.str() +
+        " writing " + std::to_string(o.bytes) + " bytes; free tensors or use smaller batches"));
   } catch (const std::exception& x) {
     return std::make_exception_ptr(Error(prefix + x.what()));
   } catch (...) {

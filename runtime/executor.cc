@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cpu/copy.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
@@ -27,6 +28,31 @@ using Clock = std::chrono::steady_clock;
 // call's kernels are ordered after the previous call's and the arena is reused without waiting
 // (only growing it waits for the stream, before the old block is freed).
 thread_local int tls_depth = 0;
+
+// Memory outside the pools (an arena, a CUDA graph's buffer): a refusal empties the device's pool
+// and tries once more, then is a MemoryError naming the device and the size, never a bare
+// std::bad_alloc or a null pointer.
+void* RawAlloc(const Device& device, size_t n, const char* what) {
+  CheckAllocationSize(n, device.str());
+  auto once = [&]() -> void* {
+    if (device.is_cpu()) return std::aligned_alloc(64, (n + 63) / 64 * 64);
+    try {
+      return cuda::DeviceMalloc(device, n);
+    } catch (const MemoryError&) {
+      return nullptr;
+    }
+  };
+  void* p = once();
+  if (!p) {
+    GetAllocator(device).EmptyCache();
+    p = once();
+  }
+  if (!p)
+    KILN_THROW(MemoryError) << "out of memory on " << device.str() << " allocating " << n << " bytes for " << what
+                            << " after emptying the cache; free tensors or use smaller batches";
+  return p;
+}
+
 uint8_t* Arena(size_t bytes, const Device& device) {
   struct Buf {
     uint8_t* p = nullptr;
@@ -53,10 +79,9 @@ uint8_t* Arena(size_t bytes, const Device& device) {
   if (buf.n < bytes || !(buf.device == device)) {
     buf.Release();
     buf.device = device;
+    CheckAllocationSize(bytes, device.str());
     size_t n = (bytes + 4095) / 4096 * 4096;
-    buf.p = static_cast<uint8_t*>(device.is_cpu() ? std::aligned_alloc(64, n) : cuda::DeviceMalloc(device, n));
-    if (!buf.p)
-      KILN_THROW(MemoryError) << "hybridize: cannot allocate an arena of " << bytes << " bytes on " << device.str();
+    buf.p = static_cast<uint8_t*>(RawAlloc(device, n, "the arena of a compiled graph"));
     buf.n = n;
   }
   return buf.p;
@@ -150,7 +175,8 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
   if (!gc.planned) {  // before the first capture (no capture is running: allocating is allowed)
     gc.staged.assign(n, nullptr);
     for (size_t i = 0; i < n; ++i)
-      if (at(i).data != gc.first[i] && Bytes(at(i)) > 0) gc.staged[i] = cuda::DeviceMalloc(device, Bytes(at(i)));
+      if (at(i).data != gc.first[i] && Bytes(at(i)) > 0)
+        gc.staged[i] = RawAlloc(device, Bytes(at(i)), "a CUDA graph's buffer");
     gc.planned = true;
   }
   std::vector<const void*> key = {arena};

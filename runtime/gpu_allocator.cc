@@ -12,9 +12,9 @@
 // statistics.
 // What it does not do: split or merge blocks (a block serves one size class), or limit the cache
 // below the device's memory.
+#include <algorithm>
 #include <map>
 #include <mutex>
-#include <new>
 #include <sstream>
 #include <vector>
 
@@ -48,12 +48,12 @@ class GpuCachingAllocator final : public Allocator {
     void* p = nullptr;
     try {
       p = cuda::DeviceMalloc(device_, size);
-    } catch (const std::bad_alloc&) {
+    } catch (const MemoryError&) {  // the device refused
       Count(&AllocatorStats::num_ooms);
       EmptyCache();  // give the cache back, then try once more
       try {
         p = cuda::DeviceMalloc(device_, size);
-      } catch (const std::bad_alloc&) {
+      } catch (const MemoryError&) {
         Count(&AllocatorStats::num_ooms);
         AllocatorStats s = Stats();
         KILN_THROW(MemoryError) << "out of memory on " << device_.str() << " allocating " << nbytes << " bytes ("
@@ -76,9 +76,11 @@ class GpuCachingAllocator final : public Allocator {
     }
     std::lock_guard<std::mutex> g(mu_);
     pools_[size].push_back(b);
+    ++stats_.num_frees;
     stats_.bytes_in_use -= static_cast<int64_t>(size);
     stats_.bytes_requested -= static_cast<int64_t>(nbytes);
     stats_.bytes_cached += static_cast<int64_t>(size);
+    stats_.peak_bytes_cached = std::max(stats_.peak_bytes_cached, stats_.bytes_cached);
     Sample();
   }
 
@@ -89,6 +91,7 @@ class GpuCachingAllocator final : public Allocator {
   void ResetPeak() override {
     std::lock_guard<std::mutex> g(mu_);
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    stats_.peak_bytes_cached = stats_.bytes_cached;
   }
 
   void EmptyCache() override {
@@ -98,6 +101,7 @@ class GpuCachingAllocator final : public Allocator {
       pools.swap(pools_);
       stats_.bytes_cached = 0;
       ++stats_.num_cache_flushes;
+      for (const auto& [size, blocks] : pools) stats_.num_system_frees += static_cast<int64_t>(blocks.size());
     }
     for (auto& [size, blocks] : pools)
       for (Block& b : blocks) {

@@ -56,12 +56,17 @@ void SynchronizeDevice(const Device& d) {
   P().DeviceSynchronize();
 }
 
+// A refusal is a MemoryError naming the device and the size (Python's OutOfMemoryError); the
+// caching allocators catch it to empty their cache and try once more.
 void* DeviceMalloc(const Device& d, size_t nbytes) {
   gpurt::DeviceGuard g(d.index);
   try {
     return P().Malloc(nbytes);
   } catch (const gpurt::GpuError& e) {
-    if (e.code() == gpurt::kOutOfMemory) throw std::bad_alloc();
+    if (e.code() == gpurt::kOutOfMemory)
+      KILN_THROW(MemoryError) << "out of memory on " << d.str() << " allocating " << nbytes
+                              << " bytes: the device refused (" << e.what()
+                              << "); free tensors, use smaller batches, or call kiln.empty_cache()";
     throw;
   }
 }
@@ -71,7 +76,16 @@ void DeviceFree(const Device& d, void* p) {
   P().Free(p);
 }
 
-void* HostMallocPinned(size_t nbytes) { return P().HostAllocPinned(nbytes); }
+void* HostMallocPinned(size_t nbytes) {
+  try {
+    return P().HostAllocPinned(nbytes);
+  } catch (const gpurt::GpuError& e) {
+    if (e.code() == gpurt::kOutOfMemory)
+      KILN_THROW(MemoryError) << "out of memory on pinned host memory allocating " << nbytes << " bytes ("
+                              << e.what() << "); free tensors or use smaller batches";
+    throw;
+  }
+}
 void HostFreePinned(void* p) { P().HostFreePinned(p); }
 
 namespace {

@@ -66,6 +66,9 @@ _MXNET_ALIASES = {"symbol": "sym", "initializer": "init", "kv": "kvstore"}
 random = nd.random  # mx.random.seed / uniform / normal, as mx.nd.random
 MXNetError = KilnError  # mx.MXNetError and mx.base.MXNetError
 
+from ._C import cpu_memory_stats  # the CPU pool's statistics, named as gpu_memory_stats's
+__all__ += ["cpu_memory_stats"]
+
 
 def __getattr__(name):
     if name in _LAZY_MODULES or name in _MXNET_MODULES:

@@ -14,6 +14,7 @@ void Put(pyb::dict& d, const codegen::CodegenStats& s) {
   d["disk_hits"] = s.disk_hits;
   d["disk_writes"] = s.disk_writes;
   d["compile_ms"] = s.compile_ms;
+  d["evictions"] = s.evictions;
 }
 } // namespace
 #endif
@@ -42,7 +43,8 @@ KILN_PY_BIND(60) {
         return d;
       },
       "Counters of the kernel cache, over every generated kernel: compiles (by LLVM), cache_hits "
-      "(memory), disk_hits and disk_writes (the KILN_CACHE_DIR cache), compile_ms; the same per kind "
+      "(memory), disk_hits and disk_writes (the KILN_CACHE_DIR cache), compile_ms, evictions (from memory: "
+      "KILN_KERNEL_CACHE_SIZE); the same per kind "
       "under kinds ('elementwise', 'row', 'ptx'); cache_dir; toolchain (what the cache's keys hold "
       "besides a kernel and its target). available is False when kiln was built without LLVM.");
 }

@@ -1,6 +1,7 @@
 // kiln._C: the module, error translation, devices, dtypes and the conversions every binding uses.
 #include <algorithm>
 #include <mutex>
+#include <new>
 #include <set>
 #include <string>
 
@@ -117,6 +118,19 @@ Tensor ToTensor(pyb::handle h, std::optional<Device> device) {
 
 namespace {
 
+pyb::dict StatsDict(const AllocatorStats& s) {
+  pyb::dict d;
+  d["bytes_in_use"] = s.bytes_in_use, d["peak_bytes_in_use"] = s.peak_bytes_in_use;
+  d["bytes_cached"] = s.bytes_cached, d["peak_bytes_cached"] = s.peak_bytes_cached;
+  d["bytes_reserved"] = s.bytes_reserved(), d["cache_limit_bytes"] = s.cache_limit_bytes;
+  d["bytes_requested"] = s.bytes_requested, d["fragmentation"] = s.fragmentation();
+  d["num_allocs"] = s.num_allocs, d["num_system_allocs"] = s.num_system_allocs;
+  d["num_frees"] = s.num_frees, d["num_system_frees"] = s.num_system_frees, d["num_trims"] = s.num_trims;
+  d["num_ooms"] = s.num_ooms, d["num_cache_flushes"] = s.num_cache_flushes;
+  d["num_stream_waits"] = s.num_stream_waits;
+  return d;
+}
+
 void RegisterErrors(pyb::module_& m) {
   pyb::object builtins = pyb::module_::import("builtins");
   // Every typed error is a KilnError and also the built-in exception a Python user expects.
@@ -171,6 +185,10 @@ void RegisterErrors(pyb::module_& m) {
       raise("InternalError", e);
     } catch (const Error& e) {
       raise("KilnError", e);
+    } catch (const std::bad_alloc&) {  // a container's allocation: its size is not known here
+      PyErr_SetString(c.attr("OutOfMemoryError").ptr(),
+                      "out of memory on cpu: a host allocation failed (std::bad_alloc); free tensors or use "
+                      "smaller batches");
     }
   });
 }
@@ -196,18 +214,14 @@ KILN_PY_BIND(0) {
   m.def("built_with_cuda", [] { return cuda::CompiledWithCuda(); });
   m.def("gpu_memory_stats", [](int i) {
     CheckDeviceExists(gpu(i));
-    AllocatorStats s = GetAllocator(gpu(i)).Stats();
-    pyb::dict d;
-    d["bytes_in_use"] = s.bytes_in_use, d["peak_bytes_in_use"] = s.peak_bytes_in_use;
-    d["bytes_cached"] = s.bytes_cached, d["bytes_reserved"] = s.bytes_reserved();
-    d["bytes_requested"] = s.bytes_requested, d["fragmentation"] = s.fragmentation();
-    d["num_allocs"] = s.num_allocs, d["num_system_allocs"] = s.num_system_allocs;
-    d["num_ooms"] = s.num_ooms, d["num_cache_flushes"] = s.num_cache_flushes;
-    d["num_stream_waits"] = s.num_stream_waits;
-    return d;
+    return StatsDict(GetAllocator(gpu(i)).Stats());
   }, pyb::arg("device_id") = 0,
         "The caching allocator's statistics of gpu(device_id): bytes in use (peak), cached, reserved, "
         "fragmentation (share of reserved bytes holding no data), allocation and out-of-memory counts.");
+  m.def("cpu_memory_stats", [](int i) { return StatsDict(GetAllocator(cpu(i)).Stats()); },
+        pyb::arg("device_id") = 0,
+        "The host pool's statistics of cpu(device_id), named as gpu_memory_stats's, with the pool's bound "
+        "(cache_limit_bytes: KILN_CPU_POOL_MB) and how often it was trimmed to it (num_trims).");
   m.def("cuda_graph_stats", [] {
     exec::GraphCounters& c = exec::CudaGraphCounters();
     pyb::dict d;
@@ -218,9 +232,9 @@ KILN_PY_BIND(0) {
      "from one, calls launched kernel by kernel, plans that stopped capturing (KILN_CUDA_GRAPHS).");
   m.def("empty_cache", [] {
     pyb::gil_scoped_release nogil;
-    for (int i = 0; i < NumGPUs(); ++i) GetAllocator(gpu(i)).EmptyCache();
-    if (NumGPUs() > 0) GetPinnedAllocator().EmptyCache();
-  }, "Gives the GPUs' cached free blocks back to the device (tensors in use are untouched).");
+    EmptyAllCaches();
+  }, "Gives the cached free blocks of every pool back to the system: the CPU devices', pinned host memory's "
+     "and the GPUs' (tensors in use are untouched).");
   m.def("waitall", [] {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().WaitForAll();

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/engine.h"
 #include "onednn_prim.h"
@@ -35,9 +36,14 @@ void* Buffer(Slot slot, size_t bytes) {
   Buf& b = bufs[slot];
   if (b.n < bytes) {
     std::free(b.p);
-    b.n = (bytes + 4095) / 4096 * 4096;
-    b.p = std::aligned_alloc(64, b.n);
-    KILN_CHECK(b.p) << "out of memory allocating a " << b.n << "-byte oneDNN buffer";
+    b.p = nullptr, b.n = 0;
+    CheckAllocationSize(bytes, "cpu");
+    size_t n = (bytes + 4095) / 4096 * 4096;
+    b.p = std::aligned_alloc(64, n);
+    if (!b.p)
+      KILN_THROW(MemoryError) << "out of memory on cpu allocating " << n << " bytes for a oneDNN buffer; free "
+                              << "tensors or use smaller batches";
+    b.n = n;
   }
   return b.p;
 }

@@ -1,11 +1,13 @@
 // Tests of the caching allocators (allocator.h): alignment, reuse of freed blocks, statistics,
-// the size classes of RoundAllocationSize, EmptyCache and concurrent use.
+// the size classes of RoundAllocationSize, EmptyCache, concurrent use, and the host pools' bound
+// (trimming above KILN_CPU_POOL_MB, least recently used sizes first).
 // Each test takes its own CPU device index (cpu(7) and up) so that its pool starts empty and no
 // other test touches it.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -14,6 +16,7 @@
 
 #include "kiln/frontend/tensor.h"
 #include "kiln/runtime/allocator.h"
+#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 
 using kiln::cpu;
@@ -206,4 +209,150 @@ TEST_CASE("allocator: a tensor's storage returns its block to the device pool") 
   }
   CHECK(a.Stats().bytes_in_use == 0);
   CHECK(a.Stats().bytes_cached == Rounded(4000));
+}
+
+// ---- the host pools' bound ----------------------------------------------------------------------
+
+namespace {
+constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
+}  // namespace
+
+TEST_CASE("allocator: a host pool above its limit gives the least recently used sizes back") {
+  auto pool = kiln::NewHostCachingAllocator("cpu(test)", kMiB);
+  kiln::Allocator& a = *pool;
+  CHECK(a.Stats().cache_limit_bytes == kMiB);
+  // Eight distinct sizes of 200..340 KiB, 2.1 MiB together: freed in order, the pool must trim.
+  std::vector<size_t> sizes;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) sizes.push_back(static_cast<size_t>((200 + 20 * i) * kKiB));
+  for (size_t n : sizes) blocks.push_back(a.Allocate(n));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    a.Free(blocks[i], sizes[i]);
+    CHECK(a.Stats().bytes_cached <= kMiB);  // never above the limit, after any free
+  }
+  kiln::AllocatorStats s = a.Stats();
+  CHECK(s.bytes_in_use == 0);
+  CHECK(s.num_trims >= 1);
+  CHECK(s.num_system_frees >= 1);
+  CHECK(s.num_frees == 8);
+  CHECK(s.peak_bytes_cached <= kMiB);
+  CHECK(s.bytes_cached > 0);  // trimmed to three quarters of the limit, not emptied
+  // The size freed last is still cached; the one freed first went back to the system.
+  int64_t sys = s.num_system_allocs;
+  void* last = a.Allocate(sizes.back());
+  CHECK(last == blocks.back());
+  CHECK(a.Stats().num_system_allocs == sys);
+  void* first = a.Allocate(sizes.front());
+  CHECK(a.Stats().num_system_allocs == sys + 1);
+  a.Free(first, sizes.front());
+  a.Free(last, sizes.back());
+}
+
+TEST_CASE("allocator: a size class in use survives a trim that releases idle ones") {
+  auto pool = kiln::NewHostCachingAllocator("cpu(test)", 4 * kMiB);
+  kiln::Allocator& a = *pool;
+  const size_t hot = 1536 * kKiB;  // reused on every step of a loop
+  a.Free(a.Allocate(hot), hot);
+  for (int i = 0; i < 40; ++i) {  // each step: the hot size, then a size never seen before
+    void* p = a.Allocate(hot);
+    size_t fresh = static_cast<size_t>((300 + 8 * i) * kKiB);
+    void* q = a.Allocate(fresh);
+    a.Free(q, fresh);
+    a.Free(p, hot);
+  }
+  kiln::AllocatorStats s = a.Stats();
+  CHECK(s.num_trims >= 2);
+  CHECK(s.peak_bytes_cached <= 4 * kMiB);
+  // The hot block came from the system once and was never trimmed.
+  int64_t sys = s.num_system_allocs;
+  a.Free(a.Allocate(hot), hot);
+  CHECK(a.Stats().num_system_allocs == sys);
+  CHECK(s.num_system_allocs == 1 + 40);  // the hot block once, each fresh size once
+}
+
+TEST_CASE("allocator: a steady loop under the limit never trims") {
+  auto pool = kiln::NewHostCachingAllocator("cpu(test)", 8 * kMiB);
+  kiln::Allocator& a = *pool;
+  const size_t sizes[] = {100, 5000, 300 * kKiB, 2 * kMiB};
+  for (int i = 0; i < 2000; ++i) {
+    void* p[4];
+    for (int k = 0; k < 4; ++k) p[k] = a.Allocate(sizes[k]);
+    for (int k = 0; k < 4; ++k) a.Free(p[k], sizes[k]);
+  }
+  kiln::AllocatorStats s = a.Stats();
+  CHECK(s.num_trims == 0);
+  CHECK(s.num_system_allocs == 4);
+  CHECK(s.num_system_frees == 0);
+  CHECK(s.num_frees == 8000);
+}
+
+TEST_CASE("allocator: a host pool with limit 0 caches nothing") {
+  auto pool = kiln::NewHostCachingAllocator("cpu(test)", 0);
+  kiln::Allocator& a = *pool;
+  for (int i = 0; i < 10; ++i) {
+    void* p = a.Allocate(1000);
+    std::memset(p, 1, 1000);
+    a.Free(p, 1000);
+    CHECK(a.Stats().bytes_cached == 0);
+  }
+  kiln::AllocatorStats s = a.Stats();
+  CHECK(s.num_system_allocs == 10);
+  CHECK(s.num_system_frees == 10);
+  CHECK(s.peak_bytes_cached == 0);
+  CHECK_THROWS_AS(kiln::NewHostCachingAllocator("cpu(test)", -1), kiln::ValueError);
+}
+
+TEST_CASE("allocator: concurrent use of a small pool keeps it within its limit") {
+  auto pool = kiln::NewHostCachingAllocator("cpu(test)", 2 * kMiB);
+  kiln::Allocator& a = *pool;
+  constexpr int kThreads = 4, kIters = 4000;
+  std::atomic<int> corrupt{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&a, &corrupt, t] {
+      std::mt19937 rng(100 + t);
+      std::vector<std::pair<void*, size_t>> live;
+      for (int i = 0; i < kIters; ++i) {
+        if (live.size() < 8 && (live.empty() || rng() % 2)) {
+          size_t n = 1 + rng() % (400 * 1024);
+          auto* p = static_cast<unsigned char*>(a.Allocate(n));
+          p[0] = p[n - 1] = static_cast<unsigned char>(t);
+          live.emplace_back(p, n);
+        } else {
+          auto [p, n] = live.back();
+          live.pop_back();
+          auto* c = static_cast<unsigned char*>(p);
+          if (c[0] != t || c[n - 1] != t) ++corrupt;  // handed out twice, or freed while in use
+          a.Free(p, n);
+        }
+      }
+      for (auto [p, n] : live) a.Free(p, n);
+    });
+  for (auto& t : threads) t.join();
+  CHECK(corrupt == 0);
+  kiln::AllocatorStats s = a.Stats();
+  CHECK(s.bytes_in_use == 0);
+  CHECK(s.num_trims > 0);
+  CHECK(s.peak_bytes_cached <= 2 * kMiB);
+  CHECK(s.num_frees == s.num_allocs);
+  // Every block from the system is either cached or was given back.
+  a.EmptyCache();
+  kiln::AllocatorStats e = a.Stats();
+  CHECK(e.bytes_cached == 0);
+  CHECK(e.num_system_frees == e.num_system_allocs);
+}
+
+TEST_CASE("allocator: the CPU pools are bounded by KILN_CPU_POOL_MB and EmptyAllCaches empties them") {
+  kiln::Allocator& a = GetAllocator(cpu(13));
+  CHECK(a.Stats().cache_limit_bytes == kiln::CpuPoolLimitBytes());
+  CHECK(kiln::CpuPoolLimitBytes() == kiln::env::GetInt("KILN_CPU_POOL_MB") * kMiB);
+  if (!std::getenv("KILN_CPU_POOL_MB")) CHECK(kiln::CpuPoolLimitBytes() == 1024 * kMiB);  // the default
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(a.Allocate(static_cast<size_t>((i + 1) * 100 * kKiB)));
+  for (int i = 0; i < 4; ++i) a.Free(blocks[static_cast<size_t>(i)], static_cast<size_t>((i + 1) * 100 * kKiB));
+  CHECK(a.Stats().bytes_cached > 0);
+  int64_t frees = a.Stats().num_system_frees;
+  kiln::EmptyAllCaches();
+  CHECK(a.Stats().bytes_cached == 0);
+  CHECK(a.Stats().num_system_frees == frees + 4);
 }

@@ -128,3 +128,13 @@ TEST_CASE("gpu allocator: out of memory empties the cache and retries, then rais
   a.Free(half, total / 2);
   a.EmptyCache();
 }
+
+TEST_CASE("gpu: a refused DeviceMalloc is a MemoryError naming the device and the size") {
+  KILN_REQUIRE_GPU();
+  const size_t total = gpurt::Get().Properties(0).total_memory;
+  const size_t n = total + (size_t{1} << 30);  // more than the device has: no cache can help
+  std::string msg = testing::ErrorOf<MemoryError>([&] { cuda::DeviceMalloc(gpu(0), n); });
+  CHECK(testing::Contains(msg, "out of memory on gpu(0) allocating " + std::to_string(n) + " bytes"));
+  void* p = cuda::DeviceMalloc(gpu(0), 4096);  // the device still works
+  cuda::DeviceFree(gpu(0), p);
+}

@@ -86,14 +86,17 @@ struct Expr {
   }
 };
 
-/// A JIT-compiled elementwise kernel; the code lives as long as the process.
+/// A JIT-compiled elementwise kernel; the code lives as long as the kernel.
 class CompiledKernel {
  public:
   /// The generated function: out[i] = expr(ins[0][i], ...) for i in [begin, end).
   using Fn = void (*)(const float* const* ins, float* out, int64_t begin, int64_t end);
 
-  CompiledKernel(Fn fn, int num_inputs, double compile_ms, std::string expr, bool from_disk = false)
-      : fn_(fn), num_inputs_(num_inputs), compile_ms_(compile_ms), expr_(std::move(expr)), from_disk_(from_disk) {}
+  /// `code` owns the JIT code of `fn` (null: it lives as long as the process).
+  CompiledKernel(Fn fn, int num_inputs, double compile_ms, std::string expr, bool from_disk = false,
+                 std::shared_ptr<void> code = nullptr)
+      : fn_(fn), num_inputs_(num_inputs), compile_ms_(compile_ms), expr_(std::move(expr)), from_disk_(from_disk),
+        code_(std::move(code)) {}
 
   /// Computes out[0, n) split across kiln's CPU threads (host::ParallelFor). `ins` holds
   /// NumInputs() pointers to n floats each; `out` may be one of them (in place).
@@ -113,6 +116,7 @@ class CompiledKernel {
   double compile_ms_;
   std::string expr_;
   bool from_disk_;
+  std::shared_ptr<void> code_;
 };
 
 /// Compiles `e`, or returns the kernel of a structurally equal expression from the memory cache,

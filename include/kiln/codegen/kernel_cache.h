@@ -1,6 +1,6 @@
 // The one cache of every kernel codegen generates (DESIGN.md section 9): elementwise and row
-// kernels for the host, PTX for NVIDIA GPUs. Each kernel is kept in memory for the process and on
-// disk (KILN_CACHE_DIR) for the next one, keyed by its exact structure, its target and the
+// kernels for the host, PTX for NVIDIA GPUs. Each kernel is kept in memory (the
+// KILN_KERNEL_CACHE_SIZE most recently used) and on disk (KILN_CACHE_DIR) for the next one, keyed by its exact structure, its target and the
 // toolchain (LLVM's version and a hash of codegen's own sources). codegen/kernel_cache.cc says how
 // files are written and read. This header declares what callers outside codegen see: the kinds
 // and their counters. It includes no LLVM header.
@@ -29,10 +29,11 @@ struct CodegenStats {
   int64_t disk_hits = 0;   ///< kernels loaded from the disk cache instead of compiled
   int64_t disk_writes = 0; ///< kernels stored in the disk cache
   double compile_ms = 0;   ///< wall time spent compiling and loading kernels
+  int64_t evictions = 0;   ///< kernels dropped from the memory cache (KILN_KERNEL_CACHE_SIZE)
 
   CodegenStats& operator+=(const CodegenStats& o) {
     compiles += o.compiles, cache_hits += o.cache_hits, disk_hits += o.disk_hits;
-    disk_writes += o.disk_writes, compile_ms += o.compile_ms;
+    disk_writes += o.disk_writes, compile_ms += o.compile_ms, evictions += o.evictions;
     return *this;
   }
 };

@@ -3,6 +3,7 @@
 // loading are separate steps so that the object code can be kept in the disk cache in between.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,9 @@ std::string CompileObject(const Expr& e, const std::string& name, std::string* i
 /// process-wide LLJIT and returns its function `name`. Throws InternalError with LLVM's message
 /// when the object cannot be linked; `name` is then unusable in this process.
 CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name);
+/// As above, the object in a resource tracker of its own: `*code` owns the code, which leaves the
+/// JIT (and `name` may be defined again) when the last copy of `*code` is destroyed.
+CompiledKernel::Fn LoadObject(std::string_view object, const std::string& name, std::shared_ptr<void>* code);
 
 /// What the code CompileObject emits depends on besides the expression: LLVM's version, the
 /// target triple, CPU and features. Part of the disk cache's key.

@@ -119,7 +119,7 @@ struct RowProgram {
   bool operator==(const RowProgram&) const = default;
 };
 
-/// A JIT-compiled row kernel; the code lives as long as the process.
+/// A JIT-compiled row kernel; the code lives as long as the kernel and its copies (Bind).
 class RowKernel {
 public:
   /// The generated function: rows [row_begin, row_end) of length `len`, of `rows` in all (kStrided,
@@ -127,9 +127,11 @@ public:
   using Fn = void (*)(const float* const* ins, float* const* outs, int64_t row_begin, int64_t row_end,
                       int64_t len, int64_t rows, int64_t inner);
 
-  RowKernel(Fn fn, int num_inputs, int num_outputs, double compile_ms, std::string text, bool from_disk = false)
+  /// `code` owns the JIT code of `fn` (null: it lives as long as the process).
+  RowKernel(Fn fn, int num_inputs, int num_outputs, double compile_ms, std::string text, bool from_disk = false,
+            std::shared_ptr<void> code = nullptr)
       : fn_(fn), num_inputs_(num_inputs), num_outputs_(num_outputs), compile_ms_(compile_ms),
-        text_(std::move(text)), from_disk_(from_disk) {}
+        text_(std::move(text)), from_disk_(from_disk), code_(std::move(code)) {}
 
   /// Runs every row, split by rows across kiln's CPU threads (host::ParallelFor). `ins` holds
   /// num_inputs() arrays sized as their InputKind says; `outs` holds num_outputs() arrays, none of
@@ -162,6 +164,7 @@ private:
   double compile_ms_;
   std::string text_;
   bool from_disk_;
+  std::shared_ptr<void> code_;
 };
 
 /// Compiles `p`, or returns the kernel of a structurally equal program from the memory cache, or

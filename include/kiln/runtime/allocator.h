@@ -1,10 +1,13 @@
 // Per-device caching allocators. Freed blocks are kept in size-class pools and handed out again,
 // so steady-state eager code and training loops do not call the system allocator.
-// What it does not do: defragment, or return cached memory to the OS (EmptyCache does that).
+// The host pools (each CPU device, pinned host memory) keep at most KILN_CPU_POOL_MB cached: a
+// free that goes above it gives the least recently used size classes back to the system.
+// What it does not do: defragment, or bound the GPU pools' cache (EmptyCache empties them).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kiln/runtime/device.h"
@@ -21,6 +24,11 @@ struct AllocatorStats {
   int64_t num_ooms = 0;         ///< allocations the system refused (each retried once after EmptyCache)
   int64_t num_cache_flushes = 0;  ///< EmptyCache calls, by the user or after an out-of-memory
   int64_t num_stream_waits = 0;   ///< GPU: blocks not reused on another stream because their event was pending
+  int64_t num_frees = 0;          ///< calls to Free
+  int64_t num_system_frees = 0;   ///< blocks given back to the system (trims, EmptyCache, a pool limit of 0)
+  int64_t num_trims = 0;          ///< host pools: times the cache went above its limit and was trimmed
+  int64_t peak_bytes_cached = 0;  ///< the most bytes the pool ever held cached (since ResetPeak)
+  int64_t cache_limit_bytes = -1; ///< host pools: the bound of bytes_cached (KILN_CPU_POOL_MB); -1: none
 
   /// Bytes taken from the system: in use plus cached.
   int64_t bytes_reserved() const { return bytes_in_use + bytes_cached; }
@@ -39,6 +47,7 @@ class Allocator {
   /// Returns a block from Allocate; `nbytes` is the size that was asked for.
   virtual void Free(void* p, size_t nbytes) = 0;
   virtual AllocatorStats Stats() const = 0;
+  /// Resets the peaks (bytes in use, bytes cached) to the current values.
   virtual void ResetPeak() = 0;
   /// Releases every cached (free) block to the system.
   virtual void EmptyCache() = 0;
@@ -53,6 +62,15 @@ Allocator& GetAllocator(const Device& d);
 Allocator* NewGpuCachingAllocator(const Device& d);
 /// Page-locked host memory for fast asynchronous GPU copies (plain host memory without CUDA).
 Allocator& GetPinnedAllocator();
+/// A new host caching allocator (std::aligned_alloc) keeping at most `cache_limit_bytes` cached
+/// (0: none, every free goes back to the system); owned by the caller. GetAllocator makes the CPU
+/// devices' pools with this and CpuPoolLimitBytes().
+std::unique_ptr<Allocator> NewHostCachingAllocator(const std::string& where, int64_t cache_limit_bytes);
+/// KILN_CPU_POOL_MB in bytes: the cache bound of each host pool (read once).
+int64_t CpuPoolLimitBytes();
+/// Empties every pool created so far: each CPU device's, pinned host memory's and each GPU's
+/// (kiln.empty_cache()). Host memory freed this way is handed back to the operating system.
+void EmptyAllCaches();
 
 /// The largest request any pool accepts (1 EiB): a larger one is a wrapped or negative size.
 inline constexpr size_t kMaxAllocationBytes = size_t{1} << 60;
