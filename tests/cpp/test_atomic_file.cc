@@ -97,7 +97,7 @@ void LimitFileSize(rlim_t limit) {
   ::setrlimit(RLIMIT_FSIZE, &r);
 }
 
-TEST_CASE("atomic file: replaces the file by rename; a reader of the old file keeps reading it") {
+TEST_CASE("atomic file: replaces the file by rename, and a reader of the old file keeps reading it") {
   TempDir dir;
   WriteFileAtomic(dir / "f", "old contents");
   std::ifstream reader(dir / "f", std::ios::binary); // opened before the replacement
@@ -111,7 +111,7 @@ TEST_CASE("atomic file: replaces the file by rename; a reader of the old file ke
   CHECK(fs::file_size(dir / "empty") == 0);
 }
 
-TEST_CASE("atomic file: a replaced file keeps its permissions; a symbolic link is followed") {
+TEST_CASE("atomic file: a replaced file keeps its permissions and a symbolic link is followed") {
   TempDir dir;
   WriteFileAtomic(dir / "private", "secret 1");
   fs::permissions(dir / "private", fs::perms::owner_read | fs::perms::owner_write);
@@ -147,7 +147,7 @@ TEST_CASE("atomic file: a missing directory or a directory in the way is a FileE
   CHECK(dir.Names() == std::vector<std::string>{"target"});
 }
 
-TEST_CASE("atomic file: a full disk (RLIMIT_FSIZE, EFBIG) is a FileError naming the bytes; the old file stays") {
+TEST_CASE("atomic file: a full disk (RLIMIT_FSIZE, EFBIG) is a FileError naming the bytes, and the old file stays") {
   TempDir dir;
   WriteFileAtomic(dir / "f", "old");
   const std::string path = dir / "f";
