@@ -32,6 +32,9 @@
 #else
 #define KILN_FIBER_NO_TSAN
 #endif
+// Always inlined: TSan records a function's entry and exit on the context current at each, so an
+// out-of-line hook that switches contexts would enter on one call stack and leave from another.
+#define KILN_FIBER_HOOK __attribute__((always_inline)) inline
 
 namespace kiln::codegen::gpusim_detail {
 
@@ -48,7 +51,7 @@ struct FiberSan {
 };
 
 /// Sets up `f` for a fiber whose stack is [stack, stack + bytes).
-inline void SanInitFiber(FiberSan& f, char* stack, size_t bytes) {
+KILN_FIBER_HOOK void SanInitFiber(FiberSan& f, char* stack, size_t bytes) {
 #if KILN_FIBER_ASAN
   f.bottom = stack;
   f.size = bytes;
@@ -61,7 +64,7 @@ inline void SanInitFiber(FiberSan& f, char* stack, size_t bytes) {
 /// Forgets a fiber that was abandoned in the middle of its kernel (a fault, a divergent barrier):
 /// the redzones its frames left poisoned on its stack, and TSan's call stack of frames that never
 /// returned. The fiber is set up again by SanInitFiber.
-inline void SanForgetFiber(FiberSan& f, char* stack, size_t bytes) {
+KILN_FIBER_HOOK void SanForgetFiber(FiberSan& f, char* stack, size_t bytes) {
 #if KILN_FIBER_ASAN
   ASAN_UNPOISON_MEMORY_REGION(stack, bytes);
   f.fake_stack = nullptr; // its fake frames, if any, stay allocated: ASan has no call to free them
@@ -73,7 +76,7 @@ inline void SanForgetFiber(FiberSan& f, char* stack, size_t bytes) {
 }
 
 /// Releases what SanInitFiber created (when the host thread's stack pool goes).
-inline void SanDestroyFiber(FiberSan& f) {
+KILN_FIBER_HOOK void SanDestroyFiber(FiberSan& f) {
 #if KILN_FIBER_TSAN
   if (f.tsan != nullptr) __tsan_destroy_fiber(f.tsan);
   f.tsan = nullptr;
@@ -81,7 +84,7 @@ inline void SanDestroyFiber(FiberSan& f) {
 }
 
 /// The host thread's own context, before it resumes the first fiber of a launch.
-inline void SanInitHost(FiberSan& host) {
+KILN_FIBER_HOOK void SanInitHost(FiberSan& host) {
 #if KILN_FIBER_TSAN
   host.tsan = __tsan_get_current_fiber();
 #endif
@@ -89,7 +92,7 @@ inline void SanInitHost(FiberSan& host) {
 
 /// Right before switching from the running context `from` to `to`. `from_ends`: `from` is never
 /// resumed (its fake frames are freed).
-inline void SanBeforeSwitch(FiberSan& from, const FiberSan& to, bool from_ends) {
+KILN_FIBER_HOOK void SanBeforeSwitch(FiberSan& from, const FiberSan& to, bool from_ends) {
 #if KILN_FIBER_ASAN
   __sanitizer_start_switch_fiber(from_ends ? nullptr : &from.fake_stack, to.bottom, to.size);
 #endif
@@ -102,7 +105,7 @@ inline void SanBeforeSwitch(FiberSan& from, const FiberSan& to, bool from_ends) 
 
 /// Right after `self` was switched to. `from`, when given, learns the stack of the context that
 /// switched here (a fiber's first switch finds out the host thread's stack this way).
-inline void SanAfterSwitch(FiberSan& self, FiberSan* from) {
+KILN_FIBER_HOOK void SanAfterSwitch(FiberSan& self, FiberSan* from) {
 #if KILN_FIBER_ASAN
   __sanitizer_finish_switch_fiber(self.fake_stack, from ? &from->bottom : nullptr, from ? &from->size : nullptr);
 #endif
