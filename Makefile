@@ -45,7 +45,9 @@ TSAN_TESTS ?= engine|collectives|streams|lanes|executor|parallel
 SAN_TIMEOUT ?= 3000
 SAN_DIR := $(CURDIR)/tests/sanitizers
 SAN_CMAKE := -DKILN_CUDA=OFF -DKILN_BENCH=OFF -DKILN_RELOCATABLE=OFF
-ASAN_COMMON := check_initialization_order=1:strict_string_checks=1
+# allocator_may_return_null: an impossible size returns null as glibc's malloc does (kiln turns
+# that into OutOfMemoryError, and tests check it) instead of ASan aborting the process.
+ASAN_COMMON := check_initialization_order=1:strict_string_checks=1:allocator_may_return_null=1
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:$(ASAN_COMMON) \
   LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1
