@@ -6,6 +6,7 @@ PYTHON := /usr/bin/python3
 JOBS ?= $(shell nproc)
 
 .PHONY: all deps configure build test test-cpp test-python demo bench clean
+.PHONY: test-asan test-asan-cpp test-tsan
 
 all: build
 
@@ -30,6 +31,44 @@ test-python: build
 	@PYTHONPATH=$(BUILD)/python MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
 test: test-cpp test-python
+
+# Sanitizer builds, each in its own folder, without CUDA (the GPU simulator is built) and without
+# benchmarks. test-asan: AddressSanitizer and UndefinedBehaviorSanitizer over every CTest test, then
+# pytest with the ASan runtime preloaded (PYTHON_TESTS=0 or test-asan-cpp: CTest only, no Python
+# extension). test-tsan: ThreadSanitizer over the threaded parts (TSAN_TESTS, a CTest regex).
+# Suppressions, each with its reason: tests/sanitizers/. libgomp is not instrumented, so OpenMP
+# (oneDNN's threads) runs one thread under TSan; kiln's own thread pool keeps KILN_NUM_THREADS.
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+PYTHON_TESTS ?= 1
+TSAN_TESTS ?= engine|collectives|streams|lanes|executor|parallel
+SAN_TIMEOUT ?= 3000
+SAN_DIR := $(CURDIR)/tests/sanitizers
+SAN_CMAKE := -DKILN_CUDA=OFF -DKILN_BENCH=OFF -DKILN_RELOCATABLE=OFF
+# allocator_may_return_null: an impossible size returns null as glibc's malloc does (kiln turns
+# that into OutOfMemoryError, and tests check it) instead of ASan aborting the process.
+ASAN_COMMON := check_initialization_order=1:strict_string_checks=1:allocator_may_return_null=1
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:$(ASAN_COMMON) \
+  LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1
+TSAN_ENV := TSAN_OPTIONS=suppressions=$(SAN_DIR)/tsan.supp:second_deadlock_stack=1:history_size=4 OMP_NUM_THREADS=1
+
+test-asan:
+	@$(ASAN_ENV) $(MAKE) --no-print-directory build BUILD=$(ASAN_BUILD) \
+	  CMAKE_FLAGS="$(SAN_CMAKE) -DKILN_SANITIZE=address -DKILN_PYTHON=$(if $(filter 1,$(PYTHON_TESTS)),ON,OFF) $(CMAKE_FLAGS)"
+	@cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -j $(JOBS) --timeout $(SAN_TIMEOUT)
+	@if [ "$(PYTHON_TESTS)" = 1 ]; then \
+	  $(ASAN_ENV) ASAN_OPTIONS=detect_leaks=0:$(ASAN_COMMON) LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
+	    PYTHONPATH=$(ASAN_BUILD)/python MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests/python; fi
+
+test-asan-cpp:
+	@$(MAKE) --no-print-directory test-asan PYTHON_TESTS=0
+
+test-tsan:
+	@$(MAKE) --no-print-directory configure BUILD=$(TSAN_BUILD) \
+	  CMAKE_FLAGS="$(SAN_CMAKE) -DKILN_SANITIZE=thread -DKILN_PYTHON=OFF $(CMAKE_FLAGS)"
+	@$(TSAN_ENV) cmake --build $(TSAN_BUILD) -j $(JOBS) --target kiln_tests
+	@cd $(TSAN_BUILD) && $(TSAN_ENV) ctest --output-on-failure -j $(JOBS) --timeout $(SAN_TIMEOUT) -R '$(TSAN_TESTS)'
 
 # Trains the d2l.ai LeNet on Fashion-MNIST, hybridized, on every device here (all GPUs, else two CPU
 # devices), the batch split over them; saves the curve as lenet.png/svg, exports

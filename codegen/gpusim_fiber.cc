@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 
+#include "gpusim_fiber_san.h"
 #include "gpusim_internal.h"
 #include "kiln/runtime/error.h"
 
@@ -81,11 +82,13 @@ struct Fiber {
   State state = State::kRunnable;
   int predicate = 0;
   int barrier_result = 0;
+  FiberSan* san = nullptr; // the stack's, in the StackPool
 };
 
 /// Stacks for one host thread's launches, kept between launches.
 struct StackPool {
   std::vector<char*> stacks;
+  std::vector<FiberSan> san; // one per stack (empty without a sanitizer)
   char* Get(size_t i) {
     while (stacks.size() <= i) {
       void* p = ::mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
@@ -93,10 +96,12 @@ struct StackPool {
       KILN_CHECK(p != MAP_FAILED) << "gpusim: cannot map a fiber stack";
       ::mprotect(p, kPage, PROT_NONE); // a stack overflow faults instead of corrupting memory
       stacks.push_back(static_cast<char*>(p) + kPage);
+      san.emplace_back();
     }
     return stacks[i];
   }
   ~StackPool() {
+    for (FiberSan& f : san) SanDestroyFiber(f);
     for (char* s : stacks) ::munmap(s - kPage, kStackBytes + kPage);
   }
 };
@@ -122,22 +127,29 @@ struct Launch {
   size_t shared_bytes = 0;
   Fiber* current = nullptr;
   void* scheduler_sp = nullptr;
+  FiberSan host; // the host thread's context, for the sanitizers
   Fault fault;
 };
 
 thread_local Launch* t_launch = nullptr;
 thread_local StackPool t_stacks;
 
-[[noreturn]] void FiberMain(Fiber* f) {
+// Not instrumented by TSan: this frame never returns, and a fiber that runs one kernel thread after
+// another would pile up TSan's record of it.
+[[noreturn]] KILN_FIBER_NO_TSAN void FiberMain(Fiber* f) {
   Launch* l = t_launch;
+  SanAfterSwitch(*f->san, &l->host);
   l->entry(l->args);
   f->state = State::kDone;
+  SanBeforeSwitch(*f->san, l->host, /*from_ends=*/true);
   kiln_gpusim_switch(&f->sp, l->scheduler_sp);
   __builtin_unreachable();
 }
 
 void StartFiber(Fiber& f, char* stack, size_t index) {
   f.stack = stack;
+  f.san = &t_stacks.san[index];
+  SanInitFiber(*f.san, stack, kStackBytes);
   // Stack tops at the same offset in their pages would share a few cache sets; stagger them.
   auto* top = reinterpret_cast<uint64_t*>(stack + kStackBytes - (index % 32) * 192); // 16-byte aligned
   uint64_t* sp = top - 7; // after 6 pops and the ret rsp = top, 16-byte aligned for the call
@@ -155,12 +167,17 @@ void StartFiber(Fiber& f, char* stack, size_t index) {
 /// Switches from the current fiber back to the scheduler.
 void Yield(Fiber* f, State s) {
   f->state = s;
-  kiln_gpusim_switch(&f->sp, t_launch->scheduler_sp);
+  Launch& l = *t_launch;
+  SanBeforeSwitch(*f->san, l.host, /*from_ends=*/s == State::kFaulted);
+  kiln_gpusim_switch(&f->sp, l.scheduler_sp);
+  SanAfterSwitch(*f->san, nullptr);
 }
 
 void Resume(Launch& l, Fiber& f) {
   l.current = &f;
+  SanBeforeSwitch(l.host, *f.san, /*from_ends=*/false);
   kiln_gpusim_switch(&l.scheduler_sp, f.sp);
+  SanAfterSwitch(l.host, nullptr);
   l.current = nullptr;
 }
 
@@ -347,10 +364,17 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   l.shared_bytes = static_smem + dynamic_smem;
   std::vector<Fiber> fibers(has_barrier ? threads : 1);
   for (size_t i = 0; i < fibers.size(); ++i) t_stacks.Get(i);
+  SanInitHost(l.host);
   t_launch = &l;
   struct Reset {
-    ~Reset() { t_launch = nullptr; }
-  } reset;
+    const std::vector<Fiber>& fibers;
+    ~Reset() {
+      t_launch = nullptr;
+      for (size_t i = 0; i < fibers.size(); ++i) // fibers a fault or a divergent barrier left behind
+        if (fibers[i].san != nullptr && fibers[i].state != State::kDone)
+          SanForgetFiber(*fibers[i].san, t_stacks.stacks[i], kStackBytes);
+    }
+  } reset{fibers};
 
   // The order depends on the seed, the kernel and the grid only, so that the seed repeats it.
   const uint64_t launch_seed = BlockOrder::Mix(seed ^ std::hash<std::string>{}(kernel) ^

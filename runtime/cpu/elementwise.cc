@@ -15,6 +15,28 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 15;
 
+// Integers wrap around on overflow, as NumPy's and the GPU kernels' do: + - * and negation run on
+// an unsigned type (at least as wide as int, so that no promotion brings back a signed type),
+// where overflow is defined; on int32 and int64 it would be undefined behaviour.
+template <class T>
+constexpr bool kWraps = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+template <class T, bool Small = (sizeof(T) < sizeof(unsigned))>
+struct WrapTypeOf {
+  using type = unsigned;
+};
+template <class T>
+struct WrapTypeOf<T, false> {
+  using type = std::make_unsigned_t<T>;
+};
+template <class T>
+using WrapType = typename WrapTypeOf<T>::type;
+template <class T>
+inline T WrapAdd(T a, T b) { return static_cast<T>(static_cast<WrapType<T>>(a) + static_cast<WrapType<T>>(b)); }
+template <class T>
+inline T WrapSub(T a, T b) { return static_cast<T>(static_cast<WrapType<T>>(a) - static_cast<WrapType<T>>(b)); }
+template <class T>
+inline T WrapMul(T a, T b) { return static_cast<T>(static_cast<WrapType<T>>(a) * static_cast<WrapType<T>>(b)); }
+
 template <class T>
 inline T ApplyUnary(UnaryFn f, T x);
 template <class T>
@@ -32,13 +54,17 @@ template <class T>
 inline T ApplyUnary(UnaryFn f, T x) {
   using std::abs;
   switch (f) {
-    case UnaryFn::kNeg: return -x;
+    case UnaryFn::kNeg:
+      if constexpr (kWraps<T>) return WrapSub(T(0), x);
+      else return -x;
     case UnaryFn::kAbs:
       if constexpr (std::is_unsigned_v<T>) return x;
       else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // abs(-0.0) is +0.0
-      else return x < T(0) ? -x : x;
+      else return x < T(0) ? WrapSub(T(0), x) : x;                          // abs(INT_MIN) is INT_MIN
     case UnaryFn::kSign: return static_cast<T>((T(0) < x) - (x < T(0)));
-    case UnaryFn::kSquare: return x * x;
+    case UnaryFn::kSquare:
+      if constexpr (kWraps<T>) return WrapMul(x, x);
+      else return x * x;
     case UnaryFn::kRelu: return x > T(0) ? x : T(0);
     case UnaryFn::kIdentity: return x;
     case UnaryFn::kLogicalNot: return static_cast<T>(x == T(0));
@@ -81,12 +107,21 @@ inline T ApplyUnary(UnaryFn f, T x) {
 template <class T>
 inline T ApplyBinary(BinaryFn f, T a, T b) {
   switch (f) {
-    case BinaryFn::kAdd: return a + b;
-    case BinaryFn::kSub: return a - b;
-    case BinaryFn::kMul: return a * b;
+    case BinaryFn::kAdd:
+      if constexpr (kWraps<T>) return WrapAdd(a, b);
+      else return a + b;
+    case BinaryFn::kSub:
+      if constexpr (kWraps<T>) return WrapSub(a, b);
+      else return a - b;
+    case BinaryFn::kMul:
+      if constexpr (kWraps<T>) return WrapMul(a, b);
+      else return a * b;
     case BinaryFn::kDiv:
       if constexpr (std::is_integral_v<T>) {
         if (b == T(0)) throw ValueError("div: integer division by zero");
+      }
+      if constexpr (kWraps<T> && std::is_signed_v<T>) {
+        if (b == T(-1)) return WrapSub(T(0), a);  // INT_MIN / -1 wraps to INT_MIN instead of trapping
       }
       return a / b;
     case BinaryFn::kPow:
@@ -95,8 +130,8 @@ inline T ApplyBinary(BinaryFn f, T a, T b) {
           if (b < 0) return a == 1 ? T(1) : a == -1 ? (b % 2 ? T(-1) : T(1)) : T(0);
         }
         T r = 1, base = a;
-        for (auto e = b; e > 0; e >>= 1, base *= base)
-          if (e & 1) r *= base;
+        for (auto e = b; e > 0; e >>= 1, base = WrapMul(base, base))
+          if (e & 1) r = WrapMul(r, base);
         return r;
       } else {
         return std::pow(a, b);

@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/runtime/gpu.h"
 #include "kiln/runtime/gpusim/emulator.h"
@@ -95,9 +97,26 @@ class LambdaCompilerScope {
       return std::make_unique<LambdaModule>(it->second());
     });
   }
-  ~LambdaCompilerScope() { gpusim::SetModuleCompiler(prev_); }
+  ~LambdaCompilerScope() {
+    for (size_t i = Loaded().size(); i-- > loaded_before_;) Loaded()[i].first->ModuleUnload(Loaded()[i].second);
+    Loaded().resize(loaded_before_);
+    gpusim::SetModuleCompiler(prev_);
+  }
+
+  /// Loads the lambda module `id` on `p`'s current device; it is unloaded when the scope ends
+  /// (the test's launches have finished by then), so that LeakSanitizer finds nothing left.
+  static gpurt::Module Load(gpurt::Platform& p, const std::string& id) {
+    gpurt::Module m = p.ModuleLoad({id, ""});
+    Loaded().emplace_back(&p, m);
+    return m;
+  }
 
  private:
+  static std::vector<std::pair<gpurt::Platform*, gpurt::Module>>& Loaded() {
+    static std::vector<std::pair<gpurt::Platform*, gpurt::Module>> v;
+    return v;
+  }
+  size_t loaded_before_ = Loaded().size();
   gpusim::ModuleCompiler prev_;
 };
 

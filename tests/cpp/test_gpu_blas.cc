@@ -351,7 +351,7 @@ TEST_CASE("gpu blas: the GEMM is stream-ordered behind a copy and a kernel, and 
         },
         a);
   };
-  gpurt::Function twice = p.ModuleGetFunction(p.ModuleLoad({"test:blas-double", ""}), "k");
+  gpurt::Function twice = p.ModuleGetFunction(LambdaCompilerScope::Load(p, "test:blas-double"), "k");
   std::atomic<bool> go{false};
   p.LaunchHostFunc(s, [](void* x) { while (!static_cast<std::atomic<bool>*>(x)->load()) std::this_thread::yield(); },
                    &go);

@@ -35,7 +35,7 @@ gpurt::Function LoadLambda(const std::string& id, ThreadBody body, int regs = 16
     made[id] = k.get();
     return k;
   };
-  gpurt::Module m = Sim().ModuleLoad({id, ""});
+  gpurt::Module m = LambdaCompilerScope::Load(Sim(), id);
   gpurt::Function f = Sim().ModuleGetFunction(m, "k");
   if (out) *out = made[id];
   return f;

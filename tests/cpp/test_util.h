@@ -17,6 +17,16 @@
 
 namespace kiln::testing {
 
+/// How many times slower a sanitizer build runs (make test-asan, make test-tsan; ASan and UBSan
+/// cost about 2-3x, TSan 5-15x): a test's time bound is for the optimized build, times this.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr double kSanitizerSlowdown = 4;
+#elif defined(__SANITIZE_THREAD__)
+inline constexpr double kSanitizerSlowdown = 15;
+#else
+inline constexpr double kSanitizerSlowdown = 1;
+#endif
+
 /// Runs f, which must throw E; returns the error's message. Another exception, or none, fails.
 template <class E, class F>
 std::string ErrorOf(F&& f) {
