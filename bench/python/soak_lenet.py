@@ -112,7 +112,9 @@ def main():
           f"after {steps // 5} warm-up steps", file=sys.stderr)
     emit("all", "rss_slope_bound", SLOPE_BOUND_MB, "MB/1000 steps")
     flat = [soak(case, train, steps, batch, args.seed) for case in ("kiln_eager", "kiln_hybridized")]
-    sys.exit(0 if all(flat) else 1)
+    # --quick is CI's smoke run on a shared machine: 400 steps are too few for a verdict that noise
+    # cannot flip, so it reports the slope and leaves the verdict to the full run.
+    sys.exit(0 if all(flat) or args.quick else 1)
 
 
 if __name__ == "__main__":
