@@ -62,7 +62,7 @@ TEST_CASE("gpu: one seed gives the same random numbers on a GPU as on the CPU") 
       for (size_t i = 0; i < cpu_draws[k].size(); ++i)
         REQUIRE(std::fabs(gpu_draws[k][i] - cpu_draws[k][i]) <= 1e-14 * (1 + std::fabs(cpu_draws[k][i])));
     }
-    CHECK(Draws(gpu(1), 1234, dt) == gpu_draws);  // every GPU draws the same stream
+    if (NumGPUs() > 1) CHECK(Draws(gpu(1), 1234, dt) == gpu_draws);  // every GPU draws the same stream
     CHECK(Draws(gpu(0), 99, dt)[0] != gpu_draws[0]);  // another seed, other numbers
   }
   for (DType dt : {DType::kInt32, DType::kUInt8, DType::kBool}) {  // bernoulli takes every dtype

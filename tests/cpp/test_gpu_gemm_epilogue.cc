@@ -158,7 +158,9 @@ TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative er
   }
   const double after = worst_error(nd::matmul(ga, gb));
   // One product (k = 1): float32 rounds it once (2^-24), TF32 rounds both inputs to 11
-  // significant bits first (up to 2^-11 each): up to ~9.8e-4 relative.
+  // significant bits first (up to 2^-11 each): up to ~9.8e-4 relative. TF32 allows tensor cores,
+  // it does not demand them: for k = 1 cuBLASLt may take a plain float32 kernel (it did on an
+  // H200: 5.9e-8), so only the bound is checked there; k = 512 above shows TF32 at work.
   Tensor ca = RandomTensor({64, 1}, 11).To(gpu(0)), cb = RandomTensor({1, 64}, 12).To(gpu(0));
   auto outer_error = [&](const Tensor& out) {
     const std::vector<double> c = out.To(cpu()).ToVector<double>();
@@ -183,7 +185,6 @@ TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative er
   CHECK(tf32 > 10 * full);
   CHECK(tf32 < 1e-3);
   CHECK(outer_full < 1.2e-7);
-  CHECK(outer_tf32 > 3e-4);
   CHECK(outer_tf32 < 1e-3);
   {
     ScopedEnv bad("KILN_GPU_TF32", "2");
