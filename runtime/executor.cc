@@ -208,17 +208,21 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
   }
   void* exec = nullptr;
   const std::span<const TensorView> gin(views.data(), in.size()), gout(views.data() + in.size(), out.size());
+  const int64_t frees = GpuFreesDuringCapture();
   cuda::BeginCapture();
   try {
     run(gin, gout);
+    if (GpuFreesDuringCapture() != frees)
+      KILN_THROW(DeviceError) << "a step gave device memory back during the capture; the graph would replay "
+                                 "memory the cache may hand to other work";
     exec = cuda::EndCapture();
   } catch (const std::exception& e) {
     std::string why = e.what();
-    if (cuda::Capturing()) {
-      try {
-        cuda::EndCapture();
-      } catch (const std::exception&) {  // invalidated: nothing to keep
-      }
+    // The stream stays in capture mode, active or invalidated (where cudaStreamIsCapturing says
+    // not active), until the capture is ended: end it, or every later call on it fails with 901.
+    try {
+      if (void* g = cuda::EndCapture()) cuda::DestroyGraph(g);
+    } catch (const std::exception&) {  // invalidated: nothing to keep
     }
     StopCapturing(p, gc, "capturing it failed: " + why);
     return plain();  // nothing ran while capturing

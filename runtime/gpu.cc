@@ -37,6 +37,7 @@ const char* CodeName(int code) {
   case kCaptureUnsupported: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
   case kCaptureInvalidated: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
   case kCaptureUnmatched: return "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED";
+  case kCapturedEvent: return "CUDA_ERROR_CAPTURED_EVENT";
   case kCaptureWrongThread: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
   default: return "CUDA_ERROR";
   }

@@ -10,6 +10,12 @@
 // Out of memory: the cache is emptied (waiting for the blocks' events, then freeing them) and
 // the allocation tried once more; then a MemoryError (Python's OutOfMemoryError) with the
 // statistics.
+// CUDA graphs: a graph replays the addresses it was captured with, so a block taken or given back
+// while the calling thread captures (cuda::Capturing) could be handed to other work while the
+// graph still uses it. Allocating then is a DeviceError (the executor discards the capture and
+// launches the plan's kernels one by one); a block freed then is set aside, and pooled (its event
+// recorded) at the thread's next allocation or free outside a capture. Nothing here queries or
+// records an event during a capture, which would invalidate it.
 // What it does not do: split or merge blocks (a block serves one size class), or limit the cache
 // below the device's memory.
 #include <algorithm>
@@ -28,14 +34,22 @@ namespace kiln {
 
 namespace {
 
+thread_local int64_t tls_frees_during_capture = 0;
+
 class GpuCachingAllocator final : public Allocator {
  public:
   explicit GpuCachingAllocator(const Device& d) : device_(d), label_("memory " + d.str()) {}
 
   void* Allocate(size_t nbytes) override {
     CheckAllocationSize(nbytes, device_.str());
+    if (cuda::Capturing())
+      KILN_THROW(DeviceError) << "allocating " << nbytes << " bytes on " << device_.str()
+                              << " while a CUDA graph is being captured: a graph replays the addresses it was "
+                                 "captured with, so scratch memory (such as cuDNN's workspace) cannot come from the "
+                                 "shared cache then";
     const size_t size = RoundAllocationSize(nbytes);
     auto stream = static_cast<gpurt::Stream>(cuda::CurrentStream());
+    PoolSetAside(stream);
     {
       std::lock_guard<std::mutex> g(mu_);
       ++stats_.num_allocs;
@@ -66,22 +80,18 @@ class GpuCachingAllocator final : public Allocator {
     return p;
   }
 
+  // Never throws: it runs in destructors, also while an exception unwinds.
   void Free(void* p, size_t nbytes) override {
     if (!p) return;
-    const size_t size = RoundAllocationSize(nbytes);
-    Block b{p, static_cast<gpurt::Stream>(cuda::CurrentStream()), nullptr};
-    if (b.stream) {  // other streams may take it once this stream's work on it is done
-      b.ready = NewEvent();
-      gpurt::Get().EventRecord(b.ready, b.stream);
+    Block b{p, static_cast<gpurt::Stream>(cuda::CurrentStream()), nullptr, nbytes};
+    if (b.stream && cuda::Capturing()) {  // recording an event now would join the capture
+      ++tls_frees_during_capture;
+      std::lock_guard<std::mutex> g(mu_);
+      aside_.push_back(b);
+      return;
     }
-    std::lock_guard<std::mutex> g(mu_);
-    pools_[size].push_back(b);
-    ++stats_.num_frees;
-    stats_.bytes_in_use -= static_cast<int64_t>(size);
-    stats_.bytes_requested -= static_cast<int64_t>(nbytes);
-    stats_.bytes_cached += static_cast<int64_t>(size);
-    stats_.peak_bytes_cached = std::max(stats_.peak_bytes_cached, stats_.bytes_cached);
-    Sample();
+    PoolSetAside(b.stream);
+    Pool(b);
   }
 
   AllocatorStats Stats() const override {
@@ -118,7 +128,46 @@ class GpuCachingAllocator final : public Allocator {
     void* p;
     gpurt::Stream stream;  // freed on (nullptr: outside any stream)
     gpurt::Event ready;    // recorded on `stream` at the free
+    size_t nbytes;         // as requested
   };
+
+  // Into its size class's pool, with an event recorded on its stream (other streams may take it
+  // once that stream's work on it is done). Where the event cannot be recorded (a sticky device
+  // error) the block stays out of the pool: memory kept is better than memory shared too early.
+  void Pool(Block b) noexcept {
+    if (b.stream) {
+      try {
+        b.ready = NewEvent();
+        gpurt::Get().EventRecord(b.ready, b.stream);
+      } catch (...) {
+        if (b.ready) Recycle(b.ready);
+        return;
+      }
+    }
+    const size_t size = RoundAllocationSize(b.nbytes), nbytes = b.nbytes;
+    std::lock_guard<std::mutex> g(mu_);
+    pools_[size].push_back(b);
+    ++stats_.num_frees;
+    stats_.bytes_in_use -= static_cast<int64_t>(size);
+    stats_.bytes_requested -= static_cast<int64_t>(nbytes);
+    stats_.bytes_cached += static_cast<int64_t>(size);
+    stats_.peak_bytes_cached = std::max(stats_.peak_bytes_cached, stats_.bytes_cached);
+    Sample();
+  }
+
+  // Pools the blocks that `stream`'s thread freed during a capture, now that it is not capturing
+  // (their events are recorded on the thread's own stream, never on another thread's).
+  void PoolSetAside(gpurt::Stream stream) noexcept {
+    if (cuda::Capturing()) return;
+    std::vector<Block> mine;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (aside_.empty()) return;
+      for (size_t i = aside_.size(); i-- > 0;)
+        if (aside_[i].stream == stream) mine.push_back(aside_[i]), aside_.erase(aside_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (const Block& b : mine) Pool(b);
+  }
 
   // Under mu_. A block freed on `stream` (or outside streams) first, else one whose event is done.
   void* TakeCached(size_t size, gpurt::Stream stream) {
@@ -186,6 +235,7 @@ class GpuCachingAllocator final : public Allocator {
   mutable std::mutex mu_;
   std::map<size_t, std::vector<Block>> pools_;
   std::vector<gpurt::Event> events_;  // free events for new blocks
+  std::vector<Block> aside_;          // freed during a capture, not yet pooled
   AllocatorStats stats_;
   std::string label_;  // the profiler's counter: "memory gpu(0)"
 };
@@ -193,5 +243,7 @@ class GpuCachingAllocator final : public Allocator {
 }  // namespace
 
 Allocator* NewGpuCachingAllocator(const Device& d) { return new GpuCachingAllocator(d); }
+
+int64_t GpuFreesDuringCapture() { return tls_frees_during_capture; }
 
 }  // namespace kiln

@@ -45,7 +45,7 @@ void Platform::DnnConvolutionBackwardFilter(void*, Stream, const ConvBackwardFil
   FailDnn(kDnnNotInitialized, "cudnnConvolutionBackwardFilter",
           std::string("the ") + Name() + " platform has no cuDNN");
 }
-// A platform whose convolutions need no scratch memory (the simulator's run on the CPU).
+// A platform whose convolutions need no scratch memory.
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvForwardArgs&) { return 0; }
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvBackwardDataArgs&) { return 0; }
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvBackwardFilterArgs&) { return 0; }

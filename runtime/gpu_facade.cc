@@ -221,9 +221,18 @@ void LaunchKernel(void* kernel, unsigned grid, unsigned block, unsigned shared_b
                    args);
 }
 
-void BeginCapture() { P().StreamBeginCapture(tls_stream); }
+// Set from BeginCapture to EndCapture, also while the capture is invalidated (where
+// cudaStreamIsCapturing says it is not active): the allocator must not free to the shared pool,
+// query events or record them then.
+thread_local bool tls_capturing = false;
+
+void BeginCapture() {
+  P().StreamBeginCapture(tls_stream);
+  tls_capturing = true;
+}
 
 void* EndCapture() {
+  tls_capturing = false;  // ended, whether or not it succeeds
   gpurt::Graph g = P().StreamEndCapture(tls_stream);
   gpurt::GraphExec exec = nullptr;
   try {
@@ -236,7 +245,7 @@ void* EndCapture() {
   return exec;
 }
 
-bool Capturing() { return tls_stream && P().StreamIsCapturing(tls_stream); }
+bool Capturing() { return tls_capturing; }
 
 void LaunchGraph(void* graph) { P().GraphLaunch(static_cast<gpurt::GraphExec>(graph), tls_stream); }
 

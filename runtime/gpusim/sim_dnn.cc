@@ -8,9 +8,11 @@
 // convolution and pooling, plain loops for batch norm), and blended into y with alpha and beta.
 #include "sim_dnn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -76,11 +78,28 @@ void Issue(StreamImpl* s, const std::string& call, const std::string& fault, std
     std::string message = call + ": " + fault;
     op = [message] { gpurt::Fail(gpurt::kIllegalAddress, "a cuDNN kernel", message); };
   }
+  if (s->capturing && s->capture_invalidated)
+    gpurt::Fail(gpurt::kCaptureInvalidated, call,
+                "operation failed due to a previous error during capture: the stream's capture was invalidated");
   if (s->capturing) {
     s->Capture([op](gpurt::Stream r) { reinterpret_cast<StreamImpl*>(r)->Enqueue(op); });
     return;
   }
   s->Enqueue(std::move(op));
+}
+
+// The workspace a convolution call was given (null: the platform's own): device memory of the
+// stream's device, at least kConvWorkspaceBytes (what DnnConvolutionWorkspaceSize says).
+template <class Args> std::string WorkspaceFault(const Memory& m, int device, const Args& a) {
+  if (!a.workspace) return "";
+  if (a.workspace_bytes < kConvWorkspaceBytes)
+    return "the workspace is " + std::to_string(a.workspace_bytes) + " bytes, less than the " +
+           std::to_string(kConvWorkspaceBytes) + " the algorithm needs";
+  return Fault(m, device, a.workspace, static_cast<int64_t>(a.workspace_bytes / sizeof(float)), "the workspace");
+}
+// The call's kernels write their workspace, so two calls sharing one at once would show.
+void UseWorkspace(float* ws, size_t bytes) {
+  if (ws) std::fill(ws, ws + bytes / sizeof(float), std::numeric_limits<float>::quiet_NaN());
 }
 
 int64_t Offset(const DnnTensorDesc& t, int64_t n, int64_t c, int64_t h, int64_t w) {
@@ -197,10 +216,13 @@ void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl*
   if (fault.empty())
     fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
   if (fault.empty()) fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the output)");
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* w = static_cast<const float*>(m.Alias(a.w_data));
   auto* y = static_cast<float*>(m.Alias(a.y_data));
-  Issue(s, call, fault, [a, x, w, y] {
+  Issue(s, call, fault, [a, ws_data, x, w, y] {
+    UseWorkspace(ws_data, a.workspace_bytes);
     std::vector<float> xs = Gather(x, a.x);
     const gpurt::DnnFilterDesc& f = a.w;
     std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
@@ -221,10 +243,13 @@ void DnnConvolutionBackwardData(Memory& m, void* handle, gpurt::Stream h, Stream
   std::string fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
   if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
   if (fault.empty()) fault = Fault(m, dev, a.dx_data, a.dx.Span(), "dx (the input's gradient)");
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* w = static_cast<const float*>(m.Alias(a.w_data));
   auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
   auto* dx = static_cast<float*>(m.Alias(a.dx_data));
-  Issue(s, call, fault, [a, w, dy, dx] {
+  Issue(s, call, fault, [a, ws_data, w, dy, dx] {
+    UseWorkspace(ws_data, a.workspace_bytes);
     const gpurt::DnnFilterDesc& f = a.w;
     std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
     std::vector<float> dys = Gather(dy, a.dy);
@@ -247,10 +272,13 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
   if (fault.empty())
     fault =
         Fault(m, dev, a.dw_data, int64_t{a.dw.k} * a.dw.c * a.dw.h * a.dw.w, "dw (the filter's gradient)");
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
   auto* dw = static_cast<float*>(m.Alias(a.dw_data));
-  Issue(s, call, fault, [a, x, dy, dw] {
+  Issue(s, call, fault, [a, ws_data, x, dy, dw] {
+    UseWorkspace(ws_data, a.workspace_bytes);
     const gpurt::DnnFilterDesc& f = a.dw;
     std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
     std::vector<float> dws(static_cast<size_t>(f.k) * f.c * f.h * f.w);

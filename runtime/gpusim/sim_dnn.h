@@ -10,6 +10,10 @@
 
 namespace kiln::gpusim {
 
+/// The workspace each simulated convolution call asks for (DnnConvolutionWorkspaceSize), as
+/// cuDNN's non-implicit-GEMM algorithms do; a call given one checks it and writes it.
+constexpr size_t kConvWorkspaceBytes = 4096;
+
 /// What the simulator's LibraryHandle returns: the library, and the stream it is bound to.
 using LibraryHandleRec = std::pair<gpurt::Library, gpurt::Stream>;
 

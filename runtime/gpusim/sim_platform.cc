@@ -126,7 +126,7 @@ class SimPlatform final : public gpurt::Platform {
   void StreamWaitEvent(gpurt::Stream h, gpurt::Event e) override {
     StreamImpl* s = Stream(h, "cudaStreamWaitEvent");
     std::shared_ptr<EventState> ev = Event(e, "cudaStreamWaitEvent");
-    if (Capturing(s)) {
+    if (Capturing(s, "cudaStreamWaitEvent")) {
       s->Capture([this, ev](gpurt::Stream r) { WaitOn(S(r), ev); });
       return;
     }
@@ -135,7 +135,7 @@ class SimPlatform final : public gpurt::Platform {
   void LaunchHostFunc(gpurt::Stream h, void (*fn)(void*), void* data) override {
     StreamImpl* s = Stream(h, "cudaLaunchHostFunc");
     s->device()->CheckSticky("cudaLaunchHostFunc");
-    if (Capturing(s)) s->Capture([fn, data](gpurt::Stream r) { S(r)->Enqueue([fn, data] { fn(data); }); });
+    if (Capturing(s, "cudaLaunchHostFunc")) s->Capture([fn, data](gpurt::Stream r) { S(r)->Enqueue([fn, data] { fn(data); }); });
     else s->Enqueue([fn, data] { fn(data); });
   }
   gpurt::Event EventCreate(bool timing) override {
@@ -154,20 +154,41 @@ class SimPlatform final : public gpurt::Platform {
                 "the event was created on " + Gpu(ev->device) + " but the stream belongs to " +
                     Gpu(s->device()->index) + "; record an event of the stream's device (create it with that "
                     "device current)");
-    if (Capturing(s)) {
+    if (Capturing(s, "cudaEventRecord")) {
+      {
+        std::lock_guard<std::mutex> g(ev->mu);
+        ev->captured = true;
+      }
       s->Capture([this, ev](gpurt::Stream r) { RecordOn(S(r), ev); });
       return;
     }
+    {
+      std::lock_guard<std::mutex> g(ev->mu);
+      ev->captured = false;
+    }
     RecordOn(s, ev);
+  }
+  // cudaEventQuery and cudaEventSynchronize: prohibited to a capturing thread (they invalidate its
+  // capture), and refused for an event whose last record was captured (it marks a point of a
+  // graph, not of a stream) until it is recorded outside a capture again.
+  void CheckEventUse(const std::shared_ptr<EventState>& ev, const char* call) {
+    ProhibitedDuringAnyCapture(call);
+    std::lock_guard<std::mutex> g(ev->mu);
+    if (ev->captured)
+      gpurt::Fail(gpurt::kCapturedEvent, call,
+                  "the event was last recorded in a stream being captured into a graph; record it on a stream "
+                  "outside the capture before querying or waiting for it");
   }
   bool EventQuery(gpurt::Event e) override {
     std::shared_ptr<EventState> ev = Event(e, "cudaEventQuery");
+    CheckEventUse(ev, "cudaEventQuery");
     devices_[static_cast<size_t>(ev->device)]->CheckSticky("cudaEventQuery");
     std::lock_guard<std::mutex> g(ev->mu);
     return ev->completed >= ev->recorded;
   }
   void EventSynchronize(gpurt::Event e) override {
     std::shared_ptr<EventState> ev = Event(e, "cudaEventSynchronize");
+    CheckEventUse(ev, "cudaEventSynchronize");
     {
       std::unique_lock<std::mutex> g(ev->mu);
       uint64_t target = ev->recorded;
@@ -223,7 +244,7 @@ class SimPlatform final : public gpurt::Platform {
     else HostSide(dst, n, call, "the destination");
     void* d = to_device ? memory_.Alias(dst) : dst;
     const void* from = from_device ? memory_.Alias(src) : src;
-    if (Capturing(s)) {
+    if (Capturing(s, call)) {
       s->Capture([d, from, n](gpurt::Stream r) { S(r)->Enqueue([=] { std::memmove(d, from, n); }); });
       return;
     }
@@ -254,7 +275,7 @@ class SimPlatform final : public gpurt::Platform {
     memory_.CheckDeviceRange(dst, n, "cudaMemsetAsync", "the destination");
     void* d = memory_.Alias(dst);
     auto op = [d, value, n] { std::memset(d, value, n); };
-    if (Capturing(s)) s->Capture([op](gpurt::Stream r) { S(r)->Enqueue(op); });
+    if (Capturing(s, "cudaMemsetAsync")) s->Capture([op](gpurt::Stream r) { S(r)->Enqueue(op); });
     else s->Enqueue(op);
   }
 
@@ -339,7 +360,11 @@ class SimPlatform final : public gpurt::Platform {
                 "a prohibited call (synchronization or allocation) during the capture invalidated it");
     return reinterpret_cast<gpurt::Graph>(new SimGraph{s->device()->index, std::move(nodes)});
   }
-  bool StreamIsCapturing(gpurt::Stream h) override { return Stream(h, "cudaStreamIsCapturing")->capturing; }
+  // cudaStreamCaptureStatusActive only: an invalidated capture reports cudaStreamCaptureStatusInvalidated.
+  bool StreamIsCapturing(gpurt::Stream h) override {
+    StreamImpl* s = Stream(h, "cudaStreamIsCapturing");
+    return s->capturing && !s->capture_invalidated;
+  }
   gpurt::GraphExec GraphInstantiate(gpurt::Graph g) override {
     return reinterpret_cast<gpurt::GraphExec>(new SimGraph(*reinterpret_cast<SimGraph*>(g)));
   }
@@ -359,6 +384,18 @@ class SimPlatform final : public gpurt::Platform {
   void* LibraryHandle(gpurt::Library lib, gpurt::Stream h) override;
   void Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) override;
   // cuDNN: sim_dnn.cc.
+  size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvForwardArgs& a) override {
+    gpurt::CheckConvForward(a, "cudnnGetConvolutionForwardWorkspaceSize");
+    return gpusim::kConvWorkspaceBytes;
+  }
+  size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvBackwardDataArgs& a) override {
+    gpurt::CheckConvBackwardData(a, "cudnnGetConvolutionBackwardDataWorkspaceSize");
+    return gpusim::kConvWorkspaceBytes;
+  }
+  size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvBackwardFilterArgs& a) override {
+    gpurt::CheckConvBackwardFilter(a, "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+    return gpusim::kConvWorkspaceBytes;
+  }
   void DnnConvolutionForward(void* dnn, gpurt::Stream h, const gpurt::ConvForwardArgs& a) override {
     gpusim::DnnConvolutionForward(memory_, dnn, h, Stream(h, "cudnnConvolutionForward"), a);
   }
@@ -436,7 +473,15 @@ class SimPlatform final : public gpurt::Platform {
     if (!e) gpurt::Fail(gpurt::kInvalidHandle, call, "the event is null");
     return E(e);
   }
-  bool Capturing(StreamImpl* s) { return s->capturing; }
+  // Whether work on `s` is captured instead of run. Once a prohibited call invalidated the capture,
+  // every call on the stream fails with 901 until cudaStreamEndCapture, as on a GPU.
+  bool Capturing(StreamImpl* s, const char* call) {
+    if (s->capturing && s->capture_invalidated)
+      gpurt::Fail(gpurt::kCaptureInvalidated, call,
+                "operation failed due to a previous error during capture: the stream's capture was invalidated; "
+                "end it with cudaStreamEndCapture before using the stream again");
+    return s->capturing;
+  }
   void RecordOn(StreamImpl* s, const std::shared_ptr<EventState>& ev) {
     uint64_t gen;
     {
@@ -582,7 +627,7 @@ void SimPlatform::LaunchKernel(gpurt::Function h, gpurt::Dim3 grid, gpurt::Dim3 
         k->Run(grid, block, smem, argv);
     if (fault) gpurt::Fail(fault->cuda_error, "kernel '" + name + "'", fault->message);
   };
-  if (Capturing(s)) {
+  if (Capturing(s, call)) {
     if (!known)
       gpurt::Fail(gpurt::kNotSupported, call,
                 "kernel '" + name + "' does not say its parameter sizes, so its launch cannot be captured");

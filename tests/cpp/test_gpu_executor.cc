@@ -11,6 +11,7 @@
 
 #include "gpu_skip.h"
 #include "kiln/frontend/tensor.h"
+#include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/executor.h"
@@ -94,6 +95,78 @@ TEST_CASE("gpu executor: a step that synchronizes cannot be captured: plain laun
   CHECK(testing::Has(err, "'test plan' launches its kernels one by one"));
   CHECK(testing::Has(err, "capturing it failed"));
   CHECK(err.find("one by one") == err.rfind("one by one"));  // once
+}
+
+// Found on an H200: a step that takes scratch memory from the caching allocator (cuDNN's
+// convolution workspace) while its plan is captured. The free recorded an event into the
+// capture and the allocator later queried it, which invalidated the capture, and the free during
+// the unwinding threw from a destructor (std::terminate). Now the allocation is refused during a
+// capture, the capture is discarded and the plan runs its kernels one by one, with the values
+// right.
+TEST_CASE("gpu executor: a step that takes scratch memory runs plainly, never from a captured graph") {
+  KILN_REQUIRE_GPU();
+  exec::Plan p;
+  MakePlan(p, 64, [] {
+    Allocator& a = GetAllocator(gpu(0));
+    a.Free(a.Allocate(4096), 4096);
+  });
+  p.name = "scratch plan";
+  exec::GraphCounters& c = exec::CudaGraphCounters();
+  const int64_t refused = c.refused, captures = c.captures, replays = c.replays;
+  std::string err = testing::CapturedStderr([&] {
+    for (int k = 0; k < 4; ++k) {
+      std::vector<float> v = testing::Random(64, 0, 1, static_cast<uint32_t>(20 + k));
+      Tensor y = Call(p, Tensor::FromVector(v, Shape({64})).To(gpu(0)));
+      CHECK(y.ToVector<float>() == v);
+    }
+  });
+  CHECK(c.refused - refused == 1);
+  CHECK(c.captures - captures == 0);
+  CHECK(c.replays - replays == 0);
+  CHECK(testing::Has(err, "'scratch plan' launches its kernels one by one"));
+  CHECK(testing::Has(err, "while a CUDA graph is being captured"));
+  // The allocator is usable afterwards, on this stream and on others.
+  Tensor z = Tensor::FromVector(std::vector<float>(1000, 2.f), Shape({1000})).To(gpu(0));
+  CHECK(z.ToVector<float>() == std::vector<float>(1000, 2.f));
+}
+
+TEST_CASE("gpu executor: a step that gives memory back during the capture discards the graph") {
+  KILN_REQUIRE_GPU();
+  Allocator& a = GetAllocator(gpu(0));
+  std::vector<void*> blocks;
+  exec::Plan p;
+  // Each call frees a block taken before it: during the capture the free is set aside (an event
+  // recorded then would join the capture) and pooled after it.
+  MakePlan(p, 64, [&a, &blocks] {
+    if (blocks.empty()) return;
+    a.Free(blocks.back(), 2048);
+    blocks.pop_back();
+  });
+  p.name = "freeing plan";
+  exec::GraphCounters& c = exec::CudaGraphCounters();
+  const int64_t refused = c.refused, captures = c.captures;
+  engine::Engine::Get().WaitForAll();
+  const int64_t frees = a.Stats().num_frees;
+  std::vector<Tensor> keep;  // so that only the plan's frees reach the allocator
+  std::string err = testing::CapturedStderr([&] {
+    for (int k = 0; k < 3; ++k) {
+      engine::Engine::Get().WaitForAll();
+      blocks.push_back(a.Allocate(2048));
+      std::vector<float> v = testing::Random(64, 0, 1, static_cast<uint32_t>(30 + k));
+      Tensor x = Tensor::FromVector(v, Shape({64})).To(gpu(0));
+      Tensor y = Call(p, x);
+      CHECK(y.ToVector<float>() == v);
+      keep.push_back(x), keep.push_back(y);
+    }
+  });
+  CHECK(blocks.empty());
+  CHECK(c.refused - refused == 1);
+  CHECK(c.captures - captures == 0);
+  CHECK(testing::Has(err, "gave device memory back during the capture"));
+  // Calls 1 and 3 pooled their block at once; call 2's, set aside during the capture, was pooled
+  // by the worker's next free (call 3's): nothing was lost.
+  engine::Engine::Get().WaitForAll();
+  CHECK(a.Stats().num_frees - frees == 3);
 }
 
 TEST_CASE("gpu executor: independent branches run on streams of their own, ordered by events") {

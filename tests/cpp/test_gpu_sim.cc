@@ -245,6 +245,32 @@ TEST_CASE("gpu sim: capture records work without running it, replays it, and ref
   p.StreamBeginCapture(s);
   CHECK(CodeOf([&] { p.DeviceSynchronize(); }) == gpurt::kCaptureUnsupported);
   CHECK(CodeOf([&] { p.StreamEndCapture(s); }) == gpurt::kCaptureInvalidated);
+  // Querying or waiting for an event: prohibited to the capturing thread. Once invalidated, the
+  // capture reports itself not active and every call on the stream fails with INVALIDATED until it
+  // is ended (an H200 showed this; the executor used to leave such a capture open).
+  gpurt::Event ev = p.EventCreate(false);
+  p.EventRecord(ev, s);
+  p.StreamBeginCapture(s);
+  CHECK(CodeOf([&] { p.EventQuery(ev); }) == gpurt::kCaptureUnsupported);
+  CHECK_FALSE(p.StreamIsCapturing(s));
+  CHECK(CodeOf([&] { p.MemsetAsync(d, 0, 4, s); }) == gpurt::kCaptureInvalidated);
+  CHECK(CodeOf([&] { p.EventRecord(ev, s); }) == gpurt::kCaptureInvalidated);
+  CHECK(CodeOf([&] { p.StreamEndCapture(s); }) == gpurt::kCaptureInvalidated);
+  p.MemsetAsync(d, 0, 4, s);  // the stream works again
+  p.StreamBeginCapture(s);
+  CHECK(CodeOf([&] { p.EventSynchronize(ev); }) == gpurt::kCaptureUnsupported);
+  CHECK(CodeOf([&] { p.StreamEndCapture(s); }) == gpurt::kCaptureInvalidated);
+  // An event last recorded in a capture stands for a point of the graph: querying or waiting for
+  // it is CUDA_ERROR_CAPTURED_EVENT until it is recorded outside a capture again.
+  p.StreamBeginCapture(s);
+  p.EventRecord(ev, s);
+  p.GraphDestroy(p.StreamEndCapture(s));
+  CHECK(CodeOf([&] { p.EventQuery(ev); }) == gpurt::kCapturedEvent);
+  CHECK(CodeOf([&] { p.EventSynchronize(ev); }) == gpurt::kCapturedEvent);
+  p.EventRecord(ev, s);
+  p.EventSynchronize(ev);
+  CHECK(p.EventQuery(ev));
+  p.EventDestroy(ev);
   // Ending a capture that was not begun, or on another thread than the one that began it.
   CHECK(CodeOf([&] { p.StreamEndCapture(s); }) == gpurt::kIllegalState);
   p.StreamBeginCapture(s);

@@ -60,6 +60,10 @@ Allocator& GetAllocator(const Device& d);
 /// recorded at the free has completed; no synchronizing free), out-of-memory retried once after
 /// the cache is emptied, then a MemoryError with the statistics. See runtime/gpu_allocator.cc.
 Allocator* NewGpuCachingAllocator(const Device& d);
+/// How many blocks the calling thread has given back to a GPU allocator while capturing a CUDA
+/// graph (cuda::Capturing). A graph captured across such a free replays memory the cache may
+/// hand out again, so the executor discards it.
+int64_t GpuFreesDuringCapture();
 /// Page-locked host memory for fast asynchronous GPU copies (plain host memory without CUDA).
 Allocator& GetPinnedAllocator();
 /// A new host caching allocator (std::aligned_alloc) keeping at most `cache_limit_bytes` cached

@@ -63,7 +63,8 @@ void LaunchKernel(void* kernel, unsigned grid, unsigned block, unsigned shared_b
 /// returns it (opaque); a capture a prohibited call invalidated throws the platform's GpuError.
 void BeginCapture();
 void* EndCapture();
-/// Whether the calling worker's stream is capturing.
+/// Whether the calling thread is between BeginCapture and EndCapture (an invalidated capture
+/// included). Costs no API call.
 bool Capturing();
 void LaunchGraph(void* graph);
 void DestroyGraph(void* graph);

@@ -51,6 +51,7 @@ enum Code : int {
   kCaptureUnsupported = 900,    ///< CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
   kCaptureInvalidated = 901,    ///< CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
   kCaptureUnmatched = 903,      ///< CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+  kCapturedEvent = 907,         ///< CUDA_ERROR_CAPTURED_EVENT (an event last recorded in a capture)
   kCaptureWrongThread = 908,    ///< CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
 };
 /// "CUDA_ERROR_INVALID_VALUE" for 1; "CUDA_ERROR_<number>" for codes not in the table.
