@@ -129,6 +129,7 @@ struct Launch {
   void* scheduler_sp = nullptr;
   FiberSan host; // the host thread's context, for the sanitizers
   Fault fault;
+  gpusim::MemoryWindow window; // of the device memory this launch reaches, read when it starts
 };
 
 thread_local Launch* t_launch = nullptr;
@@ -261,6 +262,8 @@ extern "C" int HelperBarrier(int kind, int predicate) {
 
 extern "C" char* HelperSharedBase() { return t_launch->shared; }
 
+extern "C" const gpusim::MemoryWindow* HelperWindow() { return &t_launch->window; }
+
 extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uint64_t align) {
   Launch& l = *t_launch;
   auto a = reinterpret_cast<uintptr_t>(address);
@@ -270,7 +273,7 @@ extern "C" void* HelperCheckAccess(void* address, uint64_t bytes, int flags, uin
     auto base = reinterpret_cast<uintptr_t>(l.shared);
     if (aligned && a >= base && a + bytes <= base + l.shared_bytes) return address;
   } else {
-    const gpusim::MemoryWindow& w = gpusim::DeviceMemoryWindow();
+    const gpusim::MemoryWindow& w = l.window;
     auto base = reinterpret_cast<uintptr_t>(l.shared);
     if (a + bytes > base - kSharedRedZone && a < base + l.shared_bytes + kSharedRedZone &&
         (a < base || a + bytes > base + l.shared_bytes))
@@ -329,7 +332,7 @@ const Helpers& HostHelpers() {
       .check_access = reinterpret_cast<uintptr_t>(&HelperCheckAccess),
       .rounded_f32 = reinterpret_cast<uintptr_t>(&HelperRoundedF32),
       .rounded_f64 = reinterpret_cast<uintptr_t>(&HelperRoundedF64),
-      .window = reinterpret_cast<uintptr_t>(&gpusim::DeviceMemoryWindow()),
+      .window = reinterpret_cast<uintptr_t>(&HelperWindow),
   };
   return h;
 }
@@ -357,6 +360,8 @@ std::unique_ptr<gpusim::KernelFault> RunLaunch(EntryFn entry, const std::string&
   l.args = args;
   l.grid = grid;
   l.block = block;
+  // The window of the launching platform's memory (several simulated platforms each have one).
+  l.window = gpusim::DeviceMemoryWindow();
   // Red zones around the block's shared memory: a stray generic access near it corrupts nothing,
   // and checked mode reports it.
   std::vector<char> shared(kSharedRedZone + static_smem + dynamic_smem + kSharedRedZone);

@@ -53,7 +53,7 @@ struct Helpers {
                           ///< flags: 1 a store, 2 a shared-memory access
   uintptr_t rounded_f32;  ///< float (int op, int mode, float a, float b, float c)
   uintptr_t rounded_f64;  ///< double (int op, int mode, double a, double b, double c)
-  uintptr_t window;       ///< const gpusim::MemoryWindow*
+  uintptr_t window;       ///< const gpusim::MemoryWindow* (): the launch's (its platform's device memory)
 };
 const Helpers& HostHelpers();
 

@@ -443,7 +443,8 @@ private:
               accesses.push_back({&i, 1, mi->getLength(), mt->getSourceAlign().valueOrOne().value(), false});
           }
         }
-    std::map<llvm::Function*, std::array<Value*, 3>> window; // begin, size, delta; read once per call
+    // begin, size, delta of the launch's window (its platform's memory); read once per call
+    std::map<llvm::Function*, std::array<Value*, 3>> window;
     auto* i64 = llvm::Type::getInt64Ty(ctx_);
     for (const Access& a : accesses) {
       Value* p = a.inst->getOperand(a.operand);
@@ -465,7 +466,7 @@ private:
       auto& w = window[f];
       if (!w[0]) {
         IRBuilder<> e(&*f->getEntryBlock().getFirstInsertionPt());
-        Value* base = llvm::ConstantExpr::getIntToPtr(e.getInt64(h_.window), e.getPtrTy());
+        Value* base = CallHelper(e, h_.window, llvm::FunctionType::get(e.getPtrTy(), false), {});
         auto load = [&](int field) {
           auto* l = e.CreateLoad(i64, e.CreateConstGEP1_64(i64, base, field));
           l->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(ctx_, {}));

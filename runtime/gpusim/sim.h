@@ -18,15 +18,17 @@
 #include <vector>
 
 #include "kiln/runtime/gpu.h"
+#include "kiln/runtime/gpusim/seam_internal.h"
 
 namespace kiln::gpusim {
 
-/// Device memory of every simulated GPU: one reserved range the host cannot touch (PROT_NONE),
+/// Device memory of a platform's simulated GPUs: one reserved range the host cannot touch (PROT_NONE),
 /// whose pages are mapped again read-write at `address + alias_delta` (a memfd mapped twice).
 /// Each device owns a slice of `bytes_per_device` with a first-fit allocator; freed blocks are
 /// poisoned (0xFF: NaN as float) so that a read after free shows.
-class Memory {
+class Memory final : public DeviceMemory {
  public:
+  /// Registers itself with the seam (seam_internal.h) for its life.
   Memory(int devices, size_t bytes_per_device);
   ~Memory();
   /// GpuError kOutOfMemory when the device's slice has no room.
@@ -36,7 +38,8 @@ class Memory {
   /// The device whose slice holds `p`, or -1 for host memory.
   int DeviceOf(const void* p) const;
   /// True when [address, address + bytes) lies inside one live allocation.
-  bool IsLive(uintptr_t address, size_t bytes) const;
+  bool IsLive(uintptr_t address, size_t bytes) const override;
+  const MemoryWindow& window() const override { return window_; }
   /// GpuError kInvalidValue naming `call` unless [p, p + n) lies inside one live allocation.
   void CheckDeviceRange(const void* p, size_t n, const char* call, const char* what) const;
   void* Alias(const void* device_address) const {
@@ -61,6 +64,7 @@ class Memory {
   size_t per_device_, total_;
   uintptr_t base_ = 0;
   intptr_t delta_ = 0;
+  MemoryWindow window_;
   int fd_ = -1;
   mutable std::shared_mutex mu_;
   std::vector<Slice> slices_;

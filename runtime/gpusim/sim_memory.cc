@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kiln/runtime/gpusim/seam_internal.h"
 #include "sim.h"
 
 namespace kiln::gpusim {
@@ -46,10 +45,13 @@ Memory::Memory(int devices, size_t bytes_per_device)
   base_ = reinterpret_cast<uintptr_t>(reserve);
   delta_ = static_cast<intptr_t>(reinterpret_cast<uintptr_t>(alias) - base_);
   for (Slice& s : slices_) s.free[0] = per_device_;
-  SetDeviceMemoryWindow({base_, base_ + total_, delta_});
+  window_ = {base_, base_ + total_, delta_};
+  RegisterDeviceMemory(this);
 }
 
-Memory::~Memory() = default;  // process lifetime (the platform is never destroyed)
+// Only unregisters: the mappings and the memfd stay until the process exits (a private platform a
+// test destroys leaves its reserved address space and the pages it touched).
+Memory::~Memory() { UnregisterDeviceMemory(this); }
 
 void* Memory::Allocate(int device, size_t nbytes) {
   size_t n = (std::max<size_t>(nbytes, 1) + kAlign - 1) & ~(kAlign - 1);

@@ -38,8 +38,6 @@ std::shared_ptr<EventState>& E(gpurt::Event e) { return *reinterpret_cast<std::s
 std::string Gpu(int d) { return "gpu(" + std::to_string(d) + ")"; }
 
 thread_local int tls_device = 0;
-Memory* g_memory = nullptr;  // for the emulator's live-range check
-bool LiveRange(uintptr_t a, size_t n) { return g_memory && g_memory->IsLive(a, n); }
 
 class SimPlatform final : public gpurt::Platform {
  public:
@@ -48,8 +46,6 @@ class SimPlatform final : public gpurt::Platform {
       devices_.push_back(std::make_unique<SimDevice>(i));
       devices_.back()->peer_enabled.assign(static_cast<size_t>(n), false);
     }
-    g_memory = &memory_;
-    SetLiveRangeChecker(&LiveRange);
   }
 
   const char* Name() const override { return "simulator"; }
@@ -622,9 +618,10 @@ void SimPlatform::LaunchKernel(gpurt::Function h, gpurt::Dim3 grid, gpurt::Dim3 
   }
   EmulatedKernel* k = f->kernel;
   std::string name = f->name;
-  auto run = [k, grid, block, smem, packed, name](void** argv) {
-    std::unique_ptr<KernelFault> fault =
-        k->Run(grid, block, smem, argv);
+  const Memory* memory = &memory_;
+  auto run = [k, grid, block, smem, packed, name, memory](void** argv) {
+    DeviceMemoryScope scope(*memory);  // the kernel reaches this platform's memory, not another's
+    std::unique_ptr<KernelFault> fault = k->Run(grid, block, smem, argv);
     if (fault) gpurt::Fail(fault->cuda_error, "kernel '" + name + "'", fault->message);
   };
   if (Capturing(s, call)) {

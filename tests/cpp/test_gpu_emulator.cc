@@ -14,13 +14,16 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kiln/codegen/gpu_emulator.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/gpu.h"
 #include "kiln/runtime/gpusim/seam_internal.h"
 #include "test_util.h"
 
@@ -186,11 +189,11 @@ std::vector<double> BlockSums(const std::vector<float>& in, int block) {
 }
 
 /// Device memory the host cannot touch, mapped a second time at an alias the emulator uses: the
-/// simulated GPU's layout, made here with memfd (the simulated devices are not needed).
-class FakeDevice {
+/// simulated GPU's layout, made here with memfd (the simulated devices are not needed). It is the
+/// test thread's device memory while it lives, as a platform's is around its launches.
+class FakeDevice final : public kiln::gpusim::DeviceMemory {
 public:
-  explicit FakeDevice(size_t bytes) : bytes_(bytes), prev_window_(kiln::gpusim::DeviceMemoryWindow()),
-        prev_checker_(kiln::gpusim::GetLiveRangeChecker()) {
+  explicit FakeDevice(size_t bytes) : bytes_(bytes) {
     int fd = ::memfd_create("kiln-fake-gpu", 0);
     REQUIRE(fd >= 0);
     REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
@@ -199,15 +202,11 @@ public:
     ::close(fd);
     REQUIRE(alias_ != MAP_FAILED);
     REQUIRE(device_ != MAP_FAILED);
-    current_ = this;
-    kiln::gpusim::SetDeviceMemoryWindow({reinterpret_cast<uintptr_t>(device_),
-                                         reinterpret_cast<uintptr_t>(device_ + bytes), alias_ - device_});
-    kiln::gpusim::SetLiveRangeChecker(&Live);
+    window_ = {reinterpret_cast<uintptr_t>(device_), reinterpret_cast<uintptr_t>(device_ + bytes), alias_ - device_};
+    scope_.emplace(*this);
   }
   ~FakeDevice() {
-    kiln::gpusim::SetDeviceMemoryWindow(prev_window_);  // a simulator made earlier in the process keeps its window
-    kiln::gpusim::SetLiveRangeChecker(prev_checker_);
-    current_ = nullptr;
+    scope_.reset();
     ::munmap(alias_, bytes_);
     ::munmap(device_, bytes_);
   }
@@ -224,17 +223,18 @@ public:
     return reinterpret_cast<T*>(reinterpret_cast<char*>(device) - device_ + alias_);
   }
 
-private:
-  static bool Live(uintptr_t a, size_t n) {
-    for (auto [b, size] : current_->allocs_)
+  const kiln::gpusim::MemoryWindow& window() const override { return window_; }
+  bool IsLive(uintptr_t a, size_t n) const override {
+    for (auto [b, size] : allocs_)
       if (a >= b && a + n <= b + size) return true;
     return false;
   }
-  static inline FakeDevice* current_ = nullptr;
+
+private:
   size_t bytes_, used_ = 0;
-  kiln::gpusim::MemoryWindow prev_window_;
-  kiln::gpusim::RangeChecker prev_checker_;
   char *alias_, *device_;
+  kiln::gpusim::MemoryWindow window_;
+  std::optional<kiln::gpusim::DeviceMemoryScope> scope_;
   std::vector<std::pair<uintptr_t, size_t>> allocs_;
 };
 
@@ -598,6 +598,53 @@ TEST_CASE("gpu emulator: InstallGpuEmulator makes it the simulated GPUs' module 
   REQUIRE(static_cast<bool>(compile));
   auto m = compile(kHeader + std::string(kIndex));
   CHECK(m->Function("index3d") != nullptr);
+}
+
+// Each simulated platform has its own device memory window; a process may hold several (tests
+// make private ones). Kernels used to translate with the window of the platform made last, so a
+// launch on an earlier platform read its own memory at the device address the host cannot touch:
+// SIGSEGV in the kernel's code (gpu dnn's private simulators, then d2l's accuracy on the process's).
+TEST_CASE("gpu emulator: a kernel reaches its own platform's memory when another simulated platform was made later") {
+  kiln::codegen::InstallGpuEmulator();
+  namespace gpurt = kiln::gpurt;
+  const int nx = 300;
+  // Launches index3d over nx elements on `p`'s device 0 and returns out and count.
+  auto index = [&](gpurt::Platform& p, gpurt::Module& m) {
+    gpurt::DeviceGuard guard(0, p);
+    if (!m) m = p.ModuleLoad({kHeader + std::string(kIndex), ""});
+    gpurt::Function f = p.ModuleGetFunction(m, "index3d");
+    gpurt::Stream s = p.StreamCreate();
+    void* out = p.Malloc(nx * sizeof(int32_t));
+    void* count = p.Malloc(nx * sizeof(int32_t));
+    CHECK(kiln::gpusim::IsLiveDeviceRange(reinterpret_cast<uintptr_t>(out), nx * sizeof(int32_t)));
+    p.MemsetAsync(count, 0, nx * sizeof(int32_t), s);
+    int ny = 1, nz = 1, n = nx;
+    void* args[] = {&out, &count, &n, &ny, &nz};
+    p.LaunchKernel(f, {(nx + 127) / 128, 1, 1}, {128, 1, 1}, 0, s, args);
+    std::vector<int32_t> got(2 * nx);
+    p.MemcpyAsync(got.data(), out, nx * sizeof(int32_t), gpurt::CopyKind::kDeviceToHost, s);
+    p.MemcpyAsync(got.data() + nx, count, nx * sizeof(int32_t), gpurt::CopyKind::kDeviceToHost, s);
+    p.StreamSynchronize(s);
+    p.Free(out), p.Free(count);
+    p.StreamDestroy(s);
+    return got;
+  };
+  std::vector<int32_t> want(2 * nx, 1);
+  std::iota(want.begin(), want.begin() + nx, 0);
+  std::unique_ptr<gpurt::Platform> first(gpurt::CreateSimulatedPlatform(1, size_t{16} << 20));
+  gpurt::Module first_module = nullptr, second_module = nullptr;
+  CHECK(index(*first, first_module) == want);
+  std::unique_ptr<gpurt::Platform> second(gpurt::CreateSimulatedPlatform(1, size_t{16} << 20));
+  delete gpurt::CreateSimulatedPlatform(1, size_t{16} << 20);  // made and gone again
+  CHECK(index(*first, first_module) == want);  // the module loaded before, and ...
+  first->ModuleUnload(first_module);
+  first_module = nullptr;
+  CHECK(index(*first, first_module) == want);  // ... one loaded now
+  CHECK(index(*second, second_module) == want);
+  second->ModuleUnload(second_module);
+  second.reset();
+  CHECK(index(*first, first_module) == want);
+  first->ModuleUnload(first_module);
 }
 
 #endif // KILN_WITH_CODEGEN

@@ -6,10 +6,11 @@
 // whose GPU threads run as fibers, and registers itself here at start-up. A simulated launch
 // checks the limits, then calls EmulatedKernel::Run on the stream's worker thread.
 //
-// Device memory of every simulated GPU lies in one reserved address range that the host cannot
-// touch (a host access faults, as on a real GPU). The same pages are mapped a second time at
-// `address + alias_delta`; simulated kernels and simulated copies reach device memory only
-// through that alias.
+// The device memory of a simulated platform (all its GPUs) lies in one reserved address range that
+// the host cannot touch (a host access faults, as on a real GPU). The same pages are mapped a second
+// time at `address + alias_delta`; simulated kernels and simulated copies reach device memory only
+// through that alias. A process may hold several simulated platforms (tests make private ones),
+// each with a window of its own: a launch translates with the window of the platform running it.
 #pragma once
 
 #include <cstddef>
@@ -70,15 +71,19 @@ void SetModuleCompiler(ModuleCompiler compiler);
 /// nullptr when no emulator was installed (a build without codegen): launches then fail clearly.
 ModuleCompiler GetModuleCompiler();
 
-/// Where simulated device memory lies. `alias_delta` is 0 when no simulated GPU exists.
+/// Where one simulated platform's device memory lies. `alias_delta` is 0 when no simulated GPU exists.
 struct MemoryWindow {
   uintptr_t device_begin = 0, device_end = 0;
   intptr_t alias_delta = 0;
 };
+/// The window of the device memory the calling thread reaches: inside a simulated platform's
+/// launch (on its stream's worker), that platform's; elsewhere, that of the simulated device
+/// memory made last that still lives. Read it when a launch starts: it may change between launches.
 const MemoryWindow& DeviceMemoryWindow();
 
 /// For the emulator's checked mode (KILN_GPU_SIM_ASAN=1): whether [address, address + bytes)
-/// lies inside one live device allocation (device addresses, not alias addresses).
+/// lies inside one live device allocation (device addresses, not alias addresses): inside a
+/// launch, one of the launching platform's; elsewhere, one of any simulated platform's.
 bool IsLiveDeviceRange(uintptr_t address, size_t bytes);
 
 }  // namespace kiln::gpusim
