@@ -4,8 +4,9 @@
 // against cudnnConvolutionForward called directly on a stream, with the fastest algorithm
 // cudnnFindConvolutionForwardAlgorithm measured and a cudaMalloc'd workspace, timed with CUDA
 // events. ResNet-18's 3x3 stride-1 shapes at batch 256: 64->64 at 28x28, 128->128 at 14x14,
-// 256->256 at 7x7 (and 512->512 at 4x4 outside --quick). Both use cuDNN's default math type (TF32
-// tensor cores allowed on Ampere and later), as PyTorch does for convolutions. Kiln's output is
+// 256->256 at 7x7 (and 512->512 at 4x4 outside --quick). The direct call uses cuDNN's default
+// math type (TF32 tensor cores allowed on Ampere and later), as PyTorch does for convolutions;
+// kiln uses FMA math (float32) unless KILN_GPU_TF32=1 (runtime/cuda/dnn_cuda.cc). Kiln's output is
 // checked against cuDNN's. Lines: TFLOP/s of each and the ratio cuDNN time / kiln time.
 // On simulated GPUs only the check against the CPU runs, at batch 2 and 1/8 of the channels.
 #include <cmath>
