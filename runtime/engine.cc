@@ -83,7 +83,7 @@ class ThreadedEngine final : public EngineBase {
       writer_ahead = v->running_write;
       for (size_t i = v->head; i < v->queue.size() && !writer_ahead; ++i)
         writer_ahead = v->queue[i].write;
-      if (!writer_ahead && v->error) std::rethrow_exception(v->error);
+      if (!writer_ahead && v->error) Raise(v->error);
     }
     if (!writer_ahead) {
       WaitForGpuWrite(v);  // its writer is done here, its GPU work perhaps not
@@ -97,7 +97,7 @@ class ThreadedEngine final : public EngineBase {
     // The error is captured by the waiter itself: a writer queued behind it may clear it later.
     struct Result {
       std::atomic<int> done{0};
-      std::exception_ptr error;
+      TaskErrorPtr error;
       WaitPoint woken;
     };
     auto r = std::make_shared<Result>();
@@ -116,7 +116,9 @@ class ThreadedEngine final : public EngineBase {
     for (int i = 0; i < 2000 && !r->done.load(std::memory_order_acquire); ++i) KILN_PAUSE();
     r->woken.WaitInterruptible([&] { return r->done.load() != 0; });
     Reap();
-    if (r->error) std::rethrow_exception(r->error);
+    // Taken out of the shared result: the waiter task, until reaped, must not count as holding
+    // the error (WaitForAll reports an error a live holder has).
+    if (TaskErrorPtr err = std::move(r->error)) Raise(err);
     WaitForGpuWrite(v);
   }
 
@@ -279,7 +281,7 @@ class ThreadedEngine final : public EngineBase {
       inline_runs_.store(inline_runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       inline_in_flight_.fetch_add(1, std::memory_order_seq_cst);
     }
-    std::exception_ptr err;
+    TaskErrorPtr err;
     {
       struct InTask {  // inside the task this thread is a worker: no throttling, waits refused
         bool was = tls_on_worker;
@@ -291,9 +293,7 @@ class ThreadedEngine final : public EngineBase {
         WaitForGpuWork({reads, nr}, {writes, nw}, opts);
         fn();
       } catch (...) {
-        err = NameError(std::current_exception(), opts);
-        std::lock_guard<std::mutex> g(error_mu_);
-        if (!first_error_) first_error_ = err;
+        err = RecordError(std::current_exception(), opts);
       }
       if (prof_start)  // ran inline, on the pushing thread: it waited for nothing
         profiler::Complete(profiler::kOperator, opts.name, prof_start, profiler::Now(), profiler::Args("queued_us", 0));
@@ -317,6 +317,7 @@ class ThreadedEngine final : public EngineBase {
       if (w->QueueEmpty()) w->busy.store(false, std::memory_order_release);  // nobody came meanwhile
       else GrantQueued(w, &ready);
     }
+    err.reset();  // before the run counts as done: the variables hold the error now, not this run
     for (Task* r : ready)
       if (r->wait.fetch_sub(1, std::memory_order_acq_rel) == 1) Schedule(r);
     if (inline_in_flight_.fetch_sub(1, std::memory_order_seq_cst) == 1 && drained_.HasSleepers())

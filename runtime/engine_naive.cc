@@ -69,7 +69,12 @@ class NaiveEngine final : public EngineBase {
     CountCompleted(opts.bytes);
   }
   void WaitForVar(Var* v) override {
-    if (auto e = VarError(v)) std::rethrow_exception(e);
+    TaskErrorPtr e;
+    {
+      std::lock_guard<SpinLock> g(v->mu);
+      e = v->error;
+    }
+    if (e) Raise(e);
   }
   void WaitForAll() override { RethrowFirstError(); }
   bool IsNaive() const override { return true; }

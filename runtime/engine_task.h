@@ -28,6 +28,16 @@ namespace kiln::engine {
 namespace detail {
 struct Task;
 
+// A task's error, shared by the variables it failed: its outputs and, passed on, the outputs of
+// the tasks that read them. `raised` is set once a sync point on one of them (WaitForVar) has
+// thrown it; WaitForAll uses it to tell an error the user has seen from one nobody has.
+struct TaskError {
+  explicit TaskError(std::exception_ptr e) : error(std::move(e)) {}
+  std::exception_ptr error;
+  std::atomic<bool> raised{false};
+};
+using TaskErrorPtr = std::shared_ptr<TaskError>;
+
 // A list with a few entries inline (most tasks touch one to three variables).
 template <class T, size_t N>
 class InlineVec {
@@ -85,7 +95,7 @@ class Var {
   size_t head = 0;
   int running_reads = 0;       // reads granted under mu
   bool running_write = false;
-  std::exception_ptr error;    // guarded by mu
+  detail::TaskErrorPtr error;  // guarded by mu
 
   char pad1_[64];
   // running_write || a task is queued. Written under mu; producers test it without the lock.
@@ -147,7 +157,7 @@ class EngineBase : public Engine {
 
   std::exception_ptr VarError(Var* v) override {
     std::lock_guard<SpinLock> g(v->mu);
-    return v->error;
+    return v->error ? v->error->error : nullptr;
   }
 
   EngineStats Stats() const override {
@@ -178,7 +188,7 @@ class EngineBase : public Engine {
   void Execute(Task* t) {
     // Errors are rare: has_error is checked without the lock. It is current here because the
     // grant that scheduled this task went through the variable's lock after its last writer.
-    std::exception_ptr err;
+    TaskErrorPtr err;
     for (Var* r : t->reads) {
       if (!r->has_error.load(std::memory_order_acquire)) continue;
       std::lock_guard<SpinLock> g(r->mu);
@@ -228,9 +238,7 @@ class EngineBase : public Engine {
           else MarkGpuWork(reads, writes, t->opts);
         }
       } catch (...) {
-        err = NameError(std::current_exception(), t->opts);
-        std::lock_guard<std::mutex> g(error_mu_);
-        if (!first_error_) first_error_ = err;
+        err = RecordError(std::current_exception(), t->opts);
       }
     }
     if (prof && profiler::Enabled(profiler::kOperator)) {
@@ -285,13 +293,38 @@ class EngineBase : public Engine {
     drained_.Wait(done);
   }
 
+  // A task body threw: names the error and remembers it for WaitForAll (engine.h).
+  TaskErrorPtr RecordError(std::exception_ptr e, const TaskOptions& o) {
+    auto rec = std::make_shared<TaskError>(NameError(std::move(e), o));
+    std::lock_guard<std::mutex> g(error_mu_);
+    // Only the first reportable error is ever thrown: once one is certain to be (no variable
+    // holds it, so no WaitForVar can raise it first), the later ones need not be kept. Errors
+    // that were raised and are held by no variable can never be reported again: dropped. This
+    // bounds the list by the failed variables alive, plus one.
+    std::erase_if(errors_, [](const TaskErrorPtr& r) { return r->raised.load() && r.use_count() == 1; });
+    bool settled = false;
+    for (const TaskErrorPtr& r : errors_) settled |= !r->raised.load() && r.use_count() == 1;
+    if (!settled) errors_.push_back(rec);
+    return rec;
+  }
+
+  // A sync point on a variable throws its error; WaitForAll will not report it for that alone.
+  [[noreturn]] static void Raise(const TaskErrorPtr& rec) {
+    rec->raised.store(true);
+    std::rethrow_exception(rec->error);
+  }
+
+  // WaitForAll's error (engine.h): the first recorded since the previous WaitForAll that either
+  // no sync point has raised yet or a live variable still holds. An error raised at
+  // wait_to_read whose arrays are gone is not thrown again by a later, unrelated waitall.
   void RethrowFirstError() {
-    std::exception_ptr e;
+    std::vector<TaskErrorPtr> errors;
     {
       std::lock_guard<std::mutex> g(error_mu_);
-      std::swap(e, first_error_);
+      std::swap(errors, errors_);
     }
-    if (e) std::rethrow_exception(e);
+    for (const TaskErrorPtr& r : errors)  // a count above one: a variable holds it too
+      if (!r->raised.load() || r.use_count() > 1) std::rethrow_exception(r->error);
   }
 
   // Counters on separate cache lines by writer: the pushing thread and the workers.
@@ -301,7 +334,7 @@ class EngineBase : public Engine {
   alignas(64) std::atomic<int64_t> max_pending_{1024}, max_pending_bytes_{32 << 20};
   WaitPoint drained_;
   std::mutex error_mu_;
-  std::exception_ptr first_error_;
+  std::vector<TaskErrorPtr> errors_;  // recorded since the previous WaitForAll, oldest first
 };
 
 }  // namespace detail

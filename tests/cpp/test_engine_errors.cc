@@ -205,5 +205,93 @@ TEST_CASE("engine errors: an eager op's error names the call site of the provide
   }
   kiln::SetCallSite(nullptr);
   CHECK(kiln::testing::Contains(msg, "(called from explicit.cc:4)"));
-  CHECK_THROWS_AS(kiln::engine::Engine::Get().WaitForAll(), kiln::ValueError);
+  // Both errors were raised and their tensors are gone: waitall has nothing left to report.
+  CHECK_NOTHROW(kiln::engine::Engine::Get().WaitForAll());
+}
+
+TEST_CASE("engine errors: WaitForAll reports an error nobody raised or a live variable holds, no other") {
+  for (const char* config : {"threaded1", "threaded2", "naive"}) {
+    CAPTURE(config);
+    auto e = MakeEngine(config);
+    auto fail = [](Engine& eng, Var* v) {
+      PushThrowing(eng, v, "bad_op", nullptr, [] { throw kiln::ValueError("bad value"); });
+    };
+    auto unrelated_work = [](Engine& eng) {
+      VarGuard c(eng);
+      int value = 0;
+      eng.Push([&value] { value = 7; }, {}, std::vector<Var*>{c.v}, TaskOptions{});
+      CHECK_NOTHROW(eng.WaitForAll());
+      CHECK_NOTHROW(eng.WaitForVar(c.v));
+      CHECK(value == 7);
+    };
+    {  // raised at WaitForVar, then its variable is released: never again
+      VarGuard a(*e);
+      fail(*e, a.v);
+      CHECK_THROWS_AS(e->WaitForVar(a.v), kiln::ValueError);
+    }
+    unrelated_work(*e);
+    {  // the same through a reader that passed it on: raised on the reader, both released
+      VarGuard a(*e), b(*e);
+      fail(*e, a.v);
+      e->Push([] {}, std::vector<Var*>{a.v}, std::vector<Var*>{b.v}, TaskOptions{});
+      CHECK_THROWS_AS(e->WaitForVar(b.v), kiln::ValueError);
+    }
+    unrelated_work(*e);
+    {  // never raised: WaitForAll reports it although its variable is gone (an error is not lost)
+      VarGuard a(*e);
+      fail(*e, a.v);
+    }
+    CHECK_THROWS_AS(e->WaitForAll(), kiln::ValueError);
+    unrelated_work(*e);
+    {  // raised, but its variable lives on and still holds it: WaitForAll reports it, once
+      VarGuard a(*e);
+      fail(*e, a.v);
+      CHECK_THROWS_AS(e->WaitForVar(a.v), kiln::ValueError);
+      CHECK_THROWS_AS(e->WaitForAll(), kiln::ValueError);
+      CHECK_NOTHROW(e->WaitForAll());
+      CHECK_THROWS_AS(e->WaitForVar(a.v), kiln::ValueError);  // the variable keeps it
+    }
+    {  // raised, then the variable is rewritten: the error is gone with the value
+      VarGuard a(*e);
+      fail(*e, a.v);
+      CHECK_THROWS_AS(e->WaitForVar(a.v), kiln::ValueError);
+      e->Push([] {}, {}, std::vector<Var*>{a.v}, TaskOptions{});
+      CHECK_NOTHROW(e->WaitForVar(a.v));
+      CHECK_NOTHROW(e->WaitForAll());
+    }
+    {  // many raised and released errors before one nobody raised: that one is reported
+      for (int i = 0; i < 100; ++i) {
+        VarGuard a(*e);
+        fail(*e, a.v);
+        CHECK_THROWS_AS(e->WaitForVar(a.v), kiln::ValueError);
+      }
+      VarGuard a(*e);
+      PushThrowing(*e, a.v, "last_op", nullptr, [] { throw kiln::DistributedError("lost rank"); });
+    }
+    CHECK_THROWS_AS(e->WaitForAll(), kiln::DistributedError);
+    unrelated_work(*e);
+  }
+}
+
+TEST_CASE("engine errors: a failed op raised at a sync point does not fail a later test's waitall") {
+  // Two unrelated parts in one process, as two test cases run one after the other: the first
+  // catches its op's error at the tensor's sync point, the second must not see it again.
+  auto part = [](kiln::Device d) {
+    CAPTURE(d.str());
+    if (d.is_cpu()) {
+      kiln::Tensor x = kiln::nd::arange(0, 6);
+      kiln::Tensor bad = kiln::Tensor::FromVector<int64_t>({1, 9}, kiln::Shape({2}));
+      CHECK_THROWS_AS(kiln::nd::take(x, bad).ToVector<float>(), kiln::ValueError);
+    }
+    CHECK_THROWS_AS(kiln::nd::random::bernoulli(1.5, kiln::Shape({4}), kiln::DType::kFloat32, d).WaitToRead(),
+                    kiln::ValueError);
+    // The later, unrelated part.
+    kiln::Tensor y = kiln::nd::arange(0, 4).To(d);
+    CHECK_NOTHROW(kiln::engine::Engine::Get().WaitForAll());
+    CHECK(y.To(kiln::cpu()).ToVector<float>() == std::vector<float>{0, 1, 2, 3});
+    CHECK_NOTHROW(kiln::engine::Engine::Get().WaitForAll());
+  };
+  kiln::engine::Engine::Get().WaitForAll();  // start with nothing pending
+  part(kiln::cpu());
+  if (kiln::NumGPUs() > 0) part(kiln::gpu(0));
 }

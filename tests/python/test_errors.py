@@ -117,6 +117,23 @@ def test_task_error_in_random_op():
         y.asnumpy()
 
 
+def test_error_raised_at_a_sync_point_does_not_resurface_in_a_later_waitall():
+    # Two unrelated parts, as two tests in one process: the first catches its ops' errors where it
+    # syncs (and drops the arrays); the second part's waitall must not raise them again.
+    with pytest.raises(kiln.ArgumentError, match="take"):
+        _failing_take().asnumpy()
+    with pytest.raises(kiln.ArgumentError, match="random_bernoulli"):
+        nd.random.bernoulli(1.5, shape=(4,)).wait_to_read()
+    y = nd.ones((2,)) + 1
+    kiln.waitall()
+    assert y.asnumpy().tolist() == [2.0, 2.0]
+    # An error that no sync point has raised is still reported by waitall, once.
+    _failing_take()
+    with pytest.raises(kiln.ArgumentError, match="take"):
+        kiln.waitall()
+    kiln.waitall()
+
+
 def test_errors_from_dlpack_export_of_failed_array():
     y = _failing_take()
     with pytest.raises(kiln.ArgumentError, match="take"):

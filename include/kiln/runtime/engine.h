@@ -6,9 +6,9 @@
 //
 // Errors: an exception thrown by a task is stored on the variables it writes; tasks that read
 // such a variable are skipped and pass the error on. WaitForVar rethrows the stored error (its
-// type kept, its message naming the task and its call site), WaitForAll rethrows the first error
-// since the previous WaitForAll. The engine keeps running. While they sleep, both run the
-// interrupt check (interrupt.h), which may end the wait early (Ctrl-C from Python).
+// type kept, its message naming the task and its call site); WaitForAll, the first since its last
+// call that no WaitForVar raised or a live variable holds. The engine keeps running. While they
+// sleep, both run the interrupt check (interrupt.h), which may end the wait early (Ctrl-C).
 //
 // Backpressure: at most `max_pending` tasks (KILN_ENGINE_MAX_PENDING) and `max_pending_bytes`
 // bytes of task outputs (KILN_ENGINE_MAX_PENDING_MB) wait at once, except that one task may always
@@ -83,7 +83,7 @@ class Engine {
   /// Blocks until every task that writes `v` pushed so far has finished; rethrows its error.
   virtual void WaitForVar(Var* v) = 0;
   /// Blocks until every task pushed so far has finished; rethrows the first error since the
-  /// previous WaitForAll (and forgets it).
+  /// previous call that no WaitForVar raised or a live variable holds (and forgets them all).
   virtual void WaitForAll() = 0;
   /// The error stored on `v`, if any (without waiting).
   virtual std::exception_ptr VarError(Var* v) = 0;
