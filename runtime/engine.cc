@@ -22,6 +22,7 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/interrupt.h"
 #include "kiln/runtime/profiler.h"
 #include "kiln/runtime/wait_point.h"
 
@@ -350,7 +351,10 @@ class ThreadedEngine final : public EngineBase {
     // One task may always wait behind the running one, so even ops larger than the byte limit
     // keep the producer and the worker overlapped.
     if (fits(1) || Pending() <= 1) return;
-    SleepUntil([&] { return fits(2) || Pending() <= 1; });
+    {
+      BlockingRegion region;  // Python lets go of the GIL: a running task may need it
+      SleepUntil([&] { return fits(2) || Pending() <= 1; });
+    }
     Reap();
   }
 

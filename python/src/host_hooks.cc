@@ -2,6 +2,7 @@
 //  - the interrupt check of the engine's sync points (kiln/runtime/interrupt.h): a Ctrl-C while
 //    waitall(), asnumpy(), item() or wait_to_read() waits raises KeyboardInterrupt within about
 //    kInterruptPoll, and the queued work goes on in the background;
+//  - the blocking hook (interrupt.h): the engine's backpressure wait lets go of the GIL;
 //  - the call-site provider (kiln/frontend/call_site.h): the user's file:line that queued an op,
 //    which the error of a failed engine task names.
 // What it does not do: interrupt a kernel that runs. Bindings that release the GIL before they
@@ -40,6 +41,27 @@ void PythonInterruptCheck() {
   pyb::error_already_set e;  // takes the handler's exception (KeyboardInterrupt)
   PyGILState_Release(gil);
   throw e;
+}
+
+// ---- blocking waits ----
+// Push waits for room in the engine's queue (backpressure) with the GIL held by the caller; a
+// running task may need the GIL (a buffer NumPy owns freed on a worker, a cached Python object
+// released), so the wait lets go of it. Nested regions release once; nothing is done during
+// interpreter shutdown or on a thread that does not hold the GIL.
+thread_local int t_blocking_depth = 0;
+thread_local PyThreadState* t_released = nullptr;
+
+void PythonBlockingHook(bool entering) {
+  if (entering) {
+    if (t_blocking_depth++ == 0 && Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check())
+      t_released = PyEval_SaveThread();
+    return;
+  }
+  if (--t_blocking_depth == 0 && t_released) {
+    PyThreadState* ts = t_released;
+    t_released = nullptr;
+    PyEval_RestoreThread(ts);
+  }
 }
 
 // ---- call sites ----
@@ -125,11 +147,14 @@ KILN_PY_BIND(70) {
     *g_package_dir = package_dir;
     g_main_thread = main_thread;
     SetInterruptCheck(&PythonInterruptCheck);
+    SetBlockingHook(&PythonBlockingHook);
     SetCallSiteProvider(&PythonCallSite);
   }, pyb::arg("package_dir"), pyb::arg("main_thread"),
-  "Lets Ctrl-C end the engine's waits and engine errors name the user's call site (kiln/__init__.py).");
+  "Lets Ctrl-C end the engine's waits, the engine's backpressure let go of the GIL, and engine errors name "
+  "the user's call site (kiln/__init__.py).");
   m.def("_remove_hooks", [] {
     SetInterruptCheck(nullptr);
+    SetBlockingHook(nullptr);
     SetCallSiteProvider(nullptr);
   }, "Undoes _install_hooks (at exit, before the interpreter goes away).");
   m.def("_call_site", [] {

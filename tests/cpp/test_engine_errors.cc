@@ -180,6 +180,53 @@ TEST_CASE("engine errors: with nothing pending, waits return without calling the
 }
 
 namespace {
+std::atomic<int> g_blocking_in{0}, g_blocking_out{0};
+void CountingBlockingHook(bool entering) { (entering ? g_blocking_in : g_blocking_out)++; }
+struct InstalledBlockingHook {
+  InstalledBlockingHook() {
+    g_blocking_in = 0, g_blocking_out = 0;
+    kiln::SetBlockingHook(&CountingBlockingHook);
+  }
+  ~InstalledBlockingHook() { kiln::SetBlockingHook(nullptr); }
+};
+}  // namespace
+
+// Python's hook lets go of the GIL there: a task the full queue waits for may need it.
+TEST_CASE("engine errors: a Push that waits for room in the queue calls the blocking hook around the wait") {
+  auto e = MakeEngine("threaded1");
+  e->SetLimits(1, 0);
+  VarGuard a(*e), b(*e), c(*e);
+  Gate gate;
+  struct OpenAtExit {
+    Gate& g;
+    ~OpenAtExit() { g.Open(); }
+  } open_at_exit{gate};
+  InstalledBlockingHook installed;
+  TaskOptions o;
+  o.name = "gated";
+  e->Push([&] { gate.Wait(); }, {}, std::vector<Var*>{a.v}, o);
+  o.name = "queued";
+  e->Push([] {}, {}, std::vector<Var*>{b.v}, o);  // one task may always wait behind the running one
+  CHECK(g_blocking_in.load() == 0);  // room so far: no hook
+  std::atomic<bool> pushed{false};
+  std::thread producer([&] {
+    TaskOptions p;
+    p.name = "third";
+    e->Push([] {}, {}, std::vector<Var*>{c.v}, p);
+    pushed = true;
+  });
+  while (g_blocking_in.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(pushed.load());  // the hook ran before the wait, and the wait goes on
+  CHECK(g_blocking_out.load() == 0);
+  gate.Open();
+  producer.join();
+  CHECK(pushed.load());
+  CHECK(g_blocking_in.load() == 1);
+  CHECK(g_blocking_out.load() == 1);
+  CHECK_NOTHROW(e->WaitForAll());
+}
+
+namespace {
 const char* TestProvider() { return "provider.py:3"; }
 }  // namespace
 

@@ -154,6 +154,58 @@ def test_ctrl_c_during_a_wait_raises_keyboard_interrupt_promptly(how, tmp_path):
     assert "RESULT usable" in out, out
 
 
+# ---- the GIL while the engine's queue is full -----------------------------------------------------
+
+_BACKPRESSURE_SCRIPT = r"""
+import sys, threading, time
+import kiln
+from kiln import nd
+if sys.argv[1] == "no-hooks":
+    kiln._C._remove_hooks()  # the control: what the wait did before it let go of the GIL
+a = nd.random.uniform(shape=(2500, 2500))
+b = nd.random.uniform(shape=(2500, 2500))
+nd.waitall()
+y1 = nd.dot(a, b)  # runs
+y2 = nd.dot(a, b)  # waits behind it: one task always may
+ran = {}
+def helper():
+    time.sleep(0.02)  # lets go of the GIL, then needs it back
+    ran["t"] = time.monotonic()
+th = threading.Thread(target=helper)
+th.start()
+t0 = time.monotonic()
+y3 = nd.dot(a, b)  # the queue is full (KILN_ENGINE_MAX_PENDING=1): Push waits for room
+t1 = time.monotonic()
+th.join()
+nd.waitall()
+print("RESULT", ran["t"] - t0, t1 - t0, flush=True)
+"""
+
+
+@pytest.mark.parametrize("hooks", ["hooks", "no-hooks"])
+def test_a_push_waiting_for_room_lets_other_python_threads_run(hooks, tmp_path):
+    # A task on a worker may need the GIL (a NumPy-owned buffer freed there, a cached Python
+    # object released): a Push that waits for it while holding the GIL would deadlock. The waits
+    # let go of the GIL, so another thread runs during them; the control (hooks removed) shows the
+    # measurement tells the two apart: there the thread runs only once the wait is over.
+    script = tmp_path / "backpressure.py"
+    script.write_text(_BACKPRESSURE_SCRIPT)
+    env = dict(os.environ, KILN_ENGINE_MAX_PENDING="1")
+    p = subprocess.run([sys.executable, str(script), hooks], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, p.stdout
+    helper_ran, push_returned = (float(w) for w in line[0].split()[1:])
+    print(f"{hooks}: the other thread ran {helper_ran * 1000:.0f} ms into a Push that waited "
+          f"{push_returned * 1000:.0f} ms")
+    assert push_returned > 0.1, p.stdout  # the Push did wait (a 2500^3 product is ahead of it)
+    if hooks == "hooks":
+        assert helper_ran < push_returned / 2, p.stdout
+    else:
+        assert helper_ran > push_returned - 0.05, p.stdout
+
+
 # ---- DataLoader workers --------------------------------------------------------------------------
 
 class _Failing(Dataset):

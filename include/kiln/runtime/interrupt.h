@@ -4,7 +4,7 @@
 // sleeps, and a check that throws ends the wait with that exception. The queued work is not
 // cancelled: it runs to its end in the background, and its results and errors are there for the
 // next wait. Waits that must not throw (backpressure inside Push, which destructors reach) are
-// never interrupted, nor is a kernel that already runs.
+// never interrupted, nor is a kernel that already runs; they call the blocking hook instead.
 #pragma once
 
 #include <chrono>
@@ -21,5 +21,25 @@ inline constexpr std::chrono::milliseconds kInterruptPoll{20};
 void SetInterruptCheck(InterruptCheck check);
 /// The installed check, or nullptr.
 InterruptCheck GetInterruptCheck();
+
+/// Around a wait that cannot be interrupted and may last (backpressure inside Push): a host
+/// language lets go of its global lock there, so that the threads the wait depends on can run
+/// (the Python bindings: the GIL, which a worker freeing a Python-owned buffer needs). Called with
+/// true before the wait and false after it, on the waiting thread; it must not throw.
+using BlockingHook = void (*)(bool entering);
+/// Installs `hook` for the whole process (nullptr removes it).
+void SetBlockingHook(BlockingHook hook);
+
+/// Calls the blocking hook for the scope's lifetime.
+class BlockingRegion {
+ public:
+  BlockingRegion();
+  ~BlockingRegion();
+  BlockingRegion(const BlockingRegion&) = delete;
+  BlockingRegion& operator=(const BlockingRegion&) = delete;
+
+ private:
+  BlockingHook hook_;
+};
 
 }  // namespace kiln
