@@ -25,36 +25,12 @@ namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadAll;
+using testing::TempDir;
 using testing::Contains;
 using testing::ErrorOf;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("kiln_atomic_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> Names() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
 
 // Runs `body` in a forked child and returns what it wrote to the pipe given to it; the child's
 // exit status must be 0. Only the forking thread exists in the child: `body` must not use the
@@ -98,7 +74,7 @@ void LimitFileSize(rlim_t limit) {
 }
 
 TEST_CASE("atomic file: replaces the file by rename, and a reader of the old file keeps reading it") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   WriteFileAtomic(dir / "f", "old contents");
   std::ifstream reader(dir / "f", std::ios::binary); // opened before the replacement
   WriteFileAtomic(dir / "f", "new");
@@ -112,7 +88,7 @@ TEST_CASE("atomic file: replaces the file by rename, and a reader of the old fil
 }
 
 TEST_CASE("atomic file: a replaced file keeps its permissions and a symbolic link is followed") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   WriteFileAtomic(dir / "private", "secret 1");
   fs::permissions(dir / "private", fs::perms::owner_read | fs::perms::owner_write);
   WriteFileAtomic(dir / "private", "secret 2");
@@ -128,7 +104,7 @@ TEST_CASE("atomic file: a replaced file keeps its permissions and a symbolic lin
 }
 
 TEST_CASE("atomic file: a missing directory or a directory in the way is a FileError, nothing changes") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   std::string msg = ErrorOf<FileError>([&] { WriteFileAtomic(dir / "missing/f", "x"); });
   CHECK(Contains(msg, "cannot write '" + dir / "missing/f" + "': creating a temporary file in '"));
   CHECK(Contains(msg, "No such file or directory; the directory '" + dir / "missing" +
@@ -148,7 +124,7 @@ TEST_CASE("atomic file: a missing directory or a directory in the way is a FileE
 }
 
 TEST_CASE("atomic file: a full disk (RLIMIT_FSIZE, EFBIG) is a FileError naming the bytes, and the old file stays") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   WriteFileAtomic(dir / "f", "old");
   const std::string path = dir / "f";
   std::string msg = InChild([&](std::string& out) {
@@ -171,7 +147,7 @@ TEST_CASE("atomic file: a full disk (RLIMIT_FSIZE, EFBIG) is a FileError naming 
 }
 
 TEST_CASE("atomic file: files written together: a failure while writing any of them changes none") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   WriteFilesAtomic({{dir / "net-symbol.json", "graph 1"}, {dir / "net-0000.params", "weights 1"}});
   const std::string sym = dir / "net-symbol.json", params = dir / "net-0000.params";
   std::string msg = InChild([&](std::string& out) {
@@ -194,7 +170,7 @@ TEST_CASE("atomic file: files written together: a failure while writing any of t
 }
 
 TEST_CASE("atomic file: temporaries of killed writers are removed by the next write, live ones kept") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   const std::string path = dir / "net.params";
   pid_t dead = ::fork();
   REQUIRE(dead >= 0);
@@ -227,7 +203,7 @@ TEST_CASE("atomic file: temporaries of killed writers are removed by the next wr
 }
 
 TEST_CASE("atomic file: a writer killed at random instants leaves the old or the new file, whole") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   const std::string path = dir / "weights";
   // Two versions, distinguishable in every byte; large enough that a write takes a while.
   const std::string a(4 << 20, 'a'), b(4 << 20, 'b');
@@ -258,7 +234,7 @@ TEST_CASE("atomic file: a writer killed at random instants leaves the old or the
 }
 
 TEST_CASE("atomic file: concurrent writers of one file: the last rename wins, every version whole") {
-  TempDir dir;
+  TempDir dir("kiln_atomic");
   const std::string path = dir / "shared";
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)

@@ -12,11 +12,14 @@
 #include <sstream>
 
 #include "kiln/ir/serialize.h"
+#include "test_util.h"
 
 namespace kiln::ir {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadAll;
+using testing::TempDir;
 using Ints = std::vector<int64_t>;
 
 // A small MLP (matmul/add/relu) with attributes of every kind and a multi-output split.
@@ -74,32 +77,7 @@ void ExpectGraphError(const std::string& text, const std::string& key) {
   CHECK_MESSAGE(msg.find(key) != std::string::npos, "expected \"" << key << "\" in: " << msg);
 }
 
-// A directory of its own under the system temp directory, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("kiln_formats_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> Names() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
 
 void WriteRaw(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
@@ -157,7 +135,7 @@ TEST_CASE("format: graph json renumbers interleaved inputs and keeps non-finite 
 }
 
 TEST_CASE("format: graph json save and load a file") {
-  TempDir dir;
+  TempDir dir("kiln_formats");
   Mlp mlp;
   SaveGraph(dir / "mlp-symbol.json", mlp.g, mlp.m);
   LoadedGraph loaded = LoadGraph(dir / "mlp-symbol.json");
@@ -337,7 +315,7 @@ HostTensor Patterned(DType dtype, const Shape& shape) {
 }
 
 TEST_CASE("format: params round trip every dtype, 0-d and empty tensors") {
-  TempDir dir;
+  TempDir dir("kiln_formats");
   std::vector<NamedHostTensor> params;
   for (int d = 0; d < kNumDTypes; ++d) {
     DType dtype = static_cast<DType>(d);
@@ -381,7 +359,7 @@ std::vector<NamedHostTensor> PythonTensors() {
 }
 
 TEST_CASE("format: params are byte-compatible with the Python writer") {
-  TempDir dir;
+  TempDir dir("kiln_formats");
   REQUIRE(kPythonHeader.size() == 0xd0);
   SaveParams(dir / "cpp.params", PythonTensors());
   CHECK(ReadAll(dir / "cpp.params") == PythonFile());
@@ -398,7 +376,7 @@ TEST_CASE("format: params are byte-compatible with the Python writer") {
 }
 
 TEST_CASE("format: params writer rejects inconsistent tensors") {
-  TempDir dir;
+  TempDir dir("kiln_formats");
   CHECK_THROWS_WITH_AS(
       SaveParams(dir / "a.params", {{"w", {DType::kFloat32, {2, 3}, std::vector<uint8_t>(20)}}}),
       doctest::Contains("tensor 'w' of type float32(2, 3) needs 24 bytes but holds 20"), ValueError);
@@ -416,7 +394,7 @@ std::string Blob(const std::string& header, const std::string& data) {
 }
 
 TEST_CASE("format: params reader rejects malformed files with exact messages") {
-  TempDir dir;
+  TempDir dir("kiln_formats");
   auto expect = [&](const std::string& bytes, const std::string& key) {
     WriteRaw(dir / "bad.params", bytes);
     std::string msg;

@@ -12,11 +12,13 @@
 #include "kiln/frontend/load.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/ir/serialize.h"
+#include "test_util.h"
 
 namespace {
 
 using namespace kiln;
 namespace fs = std::filesystem;
+using testing::TempDir;
 
 void CheckClose(const Tensor& a, const Tensor& b, double tol = 1e-5) {
   REQUIRE(a.shape() == b.shape());
@@ -26,19 +28,6 @@ void CheckClose(const Tensor& a, const Tensor& b, double tol = 1e-5) {
 }
 
 // A fresh directory per test case, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("kiln_test_load_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 struct Mlp {
   Tensor w1 = nd::random::normal(0, 0.5, {16, 8}), b1 = nd::random::normal(0, 0.1, {16});
@@ -90,7 +79,7 @@ struct ExportedMlp {
 };
 
 TEST_CASE("load: an exported MLP gives the traced and the eager results") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   ExportedMlp m(dir);
   Module model = load(m.symbol, m.params);
   CHECK(model.input_names() == std::vector<std::string>{"data"});
@@ -115,7 +104,7 @@ TEST_CASE("load: an exported MLP gives the traced and the eager results") {
 }
 
 TEST_CASE("load: a two-input function returning a nested tuple keeps its output structure") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   Tensor w = nd::random::normal(0, 1, {4, 4});
   Tensor a = nd::random::normal(0, 1, {2, 4}), b = nd::random::normal(0, 1, {2, 4});
   auto f = [&](const std::vector<Tensor>& in) {
@@ -146,7 +135,7 @@ TEST_CASE("load: the default params path follows the export naming") {
 }
 
 TEST_CASE("load: missing, truncated and foreign files are FormatErrors naming the file") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   ExportedMlp m(dir);
   SUBCASE("missing params file") {
     std::string missing = dir / "nope-0000.params";
@@ -184,7 +173,7 @@ TEST_CASE("load: missing, truncated and foreign files are FormatErrors naming th
 }
 
 TEST_CASE("load: params that differ from the graph are listed, every one") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   ExportedMlp m(dir);
   std::vector<ir::NamedHostTensor> host = {
       {"0.weight", ToHost(nd::zeros({16, 9}))},                     // wrong shape
@@ -209,7 +198,7 @@ TEST_CASE("load: params that differ from the graph are listed, every one") {
 }
 
 TEST_CASE("load: an exported graph runs at other batch sizes, one plan per input shape, bounded") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   ExportedMlp m(dir);
   Module model = load(m.symbol, m.params);
   for (int64_t batch : {1, 5, 3, 1}) {
@@ -230,7 +219,7 @@ TEST_CASE("load: an exported graph runs at other batch sizes, one plan per input
 }
 
 TEST_CASE("load: a call with wrong inputs names the input and both types") {
-  TempDir dir;
+  TempDir dir("kiln_test_load");
   ExportedMlp m(dir);
   Module model = load(m.symbol, m.params);
   CHECK_THROWS_WITH_AS(model({nd::ones({3, 8, 1})}),
