@@ -319,6 +319,26 @@ def test_sort_argsort_and_out():
     _raises(lambda: nd.topk(nd.ones((1, 5000)), k=300), kiln.ArgumentError, "too large", "np.sort")
 
 
+def test_prod_multiplies_exactly_for_every_dtype():
+    # It was exp(sum(log|x|)): 3*5*7*11*13 came out 15015.001, and integer arrays were refused.
+    a = np.array([3, 5, 7, 11, 13], np.float32)
+    assert nd.prod(nd.array(a)).asnumpy().item() == 15015.0
+    f = np.arange(1, 13, dtype=np.float64).reshape(3, 4)
+    assert nd.prod(nd.array(f)).asnumpy().item() == 479001600.0  # 12!, exact in float64
+    i = np.array([[2, -3, 4], [5, 6, 7], [1, 0, 9]], np.int32)
+    for axis, keepdims in [(0, False), (1, True), ((0, 1), False)]:
+        got = nd.prod(nd.array(i), axis=axis, keepdims=keepdims)
+        assert got.dtype == np.int32
+        assert got.asnumpy().tolist() == np.prod(i, axis=axis, keepdims=keepdims).tolist()
+    assert nd.prod(nd.array(i), axis=0, exclude=True).asnumpy().tolist() == [-24, 210, 0]
+    assert nd.prod(nd.zeros((2, 0, 3)), axis=1).asnumpy().tolist() == [[1.0] * 3] * 2  # empty: 1
+    x = nd.array(np.array([[3, -5, 0], [2, 2, -2]], np.float32))
+    x.attach_grad()
+    with autograd.record():
+        nd.prod(x, axis=1).sum().backward()
+    assert x.grad.asnumpy().tolist() == [[0, 0, -15], [-4, -4, 4]]  # zeros have their gradient
+
+
 def test_dropout_follows_training_mode_and_p():
     x = nd.ones((200, 50))
     assert np.array_equal(nd.Dropout(x, p=0.5).asnumpy(), x.asnumpy())  # not training: the identity
