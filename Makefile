@@ -35,7 +35,8 @@ test: test-cpp test-python
 # Sanitizer builds, each in its own folder, without CUDA (the GPU simulator is built) and without
 # benchmarks. test-asan: AddressSanitizer and UndefinedBehaviorSanitizer over every CTest test, then
 # pytest with the ASan runtime preloaded (PYTHON_TESTS=0 or test-asan-cpp: CTest only, no Python
-# extension). test-tsan: ThreadSanitizer over the threaded parts (TSAN_TESTS, a CTest regex).
+# extension). libstdc++ is preloaded beside it: python3 does not link it, and ASan's __cxa_throw
+# interceptor, set up before the extension loads it, would otherwise abort at the first throw. test-tsan: ThreadSanitizer over the threaded parts (TSAN_TESTS, a CTest regex).
 # Suppressions, each with its reason: tests/sanitizers/. libgomp is not instrumented, so OpenMP
 # (oneDNN's threads) runs one thread under TSan; kiln's own thread pool keeps KILN_NUM_THREADS.
 ASAN_BUILD ?= build-asan
@@ -58,7 +59,8 @@ test-asan:
 	  CMAKE_FLAGS="$(SAN_CMAKE) -DKILN_SANITIZE=address -DKILN_PYTHON=$(if $(filter 1,$(PYTHON_TESTS)),ON,OFF) $(CMAKE_FLAGS)"
 	@cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -j $(JOBS) --timeout $(SAN_TIMEOUT)
 	@if [ "$(PYTHON_TESTS)" = 1 ]; then \
-	  $(ASAN_ENV) ASAN_OPTIONS=detect_leaks=0:$(ASAN_COMMON) LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
+	  $(ASAN_ENV) ASAN_OPTIONS=detect_leaks=0:$(ASAN_COMMON) \
+	    LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	    PYTHONPATH=$(ASAN_BUILD)/python MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests/python; fi
 
 test-asan-cpp:
