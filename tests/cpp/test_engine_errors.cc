@@ -18,6 +18,8 @@
 #include "kiln/frontend/call_site.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
+#include "gpu_skip.h"
+#include "kiln/runtime/cuda.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
@@ -167,6 +169,58 @@ TEST_CASE("engine errors: an interrupt check ends WaitForVar and WaitForAll, the
   e->Push([&] { value = 2; }, std::vector<Var*>{a.v}, std::vector<Var*>{b.v}, o);
   CHECK_NOTHROW(e->WaitForAll());
   CHECK(value == 2);
+}
+
+// A task's GPU work outlasts the task: the sync points then wait for the device, and Ctrl-C must
+// end those waits too. The stream's work is a host function that holds the stream until released.
+TEST_CASE("gpu engine: an interrupt check ends the waits for a device's work, the work goes on") {
+  KILN_REQUIRE_GPU();
+  Engine& e = Engine::Get();
+  VarGuard a(e);
+  static std::atomic<int> stage{0};  // 0: the stream is held, 1: released, 2: its work is over
+  static std::atomic<bool> issued{false};
+  stage = 0, issued = false;
+  struct ReleaseAtExit {  // a failed check must not leave the stream held for later tests
+    ~ReleaseAtExit() {
+      if (stage.load() == 0) stage = 1;
+    }
+  } release_at_exit;
+  InstalledCheck installed;
+  TaskOptions o;
+  o.device = kiln::gpu(0);
+  o.name = "long_gpu_work";
+  e.Push(
+      [] {
+        auto s = static_cast<kiln::gpurt::Stream>(kiln::cuda::CurrentStream());
+        kiln::gpurt::Get().LaunchHostFunc(
+            s,
+            [](void*) {
+              while (stage.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              stage = 2;
+            },
+            nullptr);
+        issued = true;
+      },
+      {}, std::vector<Var*>{a.v}, o);
+  while (!issued.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread arm([] {
+    while (g_checks.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    g_armed = true;
+  });
+  CHECK_THROWS_AS(e.WaitForVar(a.v), Interrupted);  // the task is done, its stream's work is not
+  arm.join();
+  CHECK_THROWS_AS(e.WaitForAll(), Interrupted);  // the device synchronization goes on meanwhile
+  CHECK(stage.load() == 0);
+
+  g_armed = false;
+  stage = 1;
+  e.WaitForVar(a.v);
+  CHECK(stage.load() == 2);
+  CHECK_NOTHROW(e.WaitForAll());
+  // Later work on the device is waited for as before.
+  kiln::Tensor t = kiln::nd::ones({4}, kiln::DType::kFloat32, kiln::gpu(0));
+  CHECK(t.ToVector<float>() == std::vector<float>(4, 1.0f));
+  CHECK_NOTHROW(e.WaitForAll());
 }
 
 TEST_CASE("engine errors: with nothing pending, waits return without calling the check") {
