@@ -27,7 +27,32 @@ namespace kiln {
 
 struct Tape {
   ir::Graph graph;
-  std::unordered_map<const ir::Value*, Tensor> data;  // detached views: no autograd meta
+  /// The data backward reads (detached views: no autograd meta): the values a recorded op's
+  /// gradient rule reads, the graph inputs, and the values of the in-place machinery below.
+  std::unordered_map<const ir::Value*, Tensor> data;
+  /// Where the other values of recorded ops are, without keeping their memory alive: an
+  /// activation no gradient reads (a convolution's output before its bias, a batch norm's output
+  /// that a relu reads) is freed as soon as the program drops it, as PyTorch frees what no
+  /// backward function saved. A value is promoted into `data` when a later op's gradient reads
+  /// it (from the tensor that op was given) or an in-place write needs its old contents.
+  struct Unsaved {
+    std::shared_ptr<TensorImpl> view;  // the view, without its storage
+    std::weak_ptr<Storage> storage;
+  };
+  std::unordered_map<const ir::Value*, Unsaved> unsaved;
+  /// The data of `v` if it is held or its storage still lives (then it is held from now on).
+  const Tensor* Data(const ir::Value* v) {
+    auto it = data.find(v);
+    if (it != data.end()) return &it->second;
+    auto u = unsaved.find(v);
+    if (u == unsaved.end()) return nullptr;
+    StoragePtr st = u->second.storage.lock();
+    if (!st) return nullptr;
+    auto impl = std::make_shared<TensorImpl>(*u->second.view);
+    impl->storage = std::move(st);
+    unsaved.erase(u);
+    return &data.emplace(v, Tensor(std::move(impl))).first->second;
+  }
   std::vector<std::pair<const ir::Value*, std::weak_ptr<TensorImpl>>> leaves;
   /// Values whose data a backward without retain_graph released. A tape can hold several
   /// disjoint computations (one loss per device, each with its own backward): each backward frees
@@ -101,8 +126,9 @@ uint64_t VersionOf(Tape& tape, const Tensor& t) {
   return w ? w->version : 0;
 }
 
+// `keep_all`: hold the data of every output (the in-place machinery reads them back).
 void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& attrs,
-              std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+              std::span<const Tensor> inputs, std::span<const Tensor> outputs, bool keep_all = false);
 ir::Value* Reread(const std::shared_ptr<Tape>& tape, const Tensor& t, const Tape::Written& w);
 
 // The value of `t` on `tape`, adding it as a graph input (leaf or constant) when needed.
@@ -135,15 +161,15 @@ Tensor OpOn(const std::shared_ptr<Tape>& tape, ir::OpId op, std::vector<Tensor> 
     PauseScope pause(IsTraining());
     out = Invoke(op, in, attrs, std::nullopt);
   }
-  RecordOn(tape, op, ir::GetOp(op).Resolve(attrs), in, out);
+  RecordOn(tape, op, ir::GetOp(op).Resolve(attrs), in, out, /*keep_all=*/true);
   return out[0];
 }
 
 // A tensor holding value `v` of `tape` (its data, and meta pointing at `v`).
 Tensor TensorOf(const std::shared_ptr<Tape>& tape, ir::Value* v) {
-  auto it = tape->data.find(v);
-  if (it == tape->data.end()) KILN_THROW(StateError) << kFreedMessage;
-  Tensor t = Detached(it->second);
+  const Tensor* d = tape->Data(v);
+  if (!d) KILN_THROW(StateError) << kFreedMessage;
+  Tensor t = Detached(*d);
   auto meta = std::make_shared<AutogradMeta>();
   meta->tape = tape;
   meta->value = v;
@@ -198,6 +224,9 @@ ir::Value* Reread(const std::shared_ptr<Tape>& tape, const Tensor& t, const Tape
 // about to be overwritten, and backward must read the values forward read.
 void PreserveSaved(const std::shared_ptr<Tape>& tape, const Tensor& dst) {
   const Storage* s = dst.storage().get();
+  // A value not held whose memory is about to change is gone: no backward reads it, and an
+  // in-place write must not take the new contents for its old ones.
+  std::erase_if(tape->unsaved, [&](const auto& u) { return u.second.storage.lock().get() == s; });
   bool any = false;
   for (auto& [v, d] : tape->data) any = any || d.storage().get() == s;
   if (!any) return;
@@ -264,16 +293,112 @@ void Record(ir::OpId op, const ir::Attrs& attrs, std::span<const Tensor> inputs,
 }
 
 namespace {
+
+// Which of a node's inputs and outputs its gradient rule reads: found once per op, attributes and
+// input types by differentiating the node alone, in a graph of its own, for every input (more
+// than a backward ever asks). `all`: the rule could not be examined; everything is held.
+struct GradReads {
+  std::vector<bool> inputs, outputs;
+  bool all = false;
+};
+
+struct ReadsKey {
+  ir::OpId op;
+  ir::Attrs attrs;
+  std::vector<ir::TensorType> types;
+  bool operator==(const ReadsKey& o) const { return op == o.op && types == o.types && attrs == o.attrs; }
+};
+struct ReadsKeyHash {
+  size_t operator()(const ReadsKey& k) const {
+    size_t h = std::hash<int>()(static_cast<int>(k.op));
+    auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (const ir::TensorType& t : k.types) {
+      mix(static_cast<size_t>(t.dtype));
+      for (int64_t d : t.shape.vec()) mix(static_cast<size_t>(d));
+    }
+    mix(k.attrs.items().size());
+    return h;
+  }
+};
+
+GradReads Examine(const ir::Node& node) {
+  GradReads r;
+  r.inputs.assign(node.inputs().size(), false);
+  r.outputs.assign(node.outputs().size(), false);
+  try {
+    ir::Graph g;
+    std::vector<ir::Value*> xs;
+    for (const ir::Value* v : node.inputs()) xs.push_back(g.AddInput("x", v->type()));
+    ir::Node* n = g.AddNode(node.op(), xs, node.attrs());
+    std::vector<ir::Value*> ys, dys, diff;
+    for (ir::Value* y : n->outputs())
+      if (IsFloat(y->dtype())) ys.push_back(y), dys.push_back(g.AddInput("dy", y->type()));
+    for (ir::Value* x : xs)
+      if (IsFloat(x->dtype())) diff.push_back(x);
+    if (ys.empty() || diff.empty()) return r;  // nothing flows back through it
+    const size_t first = g.nodes().size();
+    std::vector<ir::Value*> grads = passes::BuildGradients(g, ys, dys, diff);
+    std::vector<ir::Value*> roots;
+    for (ir::Value* gv : grads)
+      if (gv) roots.push_back(gv);
+    std::vector<bool> live = passes::LiveNodes(g, roots);
+    for (size_t i = first; i < g.nodes().size(); ++i) {
+      if (!live[i]) continue;
+      for (const ir::Value* v : g.nodes()[i]->inputs()) {
+        for (size_t k = 0; k < xs.size(); ++k) r.inputs[k] = r.inputs[k] || v == xs[k];
+        for (size_t k = 0; k < n->outputs().size(); ++k) r.outputs[k] = r.outputs[k] || v == n->output(static_cast<int>(k));
+      }
+    }
+    // A gradient that is an input or output itself (identity-like rules) is read as such.
+    for (ir::Value* gv : grads)
+      for (size_t k = 0; k < n->outputs().size(); ++k) r.outputs[k] = r.outputs[k] || gv == n->output(static_cast<int>(k));
+  } catch (const std::exception&) {
+    r.all = true;  // not differentiable here, or a rule that needs more than the node: hold all
+  }
+  return r;
+}
+
+const GradReads& ReadsOf(const ir::Node& n) {
+  thread_local std::unordered_map<ReadsKey, GradReads, ReadsKeyHash> cache;
+  ReadsKey key{n.op(), n.attrs(), {}};
+  key.types.reserve(n.inputs().size());
+  for (const ir::Value* v : n.inputs()) key.types.push_back(v->type());
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= 4096) cache.clear();  // bounded: programs of many shapes
+  GradReads r = Examine(n);
+  return cache.emplace(std::move(key), std::move(r)).first->second;
+}
+
 void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& attrs,
-              std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+              std::span<const Tensor> inputs, std::span<const Tensor> outputs, bool keep_all) {
   std::vector<ir::Value*> in;
   in.reserve(inputs.size());
   for (const Tensor& t : inputs) in.push_back(ValueOn(tape, t));
   ir::Node* n = tape->graph.AddNode(op, std::move(in), attrs);
   if (op == op::kCallGraph) tape->graphs.emplace(n, ir::FindGraph(attrs.Int("graph_id")));
+  // A compiled call's extra outputs are what its backward saved: held, as everything of an op
+  // whose gradient rule could not be examined.
+  const GradReads* reads = keep_all || op == op::kCallGraph ? nullptr : &ReadsOf(*n);
+  if (reads && reads->all) reads = nullptr;
+  if (reads)
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ir::Value* v = n->inputs()[i];
+      if (!reads->inputs[i] || tape->data.count(v)) continue;
+      tape->unsaved.erase(v);
+      tape->data.emplace(v, Detached(inputs[i]));  // the tensor this op read holds the value's data
+    }
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::Value* v = n->output(static_cast<int>(i));
-    tape->data.emplace(v, Detached(outputs[i]));
+    if (reads && !reads->outputs[i]) {
+      auto view = std::make_shared<TensorImpl>(*outputs[i].impl());
+      view->autograd.reset();
+      std::weak_ptr<Storage> storage = view->storage;
+      view->storage.reset();
+      tape->unsaved.emplace(v, Tape::Unsaved{std::move(view), std::move(storage)});
+    } else {
+      tape->data.emplace(v, Detached(outputs[i]));
+    }
     auto meta = std::make_shared<AutogradMeta>();
     meta->tape = tape;
     meta->value = v;
@@ -325,13 +450,26 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
   const int64_t n = static_cast<int64_t>(s->nbytes() / es);
   const Tape::Written* wit = tape->Find(dst);
   ir::Value* full = nullptr;  // a recorded op's output that covers the whole storage
-  if (!wit)
+  if (!wit) {
     for (auto& [v, d] : tape->data)
       if (d.storage().get() == s && v->node() && d.dtype() == dst.dtype() && d.offset() == 0 && d.is_contiguous() &&
           d.numel() == n) {
         full = const_cast<ir::Value*>(v);
         break;
       }
+    if (!full)
+      for (auto& [v, u] : tape->unsaved) {
+        StoragePtr st = u.storage.lock();
+        if (st.get() != s || !v->node()) continue;
+        auto impl = std::make_shared<TensorImpl>(*u.view);
+        impl->storage = std::move(st);
+        const Tensor d(std::move(impl));
+        if (d.dtype() == dst.dtype() && d.offset() == 0 && d.is_contiguous() && d.numel() == n) {
+          full = const_cast<ir::Value*>(v);
+          break;
+        }
+      }
+  }
   const bool same_device = src.device() == dst.device();
   const bool record = IsFloat(dst.dtype()) && (wit || full ||
                                                (same_device && NeedsRecordOn(*tape, src)));
@@ -396,7 +534,8 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
   ir::Graph::Mark mark = g.GetMark();
   size_t mark_nodes = mark.nodes;
   // Gradient nodes are not part of the forward record: drop them on every exit, errors included,
-  // so a failed backward leaves the tape as it was.
+  // so a failed backward leaves the tape's graph as it was (the saved values it already spent
+  // stay freed: a second try is refused as a second backward would be).
   struct RollbackGuard {
     ir::Graph& g;
     ir::Graph::Mark m;
@@ -462,10 +601,48 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
   auto deferred = [&](const ir::Value* v) {
     return !local.count(v) && !tape->data.count(v) && v->node() && v->node()->inputs().empty();
   };
+  // Memory is given back as the backward goes, as PyTorch's does: a gradient once its last reader
+  // ran (the requested ones stay), and, unless the graph is retained, a saved forward value once
+  // the last gradient node that reads it ran (it is marked freed, as the end of this function
+  // marks the rest: a second backward through it is refused, also after an error here).
+  std::unordered_map<const ir::Value*, size_t> last_use;
+  for (size_t i = mark_nodes; i < g.nodes().size(); ++i)
+    if (live[i])
+      for (ir::Value* v : g.nodes()[i]->inputs()) last_use[v] = i;
+  std::unordered_set<const ir::Value*> keep(grads.begin(), grads.end());
+  std::unordered_set<const ir::Value*> releasable;  // saved values this backward spends
+  if (!retain_graph) {
+    std::vector<bool> forward = passes::LiveNodes(g, ys);
+    std::vector<ir::Value*> others;
+    for (size_t i = 0; i < mark_nodes; ++i)
+      if (!forward[i])
+        for (ir::Value* v : g.nodes()[i]->outputs()) others.push_back(v);
+    std::vector<bool> shared = passes::LiveNodes(g, others);
+    for (size_t i = 0; i < mark_nodes; ++i)
+      if (forward[i] && !shared[i])
+        for (ir::Value* v : g.nodes()[i]->outputs()) releasable.insert(v);
+  }
   for (size_t i = mark_nodes; i < g.nodes().size(); ++i) {
     if (!live[i]) continue;
     const ir::Node& n = *g.nodes()[i];
     if (n.inputs().empty()) continue;  // a constant: made where it is read
+    struct Release {  // after the node ran (or threw): what it read last
+      size_t i;
+      const ir::Node& n;
+      std::unordered_map<const ir::Value*, size_t>& last_use;
+      std::unordered_set<const ir::Value*>& keep;
+      std::unordered_set<const ir::Value*>& releasable;
+      std::unordered_map<const ir::Value*, Tensor>& local;
+      Tape& tape;
+      ~Release() {
+        for (ir::Value* v : n.inputs()) {
+          auto lu = last_use.find(v);
+          if (lu == last_use.end() || lu->second != i || keep.count(v)) continue;
+          if (local.erase(v)) continue;
+          if (releasable.count(v) && tape.data.erase(v)) tape.freed.insert(v);
+        }
+      }
+    } release{i, n, last_use, keep, releasable, local, *tape};
     std::optional<Device> dev;
     for (ir::Value* v : n.inputs())
       if (!deferred(v)) dev = dev ? dev : std::optional<Device>(lookup(v).device());
@@ -505,6 +682,7 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
       tape->graphs.erase(g.nodes()[i].get());
       for (ir::Value* v : g.nodes()[i]->outputs()) {
         tape->data.erase(v);
+        tape->unsaved.erase(v);
         tape->freed.insert(v);
       }
     }
