@@ -1,8 +1,9 @@
 // Eager autograd over a tape that is an ir::Graph (see autograd.h).
 //
-// The tape of a record scope holds the graph plus the data of every value in it (storage views,
-// not Tensors, so no reference cycle through AutogradMeta). Every tensor produced while
-// recording points at the tape and its value; the tape lives as long as any such tensor.
+// The tape of a record scope holds the graph plus the data its gradients read (storage views,
+// not Tensors, so no reference cycle through AutogradMeta); the other values are only located,
+// so that the program's dropping them frees them. Every tensor produced while recording points
+// at the tape and its value; the tape lives as long as any such tensor.
 // Leaves (tensors with AttachGrad) are graph inputs of the tape that first used them.
 //
 // In-place writes (RecordWrite, called by Tensor::CopyTo): the tape tracks a storage written while
