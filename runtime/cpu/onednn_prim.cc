@@ -58,15 +58,41 @@ bool IsOutput(int arg) {
   return arg == DNNL_ARG_DST || arg == DNNL_ARG_DIFF_SRC || arg == DNNL_ARG_DIFF_WEIGHTS;
 }
 
+// Memory from the CPU pool for the length of one primitive call. Scratchpads and the temporaries
+// of reordered arguments come from there, not from buffers each thread keeps at the largest size
+// it ever needed: a temporary is given back as soon as the call ends, so the next layer (on any
+// thread) reuses it and the activations share the same memory. (Measured: ResNet-18 training at
+// batch 256 kept about 1 GB in per-thread buffers.) The workspace stays per-thread: max-pooling's
+// backward reads the one its forward rerun wrote.
+class PoolTemp {
+ public:
+  explicit PoolTemp(size_t n = 0) { Reset(n); }
+  ~PoolTemp() { Reset(0); }
+  PoolTemp(const PoolTemp&) = delete;
+  PoolTemp& operator=(const PoolTemp&) = delete;
+  void* Reset(size_t n) {
+    if (p_) GetAllocator(cpu()).Free(p_, n_);
+    p_ = nullptr, n_ = 0;
+    if (n) p_ = GetAllocator(cpu()).Allocate(n), n_ = n;
+    return p_;
+  }
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 void Run(const Prim& p, void* const* ptrs) {
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < p.args.size(); ++i)
     args.emplace(p.args[i].first, memory(p.args[i].second, Engine(), ptrs[i]));
-  if (size_t n = p.scratchpad.get_size())
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), Buffer(kScratchpad, n)));
+  PoolTemp scratchpad(p.scratchpad.get_size());
+  if (scratchpad.get()) args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), scratchpad.get()));
   if (size_t n = p.workspace.get_size())
     args.emplace(DNNL_ARG_WORKSPACE, memory(p.workspace, Engine(), Buffer(kWorkspace, n)));
   p.prim.execute(Stream(), args);
+  if (scratchpad.get()) Stream().wait();  // done with it before it goes back to the pool
 }
 
 void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
@@ -75,9 +101,10 @@ void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
   if (work < kSerialWork) omp_set_num_threads(1);
   const std::vector<void*>& caller = ptrs;
   std::vector<void*> mine(ptrs); // mine: temporaries where an argument is reordered
+  PoolTemp temps[kMaxArgs];
   for (size_t i = 0; i < p.reorders.size(); ++i) {
     if (!p.reorders[i]) continue;
-    mine[i] = Buffer(Slot(kArg0 + i), p.args[i].second.get_size());
+    mine[i] = temps[i].Reset(p.args[i].second.get_size());
     void* io[] = {caller[i], mine[i]};
     if (!IsOutput(p.args[i].first)) Run(*p.reorders[i], io);
   }
