@@ -15,12 +15,16 @@ epoch on the test set.
 Prints JSON lines:
   {"bench": "lenet_train", "case": "kiln_eager"|"kiln_hybridized"|"torch_eager", "metric": "seconds_per_epoch"|"test_acc", ...}
   {"bench": "lenet_train", "case": "kiln_eager/torch_eager", "metric": "speedup", "value": t_torch/t_kiln, "unit": "x"}
+  {"bench": "lenet_train", "case": "kiln"|"torch", "metric": "peak_rss_mb", ...}  (each process's peak resident
+   memory, getrusage's ru_maxrss: the kiln process trains both kiln cases, so its figure bounds each)
+  {"bench": "lenet_train", "case": "torch/kiln", "metric": "memory_ratio", ...}  (above 1: kiln uses less)
 
 Run: python3 bench/python/lenet_train.py [--epochs 4] [--quick]
 """
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -135,6 +139,10 @@ class TorchCase:
         return float((pred.numpy() == self.test_y).mean())
 
 
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_cases(names, args):
     """Runs the named cases, epochs alternating between them; returns {name: (s/epoch, test acc)}."""
     train_n, test_n = (5000, 1000) if args.quick else (None, None)
@@ -168,7 +176,8 @@ def main():
     p.add_argument("--only", choices=("torch",), help=argparse.SUPPRESS)  # the torch run, in its own process
     args = p.parse_args()
     if args.only == "torch":
-        print(json.dumps(run_cases(["torch_eager"], args)["torch_eager"]))
+        sec, acc = run_cases(["torch_eager"], args)["torch_eager"]
+        print(json.dumps([sec, acc, peak_rss_mb()]))
         return
     print(f"# lenet_train: {'5000/1000' if args.quick else '60000/10000'} train/test images, "
           f"{1 if args.quick else args.epochs} epoch(s), {os.cpu_count()} threads", file=sys.stderr)
@@ -177,9 +186,12 @@ def main():
     results = run_cases(["kiln_eager", "kiln_hybridized"], args)
     cmd = [sys.executable, os.path.abspath(__file__), "--only", "torch", "--epochs", str(args.epochs),
            "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
+    kiln_rss = peak_rss_mb()
     out = subprocess.run(cmd, capture_output=True, text=True)
+    torch_rss = None
     if out.returncode == 0:
-        results["torch_eager"] = tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+        sec, acc, torch_rss = json.loads(out.stdout.strip().splitlines()[-1])
+        results["torch_eager"] = (sec, acc)
     else:
         print("# torch case failed (is python3-torch installed?): " + out.stderr.strip()[-300:], file=sys.stderr)
     for name, (sec, acc) in results.items():
@@ -190,6 +202,10 @@ def main():
         emit("kiln_eager/torch_eager", "speedup", per_epoch["torch_eager"] / per_epoch["kiln_eager"], "x")
         emit("kiln_hybridized/torch_eager", "speedup", per_epoch["torch_eager"] / per_epoch["kiln_hybridized"], "x")
     emit("kiln_hybridized/kiln_eager", "speedup", per_epoch["kiln_eager"] / per_epoch["kiln_hybridized"], "x")
+    emit("kiln", "peak_rss_mb", kiln_rss, "MiB")
+    if torch_rss is not None:
+        emit("torch", "peak_rss_mb", torch_rss, "MiB")
+        emit("torch/kiln", "memory_ratio", torch_rss / kiln_rss, "x")
 
 
 if __name__ == "__main__":
