@@ -98,9 +98,11 @@ GradFn UnaryGrad(OpId id) {
       };
     // From the output: relu(x) > 0 exactly where x > 0 (NaN and -0 included), and the output is
     // what the next layer reads anyway, so training keeps no pre-activation and conv/matmul + bias
-    // + relu stays one fused group.
+    // + relu stays one fused group. The mask is sign(y): the output is never negative nor NaN, so
+    // it is 1 where y > 0 and 0 elsewhere, as (y > 0) cast to the gradient's type is, but it stays
+    // a float computation that fuses with the product (no boolean array in between).
     case op::kRelu: return [](GradContext& g) {
-        return std::vector<Value*>{g.Mul(g.out_grad(), Mask(g, op::kGreater, g.output(), S(g, 0)))};
+        return std::vector<Value*>{g.Mul(g.out_grad(), g.Op(op::kSign, {g.output()}))};
       };
     // sigmoid(x) = 1 - e^-softplus(x), from the output like relu: -expm1(-y) stays accurate
     // where sigmoid is tiny (very negative x) and is 1 for large x.
