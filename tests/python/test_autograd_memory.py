@@ -65,10 +65,11 @@ def test_backward_frees_gradients_and_saved_values_as_it_goes():
                           "after": (s2["bytes_in_use"] - s0["bytes_in_use"]) / B}))
     """, KILN_ENGINE_MAX_PENDING_MB="1")
     # Forward: the eight relu outputs (their gradients read them). Backward: those, shrinking, plus
-    # a few gradients in flight (it was every gradient, two per stage, on top of all eight). The
-    # engine may hold outputs of queued tasks up to KILN_ENGINE_MAX_PENDING_MB: 1 MiB here.
+    # a few arrays in flight: the incoming gradient, relu's mask and product, the scaled gradient,
+    # and the engine's queued outputs (KILN_ENGINE_MAX_PENDING_MB: 1 MiB here). Holding every
+    # gradient until the end, as before, peaked at 8 + 34.
     assert out["forward"] <= 8.01, out
-    assert out["peak"] <= 8 + 4, out
+    assert out["peak"] <= 8 + 6, out
     assert out["after"] <= 1.01, out  # x.grad only
 
 
