@@ -50,8 +50,10 @@ struct ScalarAlgebra {
   T Const(double v) { return static_cast<T>(v); }
 };
 
+// Always inlined: called with a constant `f` (UnaryTyped), the switch folds away and the loop
+// vectorizes; GCC left it a call per element (a tenth of the speed of the binary kernels).
 template <class T>
-inline T ApplyUnary(UnaryFn f, T x) {
+[[gnu::always_inline]] inline T ApplyUnary(UnaryFn f, T x) {
   using std::abs;
   switch (f) {
     case UnaryFn::kNeg:
@@ -61,7 +63,9 @@ inline T ApplyUnary(UnaryFn f, T x) {
       if constexpr (std::is_unsigned_v<T>) return x;
       else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // abs(-0.0) is +0.0
       else return x < T(0) ? WrapSub(T(0), x) : x;                          // abs(INT_MIN) is INT_MIN
-    case UnaryFn::kSign: return static_cast<T>((T(0) < x) - (x < T(0)));
+    case UnaryFn::kSign:  // NaN -> 0; selects on floats, so that the loop vectorizes
+      if constexpr (std::is_floating_point_v<T>) return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
+      else return static_cast<T>((T(0) < x) - (x < T(0)));
     case UnaryFn::kSquare:
       if constexpr (kWraps<T>) return WrapMul(x, x);
       else return x * x;
