@@ -17,6 +17,7 @@
 #include "kiln/frontend/autograd.h"
 
 #include <unordered_map>
+#include <variant>
 #include <unordered_set>
 
 #include "kiln/frontend/dispatch.h"
@@ -317,7 +318,20 @@ struct ReadsKeyHash {
       mix(static_cast<size_t>(t.dtype));
       for (int64_t d : t.shape.vec()) mix(static_cast<size_t>(d));
     }
-    mix(k.attrs.items().size());
+    for (const auto& [name, value] : k.attrs.items()) {  // the values: a slice's bounds differ per call
+      std::visit(
+          [&](const auto& x) {
+            using X = std::decay_t<decltype(x)>;
+            if constexpr (std::is_same_v<X, std::vector<int64_t>>) {
+              for (int64_t d : x) mix(static_cast<size_t>(d));
+            } else if constexpr (std::is_same_v<X, double>) {
+              mix(std::hash<double>()(x));
+            } else {
+              mix(static_cast<size_t>(x));
+            }
+          },
+          value);
+    }
     return h;
   }
 };
@@ -380,15 +394,15 @@ void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& a
   if (op == op::kCallGraph) tape->graphs.emplace(n, ir::FindGraph(attrs.Int("graph_id")));
   // A compiled call's extra outputs are what its backward saved: held, as everything of an op
   // whose gradient rule could not be examined.
+  // Its inputs too: a compiled call's backward reads every one of them.
   const GradReads* reads = keep_all || op == op::kCallGraph ? nullptr : &ReadsOf(*n);
   if (reads && reads->all) reads = nullptr;
-  if (reads)
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      ir::Value* v = n->inputs()[i];
-      if (!reads->inputs[i] || tape->data.count(v)) continue;
-      tape->unsaved.erase(v);
-      tape->data.emplace(v, Detached(inputs[i]));  // the tensor this op read holds the value's data
-    }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ir::Value* v = n->inputs()[i];
+    if ((reads && !reads->inputs[i]) || tape->data.count(v)) continue;
+    tape->unsaved.erase(v);
+    tape->data.emplace(v, Detached(inputs[i]));  // the tensor this op read holds the value's data
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::Value* v = n->output(static_cast<int>(i));
     if (reads && !reads->outputs[i]) {

@@ -106,3 +106,35 @@ def test_a_second_backward_without_retain_graph_is_still_refused():
     loss.backward()
     with pytest.raises(Exception, match="retain_graph"):
         loss.backward()
+
+
+def test_an_eager_layer_feeding_a_hybridized_block_trains_as_all_eager():
+    # The compiled call's backward reads its inputs: the eager Dense's output (which the Dense's
+    # own gradient does not read) must be held for it. The gradients match the all-eager network.
+    from kiln import nn
+    rng = np.random.default_rng(1)
+    x = nd.array(rng.random((4, 5)).astype(np.float32))
+
+    def make():
+        body = nn.HybridSequential()
+        body.add(nn.Dense(8, activation="relu"), nn.Dense(2))
+        net = nn.Sequential()
+        net.add(nn.Dense(16), body)
+        net.initialize()
+        net(x)
+        return net, body
+
+    eager, _ = make()
+    mixed, body = make()
+    for p, q in zip(eager.collect_params().values(), mixed.collect_params().values()):
+        q.set_data(p.data())
+    body.hybridize()
+    grads = []
+    for net in (eager, mixed):
+        with autograd.record():
+            h = x * 2.0             # an eager value nobody's gradient reads, then the network
+            loss = net(h).sum()
+        loss.backward()
+        grads.append([p.grad().asnumpy() for p in net.collect_params().values()])
+    for g_eager, g_mixed in zip(*grads):
+        np.testing.assert_allclose(g_mixed, g_eager, rtol=1e-5, atol=1e-6)
