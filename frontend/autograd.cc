@@ -625,14 +625,18 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     if (live[i])
       for (ir::Value* v : g.nodes()[i]->inputs()) last_use[v] = i;
   std::unordered_set<const ir::Value*> keep(grads.begin(), grads.end());
+  // The nodes the heads were computed from, and those that other recorded computations on this
+  // tape also come from (two losses sharing a hidden layer): a later backward from those must
+  // still find their values. Without retain_graph, the rest is spent by this backward.
+  std::vector<bool> forward, shared;
   std::unordered_set<const ir::Value*> releasable;  // saved values this backward spends
   if (!retain_graph) {
-    std::vector<bool> forward = passes::LiveNodes(g, ys);
+    forward = passes::LiveNodes(g, ys);
     std::vector<ir::Value*> others;
     for (size_t i = 0; i < mark_nodes; ++i)
       if (!forward[i])
         for (ir::Value* v : g.nodes()[i]->outputs()) others.push_back(v);
-    std::vector<bool> shared = passes::LiveNodes(g, others);
+    shared = passes::LiveNodes(g, others);
     for (size_t i = 0; i < mark_nodes; ++i)
       if (forward[i] && !shared[i])
         for (ir::Value* v : g.nodes()[i]->outputs()) releasable.insert(v);
@@ -678,15 +682,8 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     }
   }
   if (!retain_graph) {
-    // Release the values saved by the nodes the heads were computed from, except those that
-    // other recorded computations on this tape also come from (two losses sharing a hidden
-    // layer): a later backward from those must still find them. Graph inputs (leaves, data) stay.
-    std::vector<bool> forward = passes::LiveNodes(g, ys);
-    std::vector<ir::Value*> others;
-    for (size_t i = 0; i < mark_nodes; ++i)
-      if (!forward[i])
-        for (ir::Value* v : g.nodes()[i]->outputs()) others.push_back(v);
-    std::vector<bool> shared = passes::LiveNodes(g, others);
+    // Release the values saved by the spent nodes (forward, not shared; computed above).
+    // Graph inputs (leaves, data) stay.
     bool all = true;
     for (size_t i = 0; i < mark_nodes; ++i) {
       if (!forward[i] || shared[i]) {
