@@ -4,7 +4,9 @@
 #include "kiln/passes/memory_planning.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <optional>
 
 #include "kiln/passes/fusion.h"
 #include "kiln/passes/graph_steps.h"
@@ -25,8 +27,56 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
   for (size_t v = 0; v < values.size(); ++v) last_reader[v] = values[v].last_reader;
   for (const MemoryStep& s : steps) num_streams = std::max(num_streams, s.stream + 1);
   constexpr int kGone = -3;                              // freed already, or handed to an in-place output
-  std::vector<std::multimap<size_t, size_t>> free_lists( // per stream: size -> offset
-      static_cast<size_t>(options.per_stream ? num_streams : 1));
+  // Free blocks, per stream: by size (best fit) and by offset (neighbours merge when freed, so
+  // two freed halves serve a whole block again).
+  struct FreeList {
+    std::multimap<size_t, size_t> by_size;  // size -> offset
+    std::map<size_t, size_t> by_offset;     // offset -> size
+    void Erase(std::map<size_t, size_t>::iterator at) {
+      auto [lo, hi] = by_size.equal_range(at->second);
+      for (auto it = lo; it != hi; ++it)
+        if (it->second == at->first) {
+          by_size.erase(it);
+          break;
+        }
+      by_offset.erase(at);
+    }
+    void Add(size_t offset, size_t size) {
+      auto next = by_offset.lower_bound(offset);
+      if (next != by_offset.end() && offset + size == next->first) {
+        size += next->second;
+        Erase(next);
+      }
+      auto prev = by_offset.lower_bound(offset);
+      if (prev != by_offset.begin() && (--prev, prev->first + prev->second == offset)) {
+        offset = prev->first, size += prev->second;
+        Erase(prev);
+      }
+      by_offset.emplace(offset, size);
+      by_size.emplace(size, offset);
+    }
+    // A block of `need` bytes: the smallest free one that holds it, else the free block at the
+    // arena's end grown (returns its offset and the growth), else none.
+    std::optional<size_t> Take(size_t need, size_t& end) {
+      if (auto it = by_size.lower_bound(need); it != by_size.end()) {
+        const size_t size = it->first, offset = it->second;
+        Erase(by_offset.find(offset));
+        if (size > need) Add(offset + need, size - need);
+        return offset;
+      }
+      if (!by_offset.empty()) {
+        auto last = std::prev(by_offset.end());
+        if (last->first + last->second == end) {
+          const size_t offset = last->first;
+          end = offset + need;
+          Erase(last);
+          return offset;
+        }
+      }
+      return std::nullopt;
+    }
+  };
+  std::vector<FreeList> free_lists(static_cast<size_t>(options.per_stream ? num_streams : 1));
   auto bytes = [&](int v) {
     return BlockBytes(values[static_cast<size_t>(v)].dtype, values[static_cast<size_t>(v)].numel);
   };
@@ -34,7 +84,7 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
   size_t end = 0;
   for (int step = 0; step < static_cast<int>(steps.size()); ++step) {
     const MemoryStep& s = steps[static_cast<size_t>(step)];
-    std::multimap<size_t, size_t>& free_blocks =
+    FreeList& free_blocks =
         free_lists[options.per_stream ? static_cast<size_t>(s.stream) : 0];
     for (int o : s.writes) {
       const MemoryValue& out = values[static_cast<size_t>(o)];
@@ -58,11 +108,8 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
         ++plan.in_place;
         continue;
       }
-      auto it = free_blocks.lower_bound(need);
-      if (it != free_blocks.end()) {
-        plan.offset[static_cast<size_t>(o)] = static_cast<int64_t>(it->second);
-        if (it->first > need) free_blocks.emplace(it->first - need, it->second + need);
-        free_blocks.erase(it);
+      if (std::optional<size_t> at = free_blocks.Take(need, end)) {
+        plan.offset[static_cast<size_t>(o)] = static_cast<int64_t>(*at);
       } else {
         plan.offset[static_cast<size_t>(o)] = static_cast<int64_t>(end);
         end += need;
@@ -70,12 +117,12 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
     }
     for (int v : s.reads)
       if (placed(v) && last_reader[static_cast<size_t>(v)] == step) {
-        free_blocks.emplace(bytes(v), static_cast<size_t>(plan.offset[static_cast<size_t>(v)]));
+        free_blocks.Add(static_cast<size_t>(plan.offset[static_cast<size_t>(v)]), bytes(v));
         last_reader[static_cast<size_t>(v)] = kGone; // freed once, even when the step reads it twice (a * a)
       }
     for (int o : s.writes) // outputs nobody reads
       if (placed(o) && last_reader[static_cast<size_t>(o)] == MemoryValue::kNoReader) {
-        free_blocks.emplace(bytes(o), static_cast<size_t>(plan.offset[static_cast<size_t>(o)]));
+        free_blocks.Add(static_cast<size_t>(plan.offset[static_cast<size_t>(o)]), bytes(o));
         last_reader[static_cast<size_t>(o)] = kGone;
       }
   }

@@ -1,6 +1,7 @@
 // Memory planning (passes/memory_planning.h): offsets of a chain, best-fit reuse of freed blocks,
 // in-place outputs over dying inputs (and not when disabled or not elementwise), a value read
-// twice freed once, readers that never run keeping their block, and per-stream reuse.
+// twice freed once, readers that never run keeping their block, per-stream reuse, and freed
+// neighbours merging.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -84,4 +85,25 @@ TEST_CASE("memory planning: per stream, a freed block is taken again only on its
   MemoryPlan per_stream = PlanMemory(steps, values, MemoryOptions{.per_stream = true});
   CHECK(per_stream.offset == std::vector<int64_t>{-1, 0, 128, 64, -1});
   CHECK(per_stream.arena_bytes == 192);
+}
+
+TEST_CASE("memory planning: freed neighbours merge into one block, and a free block at the end grows") {
+  // v1 and v2 (64 bytes each) sit side by side and die at step 2, which puts v3 after them; v4
+  // (128 bytes) then takes the two merged.
+  std::vector<MemoryValue> values = {F32(16, 1, false), F32(16, 2), F32(16, 2), F32(16, 4), F32(32, 4),
+                                     F32(16, -1, false)};
+  std::vector<MemoryStep> steps = {
+      {{0}, {1}, false}, {{0}, {2}, false}, {{1, 2}, {3}, false}, {{3}, {4}, false}, {{3, 4}, {5}, false}};
+  MemoryPlan p = PlanMemory(steps, values, {});
+  CHECK(p.offset == std::vector<int64_t>{-1, 0, 64, 128, 0, -1});
+  CHECK(p.arena_bytes == 192);
+
+  // v2 (64 bytes, at 64) is read by nobody and freed at once: the free block [64, 128) ends the
+  // arena, so v3 (256 bytes) grows it to [64, 320) rather than starting a block at 128.
+  std::vector<MemoryValue> grow = {F32(16, 2, false), F32(16, 3), F32(16, MemoryValue::kNoReader), F32(64, 3),
+                                   F32(16, -1, false)};
+  std::vector<MemoryStep> gsteps = {{{0}, {1}, false}, {{0}, {2}, false}, {{0}, {3}, false}, {{1, 3}, {4}, false}};
+  MemoryPlan q = PlanMemory(gsteps, grow, {});
+  CHECK(q.offset == std::vector<int64_t>{-1, 0, 64, 64, -1});
+  CHECK(q.arena_bytes == 320);
 }
