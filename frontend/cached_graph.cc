@@ -9,12 +9,14 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "kiln/frontend/autograd.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
 #include "kiln/passes/freeze_fold.h"
+#include "kiln/passes/rematerialize.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
@@ -111,7 +113,10 @@ struct TrainingPair {
   int num_grad_outputs = 0;
 };
 
-TrainingPair MakeTrainingPair(const ir::Graph& fwd, const std::vector<bool>& needs_grad) {
+// `overwritten[i]`: the call copies new values into input i after running (batch norm's running
+// statistics), so the backward reads the new values there.
+TrainingPair MakeTrainingPair(const ir::Graph& fwd, const std::vector<bool>& needs_grad,
+                              const std::vector<bool>& overwritten) {
   // G: the forward copied, then the gradient nodes the autodiff pass appends.
   ir::ValueMap to_g;
   std::unique_ptr<ir::Graph> g = ir::CopyGraph(fwd, &to_g);
@@ -129,29 +134,43 @@ TrainingPair MakeTrainingPair(const ir::Graph& fwd, const std::vector<bool>& nee
   for (size_t i = 0, k = 0; i < xs.size(); ++i)
     if (needs_grad[i]) grads[i] = wrt_grads[k++];
 
-  // The forward values the gradient nodes read (or that are gradients themselves).
-  auto produced_by_forward = [&](const ir::Value* v) {
-    return v->node() && static_cast<size_t>(v->node()->id()) < mark;
-  };
-  std::vector<const ir::Value*> saved;
-  std::unordered_map<const ir::Value*, size_t> saved_index;
-  auto save = [&](const ir::Value* v) {
-    if (v && produced_by_forward(v) && !saved_index.count(v)) saved_index[v] = saved.size(), saved.push_back(v);
-  };
+  // The forward values the gradient nodes read (or that are gradients themselves); the backward
+  // is handed some of them and computes the others again from those (passes::ChooseSaved).
+  std::vector<const ir::Value*> needed;
   for (size_t i = mark; i < g->nodes().size(); ++i)
-    for (const ir::Value* v : g->nodes()[i]->inputs()) save(v);
-  for (const ir::Value* v : grads) save(v);
+    for (const ir::Value* v : g->nodes()[i]->inputs()) needed.push_back(v);
+  for (const ir::Value* v : grads)
+    if (v) needed.push_back(v);
+  const std::vector<const ir::Value*> keep(ys.begin(), ys.end());
+  std::vector<const ir::Value*> stale;
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (overwritten[i]) stale.push_back(xs[i]);
+  const passes::SavePlan plan = passes::ChooseSaved(*g, mark, needed, keep, stale);
+  const std::vector<const ir::Value*>& saved = plan.saved;
 
   TrainingPair p;
   p.num_grad_outputs = static_cast<int>(fwd.outputs().size());
-  // Backward: inputs, saved values, output gradients; then the gradient nodes.
+  // Backward: inputs, saved values, output gradients; then the recomputed forward nodes and the
+  // gradient nodes.
   p.backward = std::make_unique<ir::Graph>();
   ir::ValueMap to_b;
   for (ir::Value* x : xs) to_b[x] = p.backward->AddInput(x->name(), x->type());
   for (size_t i = 0; i < saved.size(); ++i)
     to_b[saved[i]] = p.backward->AddInput("saved" + std::to_string(i), saved[i]->type());
   for (ir::Value* d : dys) to_b[d] = p.backward->AddInput(d->name(), d->type());
-  ir::CopyNodes(*g, *p.backward, to_b, mark);
+  // A recomputed node is placed just before the first node that reads it, so that its value
+  // lives no longer in the backward than it must.
+  std::unordered_set<const ir::Node*> pending(plan.recompute.begin(), plan.recompute.end());
+  auto place = [&](auto& self, const ir::Node& n) -> void {
+    for (const ir::Value* v : n.inputs())
+      if (v->node() && pending.count(v->node())) self(self, *v->node());
+    const size_t id = static_cast<size_t>(n.id());
+    if (static_cast<size_t>(n.id()) < mark && !pending.erase(&n)) return;
+    ir::CopyNodes(*g, *p.backward, to_b, id, id + 1);
+  };
+  for (size_t i = mark; i < g->nodes().size(); ++i) place(place, *g->nodes()[i]);
+  for (const ir::Value* v : grads)  // a gradient that is a recomputed forward value
+    if (v && v->node() && pending.count(v->node())) place(place, *v->node());
   ir::Builder bb(*p.backward);
   std::vector<ir::Value*> outs;
   for (size_t i = 0; i < grads.size(); ++i)
@@ -400,7 +419,11 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       std::lock_guard<std::mutex> g(e.training_mu);
       auto it = e.training.find(needs_grad);
       if (it == e.training.end()) {
-        TrainingPair p = MakeTrainingPair(*e.forward->graph, needs_grad);
+        std::vector<bool> overwritten(in.size(), false);
+        for (const Assign& a : assigns_)
+          for (size_t j = 0; j < captured_.size(); ++j)
+            if (captured_[j].SharesStorage(a.dst)) overwritten[static_cast<size_t>(num_data_) + j] = true;
+        TrainingPair p = MakeTrainingPair(*e.forward->graph, needs_grad, overwritten);
         it = e.training.emplace(needs_grad, Register(std::move(p.forward), device_, std::move(p.backward),
                                                      p.num_grad_outputs)).first;
       }
