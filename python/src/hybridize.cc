@@ -204,6 +204,34 @@ KILN_PY_BIND(50) {
         if (!e) return pyb::none();
         return pyb::make_tuple(e->graph, *static_cast<pyb::object*>(e->extra.get()));
       }, pyb::arg("key"), "(graph, structure) for `key`, made the most recently used; None when absent.")
+      // The hot path of a hybridized call: the key made from the arguments themselves (as
+      // HybridBlock._signature makes it, without building the Python tuple), and the graph called.
+      .def("call", [](SignatureCache& c, bool training, bool frozen, pyb::tuple args) -> pyb::object {
+        CallSignature sig;
+        sig.training = training, sig.frozen = frozen;
+        sig.args.reserve(args.size());
+        std::vector<Tensor> inputs;
+        inputs.reserve(args.size());
+        for (pyb::handle a : args) {
+          CallSignature::Arg& arg = sig.args.emplace_back();
+          if (pyb::isinstance<Tensor>(a)) {
+            const Tensor& t = a.cast<const Tensor&>();
+            arg.shape = t.shape(), arg.dtype = t.dtype(), arg.device = t.device();
+            inputs.push_back(t);
+          } else {
+            arg.is_tensor = false;
+            arg.constant = pyb::repr(a).cast<std::string>();
+          }
+        }
+        const SignatureCache::Entry* e = c.Find(sig);
+        if (!e) return pyb::none();
+        std::shared_ptr<CachedGraph> graph = e->graph;
+        pyb::object structure = *static_cast<pyb::object*>(e->extra.get());
+        std::vector<Tensor> outs = graph->Call(inputs);
+        return pyb::make_tuple(std::move(graph), std::move(structure), std::move(outs));
+      }, pyb::arg("training"), pyb::arg("frozen"), pyb::arg("args"),
+         "(graph, structure, outputs) of calling the graph cached for these arguments (a key as "
+         "HybridBlock._signature makes), made the most recently used; None when absent.")
       .def("__setitem__", [](SignatureCache& c, pyb::handle key, pyb::tuple value) {
         if (value.size() != 2) KILN_THROW(ValueError) << "SignatureCache: a value is (graph, structure)";
         c.Insert(ToSignature(key), {value[0].cast<std::shared_ptr<CachedGraph>>(),

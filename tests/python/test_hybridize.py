@@ -393,3 +393,35 @@ def test_a_hybridized_block_deep_copies_with_an_empty_graph_cache():
     assert twin is not net
     twin.initialize()
     assert twin(nd.random.normal(shape=(2, 4))).shape == (2, 3)
+
+
+def test_each_call_finds_the_graph_of_its_arguments_and_mode():
+    # A call is looked up by its arguments' shapes (dtypes, devices), the text of non-array
+    # arguments, and the training flag: each combination gets its own graph and its own numbers.
+    class Scaled(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(2, in_units=3)
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x, scale):
+            return self.drop(self.dense(x)) * scale
+
+    net = Scaled()
+    net.initialize()
+    net.hybridize()
+    x = nd.ones((4, 3))
+    eager = net.dense(x).asnumpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the retraces below are meant
+        for _ in range(2):  # the second round finds every graph traced in the first
+            np.testing.assert_allclose(net(x, 2.0).asnumpy(), 2 * eager, rtol=1e-6)
+            np.testing.assert_allclose(net(x, 3).asnumpy(), 3 * eager, rtol=1e-6)
+            y5 = net(nd.ones((5, 3)), 2.0)
+            assert y5.shape == (5, 2)
+            np.testing.assert_allclose(y5.asnumpy()[:4], 2 * eager, rtol=1e-6)
+            with autograd.train_mode():  # dropout is on: zeros, or twice the value
+                y = net(x, 1.0).asnumpy()
+            assert np.all((y == 0) | np.isclose(y, 2 * eager, rtol=1e-5))
+            assert (y == 0).any()
+    assert len(net._cache) == 4

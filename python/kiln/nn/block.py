@@ -12,10 +12,11 @@ import json
 import os
 
 from .._C import ArgumentError, FormatError, NDArray as _NDArray, SignatureCache as _SignatureCache, StateError
-from .._C import is_recording as _is_recording, is_training as _is_training
+from .._C import is_recording as _is_recording, is_training as _is_training, tracing as _tracing
 from .. import init as _init
 from ._structure import _captured_names, _data_input_names, _flatten, _param_order, _structure_indices, _unflatten
 from .parameter import Parameter, ParameterDict, _devices
+from . import parameter as _parameter
 from . import serialization
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential"]
@@ -282,13 +283,20 @@ class HybridBlock(Block):
         return graph.compile_report(as_dict=True) if as_dict else _ReportText(graph.compile_report())
 
     def __call__(self, *args, **kwargs):
-        from .. import _C
         for a in args:
-            if getattr(a, "_kiln_symbol", False):
+            if type(a) is not _NDArray and getattr(a, "_kiln_symbol", False):
                 return a._of_block(self, args)  # a Symbol of this block's graph (kiln.sym)
-        if not self._active or _C.tracing() or kwargs:
+        if not self._active or _tracing() or kwargs:
             # eager, inside a parent's trace, or keyword inputs
             return self.forward(*args, **kwargs)
+        # The hot path: a graph compiled for these arguments, parameters unchanged since.
+        d = self.__dict__
+        if d.get("_cache_generation") == _parameter._generation:
+            hit = self._cache.call(_is_training(), self._freezing(), args)
+            if hit is not None:
+                graph, structure, outs = hit
+                d["_last_used_graph"] = graph
+                return outs[0] if structure is None else _unflatten(outs, structure)[0]
         return self._call_cached(args)
 
     def _signature(self, args, frozen):
@@ -304,7 +312,6 @@ class HybridBlock(Block):
     def _call_cached(self, args):
         # Deferred shapes are completed while the first call traces (Parameter._finish_deferred_init
         # pauses the trace to make the arrays), as Gluon infers them on its first hybridized call.
-        from . import parameter as _parameter
         if self._cache and getattr(self, "_cache_generation", None) != _parameter._generation:
             self._cache.clear()  # some Parameter's arrays were replaced: the graphs captured the old ones
         self._cache_generation = _parameter._generation
