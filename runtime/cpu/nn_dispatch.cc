@@ -32,6 +32,17 @@ bool Trivial(const TensorView& out, std::initializer_list<const TensorView*> ins
   return false;
 }
 
+// The sum of 16 lanes as a tree (halves added, then quarters...): a chain of 16 scalar adds waits
+// on the add's latency at every step, and the few-rows matmul ends every output with one.
+inline float LaneSum(const float (&v)[16]) {
+  float h[8];
+#pragma omp simd
+  for (int l = 0; l < 8; ++l) h[l] = v[l] + v[l + 8];
+  float q[4];
+  for (int l = 0; l < 4; ++l) q[l] = h[l] + h[l + 4];
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
 // A few rows times a matrix (a Dense layer at batch 1..4): a streaming pass over b beats
 // oneDNN's general matmul, which is tuned for larger M. float32, rank 2, a not transposed.
 bool SmallRowsMatmul(const TensorView& a, const TensorView& b, const TensorView& out, const MatmulParams& p) {
@@ -61,8 +72,7 @@ bool SmallRowsMatmul(const TensorView& a, const TensorView& b, const TensorView&
               for (int l = 0; l < kLanes; ++l) acc[r][l] += ai[t + l] * br[l];
             }
           for (int r = 0; r < kRows; ++r) {
-            float sum = 0.f;
-            for (int l = 0; l < kLanes; ++l) sum += acc[r][l];
+            float sum = LaneSum(acc[r]);
             for (int64_t u = t; u < k; ++u) sum += ai[u] * B[(j + r) * k + u];
             C[i * n + j + r] = sum;
           }
