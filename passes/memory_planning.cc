@@ -42,6 +42,7 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
       by_offset.erase(at);
     }
     void Add(size_t offset, size_t size) {
+      if (size == 0) return;  // a zero-element value holds no block
       auto next = by_offset.lower_bound(offset);
       if (next != by_offset.end() && offset + size == next->first) {
         size += next->second;
@@ -58,6 +59,7 @@ MemoryPlan PlanMemory(std::span<const MemoryStep> steps, std::span<const MemoryV
     // A block of `need` bytes: the smallest free one that holds it, else the free block at the
     // arena's end grown (returns its offset and the growth), else none.
     std::optional<size_t> Take(size_t need, size_t& end) {
+      if (need == 0) return 0;  // a zero-element value: any offset, no block
       if (auto it = by_size.lower_bound(need); it != by_size.end()) {
         const size_t size = it->first, offset = it->second;
         Erase(by_offset.find(offset));

@@ -107,3 +107,19 @@ TEST_CASE("memory planning: freed neighbours merge into one block, and a free bl
   CHECK(q.offset == std::vector<int64_t>{-1, 0, 64, 64, -1});
   CHECK(q.arena_bytes == 320);
 }
+
+TEST_CASE("memory planning: a zero-element value takes no block and frees none") {
+  // v1 has no elements and dies at step 1, where v2 starts at offset 0; v2 dies at step 2 (after
+  // v3 is placed); v4 and v5 then take v2's block and a new one. Freeing v1 once put an empty
+  // block at offset 0 beside v2's, and the free lists went out of step.
+  std::vector<MemoryValue> values = {F32(16, 5, false), F32(0, 1), F32(16, 2), F32(16, 5), F32(16, 5),
+                                     F32(16, 5), F32(16, -1, false)};
+  std::vector<MemoryStep> steps = {{{0}, {1}, false}, {{0, 1}, {2}, false}, {{2}, {3}, false},
+                                   {{0}, {4}, false}, {{0}, {5}, false}, {{0, 3, 4, 5}, {6}, false}};
+  MemoryPlan p = PlanMemory(steps, values, {});
+  CHECK(p.offset[2] == 0);
+  CHECK(p.offset[3] == 64);
+  CHECK(p.offset[4] == 0);
+  CHECK(p.offset[5] == 128);
+  CHECK(p.arena_bytes == 192);
+}
