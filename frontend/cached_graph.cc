@@ -3,6 +3,7 @@
 // running a plan is plan.cc's.
 #include "kiln/frontend/cached_graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -158,19 +159,31 @@ TrainingPair MakeTrainingPair(const ir::Graph& fwd, const std::vector<bool>& nee
   for (size_t i = 0; i < saved.size(); ++i)
     to_b[saved[i]] = p.backward->AddInput("saved" + std::to_string(i), saved[i]->type());
   for (ir::Value* d : dys) to_b[d] = p.backward->AddInput(d->name(), d->type());
-  // A recomputed node is placed just before the first node that reads it, so that its value
-  // lives no longer in the backward than it must.
+  // Recomputed nodes are placed just before the first node that reads them (directly or through
+  // other recomputed nodes), so that their values live no longer in the backward than they must;
+  // those a node needs go in the forward's order (a topological one).
   std::unordered_set<const ir::Node*> pending(plan.recompute.begin(), plan.recompute.end());
-  auto place = [&](auto& self, const ir::Node& n) -> void {
-    for (const ir::Value* v : n.inputs())
-      if (v->node() && pending.count(v->node())) self(self, *v->node());
-    const size_t id = static_cast<size_t>(n.id());
-    if (static_cast<size_t>(n.id()) < mark && !pending.erase(&n)) return;
-    ir::CopyNodes(*g, *p.backward, to_b, id, id + 1);
+  auto place_for = [&](const ir::Node& n) {
+    std::vector<const ir::Node*> todo, stack = {&n};
+    if (pending.erase(&n)) todo.push_back(&n);
+    while (!stack.empty()) {
+      const ir::Node* m = stack.back();
+      stack.pop_back();
+      for (const ir::Value* v : m->inputs())
+        if (v->node() && pending.erase(v->node())) todo.push_back(v->node()), stack.push_back(v->node());
+    }
+    std::sort(todo.begin(), todo.end(), [](const ir::Node* a, const ir::Node* b) { return a->id() < b->id(); });
+    for (const ir::Node* m : todo) {
+      const size_t id = static_cast<size_t>(m->id());
+      ir::CopyNodes(*g, *p.backward, to_b, id, id + 1);
+    }
   };
-  for (size_t i = mark; i < g->nodes().size(); ++i) place(place, *g->nodes()[i]);
+  for (size_t i = mark; i < g->nodes().size(); ++i) {
+    place_for(*g->nodes()[i]);
+    ir::CopyNodes(*g, *p.backward, to_b, i, i + 1);
+  }
   for (const ir::Value* v : grads)  // a gradient that is a recomputed forward value
-    if (v && v->node() && pending.count(v->node())) place(place, *v->node());
+    if (v && v->node() && static_cast<size_t>(v->node()->id()) < mark) place_for(*v->node());
   ir::Builder bb(*p.backward);
   std::vector<ir::Value*> outs;
   for (size_t i = 0; i < grads.size(); ++i)

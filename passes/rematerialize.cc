@@ -49,26 +49,30 @@ SavePlan ChooseSaved(const ir::Graph& g, size_t forward_end, std::span<const ir:
   // it is kept, or what its pointwise producer's inputs cost when that is less (ties keep u: the
   // same memory for less work). Memoized per candidate, as `saved` changes between candidates.
   std::unordered_map<const ir::Value*, double> memo;
-  auto inputs_cost = [&](auto& self_cost, const ir::Node& n) {
+  auto inputs_cost = [&](auto& self_cost, const ir::Node& n, int depth) {
     double c = 0;
-    for (const ir::Value* u : n.inputs()) c += self_cost(self_cost, u);
+    for (const ir::Value* u : n.inputs()) c += self_cost(self_cost, u, depth);
     return c;
   };
-  auto cost = [&](auto& self, const ir::Value* u) -> double {
+  // A value more than kMaxDepth pointwise ops away from the one wanted is kept: this bounds the
+  // recursion and the work computed again (a chain of 20,000 adds is not worth one saved array).
+  constexpr int kMaxDepth = 16;
+  auto cost = [&](auto& self, const ir::Value* u, int depth) -> double {
     if (stale.count(u)) return std::numeric_limits<double>::infinity();
     if (available(u)) return 0;
     if (auto it = memo.find(u); it != memo.end()) return it->second;
     double c = Bytes(u);
+    if (depth >= kMaxDepth) return c;
     memo[u] = c;  // a cycle cannot happen (a DAG); this also bounds shared subexpressions' count
-    if (recomputable(u)) c = std::min(c, inputs_cost(self, *u->node()));
+    if (recomputable(u)) c = std::min(c, inputs_cost(self, *u->node(), depth + 1));
     return memo[u] = c;
   };
   // Makes u available the way cost() chose: keeps it, or recomputes its producer.
-  auto realize = [&](auto& self, const ir::Value* u) -> void {
+  auto realize = [&](auto& self, const ir::Value* u, int depth) -> void {
     if (available(u)) return;
     const double own = Bytes(u);
-    if (recomputable(u) && inputs_cost(cost, *u->node()) < own) {
-      for (const ir::Value* w : u->node()->inputs()) self(self, w);
+    if (depth < kMaxDepth && recomputable(u) && inputs_cost(cost, *u->node(), depth + 1) < own) {
+      for (const ir::Value* w : u->node()->inputs()) self(self, w, depth + 1);
       recomputed[static_cast<size_t>(u->node()->id())] = true;
     } else {
       saved.insert(u);
@@ -79,8 +83,8 @@ SavePlan ChooseSaved(const ir::Graph& g, size_t forward_end, std::span<const ir:
     if (!recomputable(v) || !saved.count(v)) continue;
     memo.clear();
     saved.erase(v);  // v's inputs are priced as if v were not kept
-    if (inputs_cost(cost, *v->node()) < Bytes(v)) {
-      for (const ir::Value* w : v->node()->inputs()) realize(realize, w);
+    if (inputs_cost(cost, *v->node(), 1) < Bytes(v)) {
+      for (const ir::Value* w : v->node()->inputs()) realize(realize, w, 1);
       recomputed[static_cast<size_t>(v->node()->id())] = true;
     } else {
       saved.insert(v);

@@ -3,6 +3,7 @@
 // after it that read forward values.
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -96,3 +97,35 @@ return %6, %7
 }
 
 }  // namespace
+
+TEST_CASE("rematerialize: a value is not computed again from more than 16 pointwise ops away") {
+  // relu(x + b + b + ... + b), 40 adds from the input x: recomputing it would cost no memory, but
+  // 41 ops of work (and as deep a recursion); it is kept.
+  std::string text = "%0 = input \"x\" : float32(8, 4)\n%1 = input \"b\" : float32(8, 4)\n";
+  int last = 0;
+  for (int i = 0; i < 40; ++i) {
+    text += "%" + std::to_string(i + 2) + " = add(%" + std::to_string(last) + ", %1) : float32(8, 4)\n";
+    last = i + 2;
+  }
+  text += "%42 = relu(%41) : float32(8, 4)\n%43 = sign(%42) : float32(8, 4)\nreturn %43\n";
+  auto g = ir::ParseGraph(text);
+  const size_t mark = 41;  // the adds and relu
+  std::vector<const ir::Value*> needed = Needed(*g, mark);
+  passes::SavePlan p = passes::ChooseSaved(*g, mark, needed, {});
+  CHECK(p.saved == std::vector<const ir::Value*>{Out(*g, 40)});
+  CHECK(p.recompute.empty());
+
+  // Two adds deep: computed again from x and b.
+  auto h = ir::ParseGraph(R"(%0 = input "x" : float32(8, 4)
+%1 = input "b" : float32(8, 4)
+%2 = add(%0, %1) : float32(8, 4)
+%3 = add(%2, %1) : float32(8, 4)
+%4 = relu(%3) : float32(8, 4)
+%5 = sign(%4) : float32(8, 4)
+return %5
+)");
+  std::vector<const ir::Value*> hneeded = Needed(*h, 3);
+  passes::SavePlan q = passes::ChooseSaved(*h, 3, hneeded, {});
+  CHECK(q.saved.empty());
+  CHECK(q.recompute.size() == 3);
+}
