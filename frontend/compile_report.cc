@@ -66,7 +66,13 @@ std::string CompileReport::str() const {
        << "  memory: arena " << HumanBytes(static_cast<int64_t>(p.arena_bytes)) << " at peak ("
        << HumanBytes(static_cast<int64_t>(p.unshared_bytes)) << " unshared); " << p.in_place << " of "
        << p.intermediates << " intermediates in place\n"
-       << "  streams: " << p.streams << (p.concurrent ? ", run concurrently" : p.streams > 1 ? ", run one after another (too little work apart)" : "")
+       << "  streams: " << p.streams
+       << (p.concurrent                   ? ", run concurrently"
+           : p.concurrent_extra_bytes > 0 ? ", run one after another (running them concurrently needs " +
+                                                HumanBytes(static_cast<int64_t>(p.concurrent_extra_bytes)) +
+                                                " more arena)"
+           : p.streams > 1                ? ", run one after another (too little work apart)"
+                                          : "")
        << "; estimated critical path " << static_cast<int>(p.critical_fraction * 100 + 0.5) << "% of the serial time\n"
        << "  time: " << Ms(p.total_ms()) << " (pipeline " << Ms(p.pipeline_ms) << ", planning "
        << Ms(p.plan_ms) << ", codegen " << Ms(p.codegen_ms) << ")\n";

@@ -68,6 +68,7 @@ pyb::dict ReportDict(const CompileReport& r) {
     d["arena_bytes"] = p.arena_bytes, d["unshared_bytes"] = p.unshared_bytes;
     d["intermediates"] = p.intermediates, d["in_place"] = p.in_place;
     d["streams"] = p.streams, d["concurrent"] = p.concurrent, d["critical_fraction"] = p.critical_fraction;
+    d["concurrent_extra_bytes"] = p.concurrent_extra_bytes;
     d["freeze"] = p.freeze ? pyb::object(pyb::dict(pyb::arg("parameters") = p.freeze->parameters,
                                                    pyb::arg("nodes_folded") = p.freeze->nodes_folded,
                                                    pyb::arg("constants") = p.freeze->constants,

@@ -307,3 +307,32 @@ TEST_CASE("streams: a small plan stays serial by default and reports its streams
   CHECK_FALSE(r.plans[0].concurrent);  // far below the work that pays for a hand-off
   CHECK(r.str().find("streams: ") != std::string::npos);
 }
+
+TEST_CASE("streams: on a CPU, branches whose concurrent memory layout needs much more arena run serially") {
+  // Two branches, one after the other in the graph, each holding four matmul outputs until it
+  // reduces their product. Serially the second branch reuses the first one's blocks; run concurrently, each
+  // stream keeps the blocks it freed for itself. At 2048 x 2048 (16 MiB a value) that costs more
+  // than an eighth of the serial arena and more than 16 MiB, so the plan runs the branches one
+  // after another; at 64 x 64 it does not.
+  auto trace = [](int64_t n) {
+    kiln::trace::TraceScope scope;
+    auto branch = [&](const Tensor& a) {
+      std::vector<Tensor> xs = {nd::tanh(nd::matmul(a, a))};
+      for (int k = 0; k < 3; ++k) xs.push_back(nd::tanh(nd::matmul(xs.back(), a)));
+      return nd::sum(nd::multiply(nd::multiply(xs[0], xs[1]), nd::multiply(xs[2], xs[3])), {}, false);
+    };
+    Tensor a = scope.Input("a", Shape{n, n}, kiln::DType::kFloat32, kiln::cpu());
+    Tensor b = scope.Input("b", Shape{n, n}, kiln::DType::kFloat32, kiln::cpu());
+    Tensor sa = branch(a), sb = branch(b);
+    return scope.Finish({nd::add(sa, sb)});
+  };
+  ForceConcurrent force;
+  kiln::CompileReport big = trace(2048)->compile_report(), small = trace(64)->compile_report();
+  REQUIRE(big.plans.size() == 1);
+  CHECK(big.plans[0].streams == 2);
+  CHECK_FALSE(big.plans[0].concurrent);
+  CHECK(big.plans[0].concurrent_extra_bytes > (size_t{16} << 20));
+  CHECK(big.str().find("needs") != std::string::npos);
+  CHECK(small.plans[0].concurrent);
+  CHECK(small.plans[0].concurrent_extra_bytes == 0);
+}

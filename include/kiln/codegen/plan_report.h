@@ -44,6 +44,9 @@ struct PlanReport {
   int streams = 1;               ///< streams the kernels were assigned to
   bool concurrent = false;       ///< whether they run concurrently (enough independent work)
   double critical_fraction = 1;  ///< estimated time with streams concurrent / one after another
+  /// Not concurrent on a CPU although the work would be: the concurrent memory layout's arena
+  /// would be this many bytes larger than the serial one's (0: not why).
+  size_t concurrent_extra_bytes = 0;
   /// What freeze_fold did, for a frozen graph (hybridize(freeze=True)); empty otherwise.
   std::optional<Freeze> freeze;
   double pipeline_ms = 0, plan_ms = 0, codegen_ms = 0;  ///< plan_ms excludes codegen_ms
