@@ -121,8 +121,10 @@ def test_training_calls_run_unfrozen_with_gradients():
     want = grads()  # eager
     net.hybridize(freeze=True)
     net(x)  # an inference call: frozen
-    with pytest.warns(UserWarning, match=r"freeze=True\) applies to inference calls only"):
+    with pytest.warns(UserWarning, match=r"freeze=True\) applies to inference calls only") as caught:
         got = grads()
+    assert caught[0].filename == __file__  # the warning names the caller's line: net(x) in grads()
+    assert caught[0].lineno == grads.__code__.co_firstlineno + 2
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
     assert not net._last_used_graph.frozen

@@ -251,8 +251,9 @@ class HybridBlock(Block):
         self._last_used_graph = None
         super().hybridize(active, freeze=freeze, **kwargs)
 
-    def _freezing(self):
-        """Whether this call runs a frozen graph: hybridize(freeze=True), and an inference call."""
+    def _freezing(self, stacklevel=4):
+        """Whether this call runs a frozen graph: hybridize(freeze=True), and an inference call.
+        `stacklevel`: the warning's, pointing at the user's call (from __call__ itself: 3)."""
         if not self._freeze:
             return False
         if _is_training() or _is_recording():
@@ -261,7 +262,7 @@ class HybridBlock(Block):
                 import warnings
                 warnings.warn(f"{type(self).__name__}: hybridize(freeze=True) applies to inference calls "
                               f"only; this call is in training mode or under autograd.record(), so it runs "
-                              f"the unfrozen graph, whose gradients reach the parameters", stacklevel=4)
+                              f"the unfrozen graph, whose gradients reach the parameters", stacklevel=stacklevel)
             return False
         return True
 
@@ -292,7 +293,7 @@ class HybridBlock(Block):
         # The hot path: a graph compiled for these arguments, parameters unchanged since.
         d = self.__dict__
         if d.get("_cache_generation") == _parameter._generation:
-            hit = self._cache.call(_is_training(), self._freezing(), args)
+            hit = self._cache.call(_is_training(), self._freezing(stacklevel=3), args)
             if hit is not None:
                 graph, structure, outs = hit
                 d["_last_used_graph"] = graph
