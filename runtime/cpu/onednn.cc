@@ -1,6 +1,8 @@
 // The oneDNN primitive of each neural-network op (see onednn_prim.h): each builds (once, through
 // the primitive cache) and runs the primitive for the call, or returns false where oneDNN has no
 // kernel for the dtype or the case. Which kernel runs a call is nn_dispatch.cc's decision.
+#include "kiln/runtime/allocator.h"
+#include "kiln/runtime/cpu/copy.h"
 #include "onednn_prim.h"
 
 namespace kiln::host::onednn {
@@ -76,8 +78,61 @@ bool Conv2dGradData(const TensorView& dy, const TensorView& w, const TensorView&
   return true;
 }
 
+namespace {
+
+// oneDNN 2.6 (Debian 12's libdnnl) computes the weight gradient of a strided 1x1 convolution,
+// on AVX-512, by first gathering the strided input into per-thread scratchpad buffers; with more
+// than 8 OpenMP threads those buffers run past the end of the scratchpad it asked for (by up to
+// a few KiB, depending on the shape: 8x4x28x28 -> 8 channels, stride 2, 16 threads: 3072 bytes),
+// corrupting the heap. Measured on the primitive alone, the other convolutions (strided 3x3, 1x1
+// stride 1, the data gradient, the forward) stay inside theirs. So the weight gradient of a
+// strided, unpadded 1x1 convolution is computed as that of a stride-1 one over the input
+// subsampled by the strides, which is the same sum: kiln gathers the strided pixels itself.
+bool StridedOneByOne(const Shape& w, const Conv2dParams& p) {
+  return w[2] == 1 && w[3] == 1 && (p.stride[0] > 1 || p.stride[1] > 1) && p.padding[0] == 0 && p.padding[1] == 0;
+}
+
+bool Conv2dGradWeightPrim(const TensorView& dy, const TensorView& x, const TensorView& dw, const Conv2dParams& p);
+
+bool Conv2dGradWeightSubsampled(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                                const Conv2dParams& p) {
+  const Shape& ys = dy.shape;
+  TensorView strided = x;  // x's pixels (oh * stride_h, ow * stride_w): the ones a 1x1 kernel reads
+  strided.shape = Shape{x.shape[0], x.shape[1], ys[2], ys[3]};
+  strided.strides = x.shape.ContiguousStrides();
+  strided.strides[2] *= p.stride[0];
+  strided.strides[3] *= p.stride[1];
+  TensorView sub = strided;
+  sub.strides = sub.shape.ContiguousStrides();
+  const size_t bytes = static_cast<size_t>(sub.numel()) * DTypeSize(sub.dtype);
+  Allocator& pool = GetAllocator(cpu());
+  sub.data = bytes ? pool.Allocate(bytes) : nullptr;
+  struct Release {
+    Allocator& pool;
+    void* p;
+    size_t n;
+    ~Release() {
+      if (p) pool.Free(p, n);
+    }
+  } release{pool, sub.data, bytes};
+  CopyConvert(strided, sub);
+  Conv2dParams unit = p;
+  unit.stride[0] = unit.stride[1] = 1;
+  return Conv2dGradWeightPrim(dy, sub, dw, unit);
+}
+
+}  // namespace
+
 bool Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
                       const Conv2dParams& p) {
+  if (StridedOneByOne(dw.shape, p) && x.numel() > 0) return Conv2dGradWeightSubsampled(dy, x, dw, p);
+  return Conv2dGradWeightPrim(dy, x, dw, p);
+}
+
+namespace {
+
+bool Conv2dGradWeightPrim(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                          const Conv2dParams& p) {
   dt t;
   std::shared_ptr<Prim> prim;
   if (OneDnnType(dw.dtype, &t))
@@ -103,6 +158,8 @@ bool Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorVie
   Execute(*prim, {dy.data, x.data, dw.data});
   return true;
 }
+
+}  // namespace
 
 bool MaxPool2d(const TensorView& x, const TensorView& y, const Pool2dParams& p) {
   dt t;

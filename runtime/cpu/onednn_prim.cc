@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cpu/loops.h"
@@ -83,16 +84,48 @@ class PoolTemp {
   size_t n_ = 0;
 };
 
+// A scratchpad is followed by a guard of kGuardBytes, checked after each call: a primitive that
+// writes past the scratchpad it asked for (oneDNN 2.6's strided 1x1 weight gradient did, with
+// more than 8 threads: see onednn.cc) then raises an error naming it instead of corrupting the
+// heap. Filling and checking 4 KiB costs well under a microsecond; the smallest call is tens.
+constexpr size_t kGuardBytes = 4096;
+constexpr unsigned char kGuardByte = 0xA5;
+
+static void CheckGuard(const Prim& p, const unsigned char* guard, size_t scratch_bytes) {
+  size_t first = kGuardBytes;
+  for (size_t i = 0; i < kGuardBytes; ++i)
+    if (guard[i] != kGuardByte) {
+      first = i;
+      break;
+    }
+  if (first == kGuardBytes) return;
+  size_t last = first;
+  for (size_t i = first; i < kGuardBytes; ++i)
+    if (guard[i] != kGuardByte) last = i;
+  KILN_THROW(InternalError) << "oneDNN's " << p.impl << " primitive wrote past the end of its "
+                            << scratch_bytes << "-byte scratchpad (bytes " << first << " to " << last
+                            << " after it) with " << NumThreads() << " threads; its result cannot be trusted. "
+                            << "Run with fewer threads (KILN_NUM_THREADS=8) and report the shapes of this op";
+}
+
 void Run(const Prim& p, void* const* ptrs) {
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < p.args.size(); ++i)
     args.emplace(p.args[i].first, memory(p.args[i].second, Engine(), ptrs[i]));
-  PoolTemp scratchpad(p.scratchpad.get_size());
-  if (scratchpad.get()) args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), scratchpad.get()));
+  const size_t scratch_bytes = p.scratchpad.get_size();
+  PoolTemp scratchpad(scratch_bytes ? scratch_bytes + kGuardBytes : 0);
+  unsigned char* guard = static_cast<unsigned char*>(scratchpad.get()) + scratch_bytes;
+  if (scratchpad.get()) {
+    std::memset(guard, kGuardByte, kGuardBytes);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, Engine(), scratchpad.get()));
+  }
   if (size_t n = p.workspace.get_size())
     args.emplace(DNNL_ARG_WORKSPACE, memory(p.workspace, Engine(), Buffer(kWorkspace, n)));
   p.prim.execute(Stream(), args);
-  if (scratchpad.get()) Stream().wait();  // done with it before it goes back to the pool
+  if (scratchpad.get()) {
+    Stream().wait();  // done with it before it goes back to the pool
+    CheckGuard(p, guard, scratch_bytes);
+  }
 }
 
 void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
@@ -119,6 +152,22 @@ void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
 
 // ---- 2. primitive cache -------------------------------------------------------------------------
 
+// Many oneDNN kernels fix their thread count when the primitive is made, from the OpenMP team of
+// the thread that makes it (omp_get_max_threads() there), and run on that many threads whatever
+// the caller's team is then. A thread that has not run a primitive yet has OpenMP's default team
+// (one per core), not NumThreads(), and Execute narrows the team to 1 around small calls. So
+// every primitive is made with the team at NumThreads(): KILN_NUM_THREADS bounds the threads of
+// every call, whichever thread made the primitive first.
+static std::shared_ptr<Prim> MakeAtFullTeam(const std::function<std::shared_ptr<Prim>()>& make) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(NumThreads());
+  struct Restore {
+    int n;
+    ~Restore() { omp_set_num_threads(n); }
+  } restore{before};
+  return make();
+}
+
 std::shared_ptr<Prim> PrimitiveCache::Get(const Key& key, const std::function<std::shared_ptr<Prim>()>& make) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -128,7 +177,7 @@ std::shared_ptr<Prim> PrimitiveCache::Get(const Key& key, const std::function<st
       return it->second->second;
     }
   }
-  std::shared_ptr<Prim> p = make();
+  std::shared_ptr<Prim> p = MakeAtFullTeam(make);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.misses;
   // oneDNN builds static state lazily with its first primitive of a kind; queued work must

@@ -55,6 +55,7 @@ struct Prim {
   dnnl::primitive prim;
   std::vector<std::pair<int, memory::desc>> args;
   memory::desc scratchpad, workspace; // zero-sized when unused
+  std::string impl;                   // oneDNN's implementation, for errors (e.g. "jit_1x1:avx512_core")
   std::shared_ptr<Prim> forward;      // max-pool gradient: the pass that fills the workspace
   /// Per argument (or empty): where the primitive takes the argument in another layout than the
   /// caller's (the channels-last convolutions), the reorder between the two, run into a
@@ -72,6 +73,7 @@ std::shared_ptr<Prim> MakePrim(const PD& pd, std::vector<std::pair<int, memory::
   p->args = std::move(args);
   p->scratchpad = pd.scratchpad_desc();
   p->workspace = pd.workspace_desc();
+  p->impl = pd.impl_info_str();
   return p;
 }
 

@@ -71,6 +71,40 @@ TEST_CASE("nn: conv2d LeNet shape (8,1,28,28) * (20,1,3,3) matches naive loops")
   CHECK(MaxError(y.ToVector<float>(), ref, 1e-4, 1e-5) <= 1.0);
 }
 
+// oneDNN 2.6's weight gradient of a strided 1x1 convolution wrote past its scratchpad with more
+// than 8 threads (heap corruption on a 16-core machine); kiln computes it over the subsampled
+// input instead, and guards every scratchpad. CTest runs this case again with
+// KILN_NUM_THREADS=16 ("threads16: "), where it failed before either fix.
+TEST_CASE("nn: strided 1x1 convolution gradients on many threads match the plain loops") {
+  auto view = [](std::vector<float>& v, Shape s) {
+    return TensorView{v.data(), DType::kFloat32, s, s.ContiguousStrides()};
+  };
+  struct Case {
+    Shape x;
+    int64_t o, stride_h, stride_w, groups;
+  };
+  for (const Case& c : {Case{{8, 4, 28, 28}, 8, 2, 2, 1}, Case{{10, 3, 28, 28}, 30, 2, 2, 1},
+                        Case{{20, 11, 24, 24}, 21, 2, 2, 1}, Case{{2, 4, 9, 7}, 6, 3, 2, 2},
+                        Case{{32, 4, 28, 28}, 8, 2, 2, 1}, Case{{1, 16, 8, 8}, 16, 2, 1, 1}}) {
+    host::Conv2dParams p;
+    p.stride[0] = c.stride_h, p.stride[1] = c.stride_w, p.groups = c.groups;
+    const Shape ws{c.o, c.x[1] / c.groups, 1, 1};
+    const Shape ys{c.x[0], c.o, (c.x[2] - 1) / c.stride_h + 1, (c.x[3] - 1) / c.stride_w + 1};
+    std::vector<float> x = Random(c.x.numel(), 11), dy = Random(ys.numel(), 12), w = Random(ws.numel(), 13);
+    INFO("x " << c.x.str() << " -> " << c.o << " channels, stride " << c.stride_h << "x" << c.stride_w);
+    for (int pass = 0; pass < 3; ++pass) {  // the primitive again, from the cache
+      std::vector<float> fast(ws.numel(), 7.f), slow(ws.numel(), -7.f);
+      host::Conv2dGradWeight(view(dy, ys), view(x, c.x), view(fast, ws), p);
+      host::reference::Conv2dGradWeight(view(dy, ys), view(x, c.x), view(slow, ws), p);
+      CHECK(MaxError(fast, std::vector<double>(slow.begin(), slow.end()), 1e-4, 1e-5) <= 1.0);
+      std::vector<float> dx_fast(c.x.numel(), 7.f), dx_slow(c.x.numel(), -7.f);
+      host::Conv2dGradData(view(dy, ys), view(w, ws), view(dx_fast, c.x), p);
+      host::reference::Conv2dGradData(view(dy, ys), view(w, ws), view(dx_slow, c.x), p);
+      CHECK(MaxError(dx_fast, std::vector<double>(dx_slow.begin(), dx_slow.end()), 1e-4, 1e-5) <= 1.0);
+    }
+  }
+}
+
 // The oneDNN path (float32) against the plain loops (the same kernels' reference) on geometries
 // with strides, padding, dilation, groups, broadcast batch dims and transposes.
 TEST_CASE("nn: every oneDNN kernel agrees with the plain-loop kernel") {
