@@ -110,9 +110,9 @@ struct GraphCache {
   std::vector<Entry> entries;  // the most recently used last
   int64_t calls = 0, captures = 0, replays = 0;
   std::string off;  // why this plan stopped capturing; "" while it may
-  // The inputs' then the outputs' addresses of the first call; then, from the first capture on,
-  // which of them go through a buffer of the graph's own (their address changed between the
-  // first two calls: an activation, a fresh output; weights keep theirs and are read in place).
+  // The inputs' then the outputs' addresses of the first call; then, from the second call on,
+  // which of them go through a buffer of the graph's own (their address has differed from the
+  // first call's: an activation, a fresh output; weights keep theirs and are read in place).
   std::vector<const void*> first;
   std::vector<void*> staged;  // per input then output: the graph's buffer, or null (read in place)
   bool planned = false;
@@ -172,12 +172,23 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     for (size_t i = 0; i < n; ++i) gc.first.push_back(at(i).data);
     return plain();
   }
-  if (!gc.planned) {  // before the first capture (no capture is running: allocating is allowed)
-    gc.staged.assign(n, nullptr);
-    for (size_t i = 0; i < n; ++i)
-      if (at(i).data != gc.first[i] && Bytes(at(i)) > 0)
-        gc.staged[i] = RawAlloc(device, Bytes(at(i)), "a CUDA graph's buffer");
-    gc.planned = true;
+  // A value whose address differs from the first call's goes through a buffer of the graph's own
+  // (no capture is running: allocating is allowed). Most are staged at the second call (fresh
+  // inputs and outputs); one that kept its address then and moves later (an output that the
+  // allocator handed back twice, then others) is staged when it first moves, and the graphs read
+  // it in place are dropped: otherwise every new address would cost a capture, and the plan
+  // would stop capturing although its inputs never changed.
+  if (!gc.planned) gc.staged.assign(n, nullptr);
+  bool moved = false;
+  for (size_t i = 0; i < n; ++i)
+    if (!gc.staged[i] && at(i).data != gc.first[i] && Bytes(at(i)) > 0) {
+      gc.staged[i] = RawAlloc(device, Bytes(at(i)), "a CUDA graph's buffer");
+      moved = gc.planned;
+    }
+  gc.planned = true;
+  if (moved) {
+    for (GraphCache::Entry& e : gc.entries) cuda::DestroyGraph(e.exec);  // in flight: freed when done
+    gc.entries.clear();
   }
   std::vector<const void*> key = {arena};
   std::vector<TensorView> views(n);
@@ -202,8 +213,8 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     return;
   }
   if (gc.captures >= kCapturesWithoutReplay && gc.replays < gc.captures) {
-    StopCapturing(p, gc, "the addresses of its weights changed on almost every call (a graph replays the "
-                         "addresses it was captured with)");
+    StopCapturing(p, gc, "its memory arena moved on almost every call (a graph replays the addresses it was "
+                         "captured with)");
     return plain();
   }
   void* exec = nullptr;
