@@ -5,12 +5,10 @@
 // with tests/fuzz/make_corpus.py when a format changes), and bad-* inputs refused.
 #include <doctest/doctest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 
+#include "fuzz_corpus_data.h"
 #include "kiln/frontend/idx.h"
 #include "kiln/ir/serialize.h"
 #include "kiln/ir/text.h"
@@ -22,22 +20,15 @@
 namespace kiln {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-/// Feeds every file of corpus/`reader` to `read` (which returns whether it accepted the bytes).
+/// Feeds every file of corpus/`reader` (embedded at build time) to `read` (which returns whether
+/// it accepted the bytes).
 void Replay(const std::string& reader, const std::function<bool(const std::string&)>& read) {
-  const fs::path dir = fs::path(KILN_FUZZ_CORPUS) / reader;
-  REQUIRE_MESSAGE(fs::is_directory(dir), dir.string() << " is missing");
-  int valid = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string(), bytes = ReadAll(entry.path());
+  int files = 0, valid = 0;
+  for (size_t i = 0; i < testing::kFuzzCorpusCount; ++i) {
+    const testing::CorpusFile& f = testing::kFuzzCorpus[i];
+    if (reader != f.reader) continue;
+    ++files;
+    const std::string name = f.name, bytes(reinterpret_cast<const char*>(f.data), f.size);
     INFO(reader << "/" << name);
     bool accepted = false;
     try {
@@ -53,6 +44,7 @@ void Replay(const std::string& reader, const std::function<bool(const std::strin
     }
     if (name.rfind("bad-", 0) == 0) CHECK(!accepted);
   }
+  REQUIRE_MESSAGE(files > 0, "no corpus/" << reader << " files were embedded (tests/cpp/embed_corpus.cmake)");
   CHECK(valid >= 2);
 }
 

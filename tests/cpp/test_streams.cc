@@ -329,7 +329,7 @@ TEST_CASE("streams: on a CPU, branches whose concurrent memory layout needs much
   ForceConcurrent force;
   kiln::CompileReport big = trace(2048)->compile_report(), small = trace(64)->compile_report();
   REQUIRE(big.plans.size() == 1);
-  CHECK(big.plans[0].streams == 2);
+  CHECK(big.plans[0].streams >= 2);  // as many as the machine's threads allow: 2 here, 4 on 16 cores
   CHECK_FALSE(big.plans[0].concurrent);
   CHECK(big.plans[0].concurrent_extra_bytes > (size_t{16} << 20));
   CHECK(big.str().find("needs") != std::string::npos);
