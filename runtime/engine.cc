@@ -138,6 +138,17 @@ class ThreadedEngine final : public EngineBase {
     WaitForAllGpuWork();
   }
 
+  bool Drain() override {
+    if (tls_on_worker) return false;
+    auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
+    do {
+      drained_.WaitInterruptible(idle);
+      Reap();
+    } while (!idle());
+    WaitForAllGpuWork();
+    return true;
+  }
+
   bool IsNaive() const override { return false; }
 
   EngineStats Stats() const override {  // inline runs count as pushed and completed at once

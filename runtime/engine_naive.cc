@@ -77,6 +77,7 @@ class NaiveEngine final : public EngineBase {
     if (e) Raise(e);
   }
   void WaitForAll() override { RethrowFirstError(); }
+  bool Drain() override { return true; }  // every task ran at its Push
   bool IsNaive() const override { return true; }
 };
 

@@ -8,8 +8,9 @@
 // stream takes it back at once; another stream takes it only once an event recorded on the old
 // stream at the free has completed (queried, never waited for). Freeing never synchronizes.
 // Out of memory: the cache is emptied (waiting for the blocks' events, then freeing them) and
-// the allocation tried once more; then a MemoryError (Python's OutOfMemoryError) with the
-// statistics.
+// the allocation tried once more; then, off the engine's workers, the queued work is waited for
+// (it gives back what the user dropped) and the cache emptied for a last try; then a MemoryError
+// (Python's OutOfMemoryError) with the statistics.
 // CUDA graphs: a graph replays the addresses it was captured with, so a block taken or given back
 // while the calling thread captures (cuda::Capturing) could be handed to other work while the
 // graph still uses it. Allocating then is a DeviceError (the executor discards the capture and
@@ -27,6 +28,7 @@
 
 #include "kiln/runtime/allocator.h"
 #include "kiln/runtime/cuda.h"
+#include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
 #include "kiln/runtime/profiler.h"
@@ -65,15 +67,13 @@ class GpuCachingAllocator final : public Allocator {
       p = cuda::DeviceMalloc(device_, size);
     } catch (const MemoryError&) {  // the device refused
       Count(&AllocatorStats::num_ooms);
-      EmptyCache();  // give the cache back, then try once more
-      try {
-        p = cuda::DeviceMalloc(device_, size);
-      } catch (const MemoryError&) {
+      p = Retry(size);
+      if (!p) {
         Count(&AllocatorStats::num_ooms);
         AllocatorStats s = Stats();
         KILN_THROW(MemoryError) << "out of memory on " << device_.str() << " allocating " << nbytes << " bytes ("
-                                << size << " with rounding) after emptying the cache: " << Describe(s)
-                                << "; free tensors, use smaller batches, or call kiln.empty_cache()";
+                                << size << " with rounding) after waiting for queued work and emptying the cache: "
+                                << Describe(s) << "; free tensors or use smaller batches";
       }
     }
     std::lock_guard<std::mutex> g(mu_);
@@ -132,6 +132,26 @@ class GpuCachingAllocator final : public Allocator {
     gpurt::Event ready;    // recorded on `stream` at the free
     size_t nbytes;         // as requested
   };
+
+  // After the device refused `size` bytes: the cache is given back and the allocation tried again;
+  // then, where this thread may wait (not an engine worker, not capturing), the queued work is
+  // waited for (tensors the user dropped are given back by tasks queued behind the work that
+  // still uses them), the cache given back again and a last try made. nullptr if all refused.
+  void* Retry(size_t size) {
+    EmptyCache();
+    auto attempt = [&]() -> void* {
+      try {
+        return cuda::DeviceMalloc(device_, size);
+      } catch (const MemoryError&) {
+        return nullptr;
+      }
+    };
+    if (void* p = attempt()) return p;
+    if (cuda::Capturing() || !engine::Engine::Get().Drain()) return nullptr;
+    PoolSetAside(static_cast<gpurt::Stream>(cuda::CurrentStream()));
+    EmptyCache();
+    return attempt();
+  }
 
   // Into its size class's pool, with an event recorded on its stream (other streams may take it
   // once that stream's work on it is done). Where the event cannot be recorded (a sticky device

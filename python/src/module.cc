@@ -232,9 +232,11 @@ KILN_PY_BIND(0) {
      "from one, calls launched kernel by kernel, plans that stopped capturing (KILN_CUDA_GRAPHS).");
   m.def("empty_cache", [] {
     pyb::gil_scoped_release nogil;
+    engine::Engine::Get().Drain();  // tensors already dropped are given back by queued tasks
     EmptyAllCaches();
-  }, "Gives the cached free blocks of every pool back to the system: the CPU devices', pinned host memory's "
-     "and the GPUs' (tensors in use are untouched).");
+  }, "Waits for queued work (which gives back the memory of tensors already dropped), then gives the cached "
+     "free blocks of every pool back to the system: the CPU devices', pinned host memory's and the GPUs' "
+     "(tensors in use are untouched).");
   m.def("waitall", [] {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().WaitForAll();

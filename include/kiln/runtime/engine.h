@@ -85,6 +85,11 @@ class Engine {
   /// Blocks until every task pushed so far has finished; rethrows the first error since the
   /// previous call that no WaitForVar raised or a live variable holds (and forgets them all).
   virtual void WaitForAll() = 0;
+  /// Blocks until every task pushed so far has finished (and the GPUs' queued work), leaving
+  /// errors where they are for WaitForVar/WaitForAll to raise; false, without waiting, on a
+  /// worker thread (it would deadlock). An allocator's last resort before out of memory: storage
+  /// the user dropped is given back by tasks queued behind the work that uses it.
+  virtual bool Drain() = 0;
   /// The error stored on `v`, if any (without waiting).
   virtual std::exception_ptr VarError(Var* v) = 0;
 
