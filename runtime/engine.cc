@@ -140,6 +140,7 @@ class ThreadedEngine final : public EngineBase {
 
   bool Drain() override {
     if (tls_on_worker) return false;
+    BlockingRegion region;  // called from an allocation, with the GIL held: a queued task may need it
     auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
     do {
       drained_.WaitInterruptible(idle);
