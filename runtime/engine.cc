@@ -138,15 +138,31 @@ class ThreadedEngine final : public EngineBase {
     WaitForAllGpuWork();
   }
 
+  // Waits, polling, until as many tasks have completed as had been pushed when it started (tasks
+  // pushed since, by this thread or others, are not waited for: a thread that keeps pushing
+  // cannot hold an allocation up for ever), then reaps (storage freed then pushes its frees) and
+  // waits for those the same way. No device synchronization: the GPU allocator waits for each
+  // freed block's event.
   bool Drain() override {
     if (tls_on_worker) return false;
     BlockingRegion region;  // called from an allocation, with the GIL held: a queued task may need it
-    auto idle = [&] { return Pending() == 0 && inline_in_flight_.load() == 0; };
-    do {
-      drained_.WaitInterruptible(idle);
+    InterruptCheck check = GetInterruptCheck();
+    for (int round = 0; round < 2; ++round) {
+      const int64_t target = PushedSoFar();
+      auto last_check = std::chrono::steady_clock::now();
+      for (int spins = 0; CompletedSince(target) < 0; ++spins) {
+        if (spins < 200) {
+          KILN_PAUSE();
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        if (check && std::chrono::steady_clock::now() - last_check >= kInterruptPoll) {
+          check();  // may throw (Ctrl-C): the allocation ends with it
+          last_check = std::chrono::steady_clock::now();
+        }
+      }
       Reap();
-    } while (!idle());
-    WaitForAllGpuWork();
+    }
     return true;
   }
 

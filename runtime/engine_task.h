@@ -262,6 +262,9 @@ class EngineBase : public Engine {
     int64_t c = completed_.load();
     return std::max<int64_t>(0, pushed_.load() - c);
   }
+  /// Completed minus `target`: at least zero once as many tasks have completed as `target` counts.
+  int64_t CompletedSince(int64_t target) const { return completed_.load() - target; }
+  int64_t PushedSoFar() const { return pushed_.load(); }
   int64_t PendingBytes() const {
     int64_t c = completed_bytes_.load();
     return std::max<int64_t>(0, pushed_bytes_.load() - c);

@@ -141,6 +141,13 @@ void StopCapturing(const Plan& p, GraphCache& gc, const std::string& why) {
   gc.off = why;
   for (GraphCache::Entry& e : gc.entries) cuda::DestroyGraph(e.exec);
   gc.entries.clear();
+  bool any = false;
+  for (void* b : gc.staged) any |= b != nullptr;
+  if (any) {  // never used again: the plan runs plainly from now on
+    cuda::SynchronizeWorkerStream();  // replays may still read them
+    for (void*& b : gc.staged)
+      if (b) cuda::DeviceFree(gc.device, b), b = nullptr;
+  }
   ++CudaGraphCounters().refused;
   std::fprintf(stderr, "kiln: CUDA graphs: '%s' launches its kernels one by one from now on: %s\n", p.name.c_str(),
                why.c_str());
@@ -182,7 +189,12 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
   bool moved = false;
   for (size_t i = 0; i < n; ++i)
     if (!gc.staged[i] && at(i).data != gc.first[i] && Bytes(at(i)) > 0) {
-      gc.staged[i] = RawAlloc(device, Bytes(at(i)), "a CUDA graph's buffer");
+      try {
+        gc.staged[i] = RawAlloc(device, Bytes(at(i)), "a CUDA graph's buffer");
+      } catch (const MemoryError& e) {
+        StopCapturing(p, gc, std::string("no device memory for its graph's buffers: ") + e.what());
+        return plain();
+      }
       moved = gc.planned;
     }
   gc.planned = true;
@@ -195,7 +207,7 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
   for (size_t i = 0; i < n; ++i) {
     views[i] = at(i);
     if (gc.staged[i]) views[i].data = gc.staged[i];
-    else key.push_back(at(i).data);
+    else key.push_back(Bytes(at(i)) ? at(i).data : nullptr);  // an empty value's address is never read
   }
   auto replay = [&](void* exec) {
     for (size_t i = 0; i < in.size(); ++i)

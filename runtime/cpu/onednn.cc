@@ -83,8 +83,8 @@ namespace {
 // oneDNN 2.6 (Debian 12's libdnnl) computes the weight gradient of a strided 1x1 convolution,
 // on AVX-512, by first gathering the strided input into per-thread scratchpad buffers; with more
 // than 8 OpenMP threads those buffers run past the end of the scratchpad it asked for (by up to
-// a few KiB, depending on the shape: 8x4x28x28 -> 8 channels, stride 2, 16 threads: 3072 bytes),
-// corrupting the heap. Measured on the primitive alone, the other convolutions (strided 3x3, 1x1
+// several KiB, depending on the shape and the threads: 8x4x28x28 -> 8 channels, stride 2, 16
+// threads: 3-4.7 KiB; 64 threads: up to 8.5 KiB), corrupting the heap. Measured on the primitive alone, the other convolutions (strided 3x3, 1x1
 // stride 1, the data gradient, the forward) stay inside theirs. So the weight gradient of a
 // strided, unpadded 1x1 convolution is computed as that of a stride-1 one over the input
 // subsampled by the strides, which is the same sum: kiln gathers the strided pixels itself.
@@ -99,7 +99,6 @@ bool Conv2dGradWeightSubsampled(const TensorView& dy, const TensorView& x, const
   const Shape& ys = dy.shape;
   TensorView strided = x;  // x's pixels (oh * stride_h, ow * stride_w): the ones a 1x1 kernel reads
   strided.shape = Shape{x.shape[0], x.shape[1], ys[2], ys[3]};
-  strided.strides = x.shape.ContiguousStrides();
   strided.strides[2] *= p.stride[0];
   strided.strides[3] *= p.stride[1];
   TensorView sub = strided;
@@ -125,7 +124,9 @@ bool Conv2dGradWeightSubsampled(const TensorView& dy, const TensorView& x, const
 
 bool Conv2dGradWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
                       const Conv2dParams& p) {
-  if (StridedOneByOne(dw.shape, p) && x.numel() > 0) return Conv2dGradWeightSubsampled(dy, x, dw, p);
+  dt t;
+  if (OneDnnType(dw.dtype, &t) && StridedOneByOne(dw.shape, p) && x.numel() > 0)
+    return Conv2dGradWeightSubsampled(dy, x, dw, p);
   return Conv2dGradWeightPrim(dy, x, dw, p);
 }
 

@@ -86,19 +86,21 @@ class PoolTemp {
 
 // A scratchpad is followed by a guard of kGuardBytes, checked after each call: a primitive that
 // writes past the scratchpad it asked for (oneDNN 2.6's strided 1x1 weight gradient did, with
-// more than 8 threads: see onednn.cc) then raises an error naming it instead of corrupting the
-// heap. Filling and checking 4 KiB costs well under a microsecond; the smallest call is tens.
-constexpr size_t kGuardBytes = 4096;
+// more than 8 threads, by up to 8.5 KiB at 64 threads: see onednn.cc) then raises an error
+// naming it; an overrun within the guard corrupts nothing. Filling and checking 16 KiB costs
+// about a microsecond; calls with a scratchpad take tens at least.
+constexpr size_t kGuardBytes = 16384;
 constexpr unsigned char kGuardByte = 0xA5;
 
 static void CheckGuard(const Prim& p, const unsigned char* guard, size_t scratch_bytes) {
-  size_t first = kGuardBytes;
-  for (size_t i = 0; i < kGuardBytes; ++i)
-    if (guard[i] != kGuardByte) {
-      first = i;
-      break;
-    }
-  if (first == kGuardBytes) return;
+  static const auto* pattern = [] {
+    auto* b = new unsigned char[kGuardBytes];
+    std::memset(b, kGuardByte, kGuardBytes);
+    return b;
+  }();
+  if (std::memcmp(guard, pattern, kGuardBytes) == 0) return;
+  size_t first = 0;
+  while (guard[first] == kGuardByte) ++first;
   size_t last = first;
   for (size_t i = first; i < kGuardBytes; ++i)
     if (guard[i] != kGuardByte) last = i;
@@ -131,7 +133,15 @@ void Run(const Prim& p, void* const* ptrs) {
 void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
   constexpr int64_t kSerialWork = 1 << 18;
   KILN_CHECK(p.reorders.size() <= kMaxArgs) << "a oneDNN primitive with " << p.reorders.size() << " arguments";
-  if (work < kSerialWork) omp_set_num_threads(1);
+  struct Team {  // small calls run on the calling thread alone; the team is restored on any exit
+    bool serial;
+    explicit Team(bool s) : serial(s) {
+      if (serial) omp_set_num_threads(1);
+    }
+    ~Team() {
+      if (serial) omp_set_num_threads(NumThreads());
+    }
+  } team(work < kSerialWork);
   const std::vector<void*>& caller = ptrs;
   std::vector<void*> mine(ptrs); // mine: temporaries where an argument is reordered
   PoolTemp temps[kMaxArgs];
@@ -147,7 +157,6 @@ void Execute(const Prim& p, const std::vector<void*>& ptrs, int64_t work) {
     if (p.reorders[i] && IsOutput(p.args[i].first)) Run(*p.reorders[i], io);
   }
   Stream().wait();
-  if (work < kSerialWork) omp_set_num_threads(NumThreads());
 }
 
 // ---- 2. primitive cache -------------------------------------------------------------------------

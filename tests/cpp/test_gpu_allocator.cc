@@ -121,7 +121,7 @@ TEST_CASE("gpu allocator: out of memory empties the cache and retries, then rais
   CHECK(after.fragmentation() >= 0.0);
   std::string msg = testing::ErrorOf<MemoryError>([&] { a.Allocate(total); });
   CHECK(testing::Contains(msg, "out of memory on gpu("));
-  CHECK(testing::Contains(msg, "after emptying the cache"));
+  CHECK(testing::Contains(msg, "after waiting for queued work and emptying the cache"));
   CHECK(testing::Contains(msg, "in use "));
   CHECK(testing::Contains(msg, "fragmentation"));
   CHECK(a.Stats().num_ooms == after.num_ooms + 2);

@@ -85,10 +85,12 @@ class Engine {
   /// Blocks until every task pushed so far has finished; rethrows the first error since the
   /// previous call that no WaitForVar raised or a live variable holds (and forgets them all).
   virtual void WaitForAll() = 0;
-  /// Blocks until every task pushed so far has finished (and the GPUs' queued work), leaving
-  /// errors where they are for WaitForVar/WaitForAll to raise; false, without waiting, on a
-  /// worker thread (it would deadlock). An allocator's last resort before out of memory: storage
-  /// the user dropped is given back by tasks queued behind the work that uses it.
+  /// Blocks until as many tasks have completed as had been pushed when it was called (then once
+  /// more for the frees that reaping pushes), leaving errors where they are for WaitForVar and
+  /// WaitForAll to raise, and without synchronizing devices; false, without waiting, on a worker
+  /// thread (it would deadlock). An allocator's last resort before out of memory: storage the
+  /// user dropped is given back by tasks queued behind the work that uses it. The interrupt
+  /// check (Ctrl-C) may end it with an exception.
   virtual bool Drain() = 0;
   /// The error stored on `v`, if any (without waiting).
   virtual std::exception_ptr VarError(Var* v) = 0;
