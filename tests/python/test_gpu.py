@@ -6,13 +6,14 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import gpu_env, skip_if_short_of_gpus
+
 
 def run_sim(code, mem=None):
-    env = dict(os.environ, KILN_GPU_SIM="2")
-    if mem:
-        env["KILN_GPU_SIM_MEM"] = mem
+    env = gpu_env(code, sim_mem=mem)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                        timeout=300)
+    skip_if_short_of_gpus(r)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -120,7 +121,7 @@ def test_bad_simulator_switches_are_errors_that_say_what_to_set():
 
 
 def test_naive_engine_on_simulated_gpus():
-    env = dict(os.environ, KILN_GPU_SIM="2", KILN_ENGINE="naive")
+    env = gpu_env(KILN_ENGINE="naive")
     code = textwrap.dedent("""
         import numpy as np, kiln
         from kiln import nd
@@ -129,6 +130,7 @@ def test_naive_engine_on_simulated_gpus():
         np.testing.assert_array_equal(a.as_in_context(kiln.gpu(0)).asnumpy(), x)
     """)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    skip_if_short_of_gpus(r)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -4,16 +4,18 @@ creation functions with ctx=, copyto / as_in_context, in-place slice assignment 
 hand-written allreduce of the from-scratch chapter and the concise Trainer version. Each test runs
 its snippet in a fresh interpreter (the GPU platform is chosen once per process), so these run,
 never skip, on machines without a GPU. The CPU side is in test_gluon_compat.py."""
-import os
 import subprocess
 import sys
 import textwrap
 
+from conftest import gpu_env, skip_if_short_of_gpus
+
 
 def run_sim(code):
-    env = dict(os.environ, KILN_GPU_SIM="2")
+    env = gpu_env(code)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
                        text=True, timeout=300)
+    skip_if_short_of_gpus(r)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok" in r.stdout, r.stdout
     return r.stdout

@@ -2,16 +2,18 @@
 (KILN_GPU_SIM=2), each test in a fresh interpreter (the GPU platform is chosen once per process),
 against NumPy: transposes, batches with NumPy broadcasting, device 1, the engine's stream order,
 and float64, float16 and bfloat16 (tests/cpp/test_gpu_gemm_epilogue.cc compares them with the CPU)."""
-import os
 import subprocess
 import sys
 import textwrap
 
+from conftest import gpu_env, skip_if_short_of_gpus
+
 
 def run_sim(code, extra_env=None):
-    env = dict(os.environ, KILN_GPU_SIM="2", **(extra_env or {}))
+    env = gpu_env(code, **(extra_env or {}))
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                        timeout=300)
+    skip_if_short_of_gpus(r)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 

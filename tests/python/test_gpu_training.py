@@ -112,9 +112,11 @@ print(kiln.cuda_graph_stats())
     out = run_sim(code)
     s = eval(out.strip().splitlines()[-1])
     assert s["captures"] == 1 and s["replays"] == 2, s  # the inference plan only
-    import os, subprocess, sys
-    env = dict(os.environ, KILN_GPU_SIM="2", KILN_CUDA_GRAPHS="0")
+    import subprocess, sys
+    from conftest import gpu_env, skip_if_short_of_gpus
+    env = gpu_env(code, KILN_CUDA_GRAPHS="0")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    skip_if_short_of_gpus(r)
     assert r.returncode == 0, r.stderr
     s = eval(r.stdout.strip().splitlines()[-1])
     assert s["captures"] == 0 and s["replays"] == 0 and s["plain_runs"] == 8, s  # every call runs compiled
