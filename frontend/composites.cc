@@ -26,13 +26,20 @@ Tensor global_avg_pool2d(const Tensor& x) {
   return mean(x, {2, 3}, true);
 }
 
+// x minus its max along `axis` (without a gradient), for exp not to overflow. A zero-length axis
+// has no max (and nothing to overflow): x itself, so the result is empty, as NumPy and PyTorch.
+static Tensor ShiftedByMax(const Tensor& x, int64_t axis, const char* op) {
+  if (x.rank() > 0 && x.shape()[NormalizeAxis(axis, x.rank(), op)] == 0) return x;
+  return subtract(x, stop_gradient(max(x, {axis}, true)));
+}
+
 Tensor log_softmax(const Tensor& x, int64_t axis) {
-  Tensor shifted = subtract(x, stop_gradient(max(x, {axis}, true)));
+  Tensor shifted = ShiftedByMax(x, axis, "log_softmax");
   return subtract(shifted, log(sum(exp(shifted), {axis}, true)));
 }
 
 Tensor softmax(const Tensor& x, int64_t axis) {
-  Tensor e = exp(subtract(x, stop_gradient(max(x, {axis}, true))));
+  Tensor e = exp(ShiftedByMax(x, axis, "softmax"));
   return divide(e, sum(e, {axis}, true));
 }
 

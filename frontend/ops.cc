@@ -146,7 +146,11 @@ Tensor expand_dims(const Tensor& x, int64_t axis) { return Call1(op::kExpandDims
 Tensor squeeze(const Tensor& x, const Axes& axes) { return Call1(op::kSqueeze, {x}, {{"axes", axes}}); }
 Tensor flatten(const Tensor& x) {
   if (x.rank() == 0) return reshape(x, {1, 1});
-  return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
+  // (N, -1): the -1 keeps an exported graph re-shapeable. An empty batch (N == 0) has no
+  // elements to infer the -1 from: its width is the product of the trailing dimensions.
+  int64_t width = 1;
+  for (int i = 1; i < x.rank(); ++i) width *= x.shape()[i];
+  return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? width : -1});
 }
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
   return Invoke(op::kConcat, xs, {{"axis", axis}})[0];

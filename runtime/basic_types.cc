@@ -41,6 +41,13 @@ DType ParseDType(std::string_view name) {
   if (name == "double") return DType::kFloat64;
   if (name == "half") return DType::kFloat16;
   if (name == "int" || name == "long") return DType::kInt64;
+  // NumPy's and MXNet's integer types that kiln does not have: say what to use instead. (A dtype is
+  // a kernel in every op table, on every device: kiln keeps to these eight.)
+  if (name == "int8" || name == "int16" || name == "uint16" || name == "uint32" || name == "uint64")
+    KILN_THROW(DTypeError) << "unknown dtype '" << name << "': kiln has no " << name
+                           << "; its dtypes are float32, float64, float16, bfloat16, int32, int64, uint8, bool. "
+                           << "Use int32 (or int64) for signed integers, uint8 for bytes (0..255), float16 or "
+                              "bfloat16 for compact floats; convert NumPy data first, e.g. a.astype('int32')";
   KILN_THROW(DTypeError) << "unknown dtype '" << name
                          << "': expected one of float32, float64, float16, bfloat16, int32, "
                             "int64, uint8, bool";

@@ -240,6 +240,62 @@ bool Admit() {
   return false;
 }
 
+// The aggregate statistics of events the trace has forgotten (ClearTrace: a dump that finished),
+// kept until Clear(), as MXNet keeps its aggregate statistics until dumps(reset=True).
+struct Stat {
+  int64_t count = 0;
+  double total = 0, min = 0, max = 0;
+  void Add(double v) {
+    min = count ? std::min(min, v) : v, max = count ? std::max(max, v) : v;
+    total += v, ++count;
+  }
+  void Merge(const Stat& o) {
+    if (!o.count) return;
+    min = count ? std::min(min, o.min) : o.min, max = count ? std::max(max, o.max) : o.max;
+    total += o.total, count += o.count;
+  }
+};
+using StatTable = std::map<std::string, std::map<std::string, Stat>>; // category -> name -> stat
+
+void AddToStats(StatTable& t, const Event& e) {
+  if (e.ph == 'X')
+    t[CategoryName(e.cat)][e.name].Add(static_cast<double>(e.dur) / 1e6);
+  else
+    t["Device Storage"][e.name].Add(e.args.value[0] / 1e3);
+}
+
+struct CarriedStats {
+  std::mutex mu;
+  StatTable table;
+};
+CarriedStats& Carried() {
+  static CarriedStats* c = new CarriedStats(); // leaked, as the registry
+  return *c;
+}
+
+// Forgets every lane's events; with `keep_stats`, their statistics are carried over first.
+void DropEvents(bool keep_stats) {
+  ResolveGpu(); // destroys the pending spans' events
+  Registry& r = R();
+  StatTable folded;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    for (auto& lane : r.lanes) {
+      std::lock_guard<std::mutex> g2(lane->mu);
+      if (keep_stats)
+        for (const Event& e : lane->events) AddToStats(folded, e);
+      lane->events.clear();
+    }
+  }
+  g_kept.store(0, std::memory_order_relaxed);
+  g_dropped.store(0, std::memory_order_relaxed);
+  CarriedStats& c = Carried();
+  std::lock_guard<std::mutex> g(c.mu);
+  if (!keep_stats) c.table.clear();
+  for (const auto& [cat, names] : folded)
+    for (const auto& [name, stat] : names) c.table[cat][name].Merge(stat);
+}
+
 } // namespace
 
 void Complete(Category c, std::string_view name, int64_t start_ns, int64_t end_ns, const Args& args) {
@@ -281,17 +337,8 @@ void SetRecording(uint32_t mask) {
 }
 uint32_t Recording() { return detail::g_recording.load(std::memory_order_relaxed); }
 
-void Clear() {
-  ResolveGpu(); // destroys the pending spans' events
-  Registry& r = R();
-  std::lock_guard<std::mutex> g(r.mu);
-  for (auto& lane : r.lanes) {
-    std::lock_guard<std::mutex> g2(lane->mu);
-    lane->events.clear();
-  }
-  g_kept.store(0, std::memory_order_relaxed);
-  g_dropped.store(0, std::memory_order_relaxed);
-}
+void Clear() { DropEvents(/*keep_stats=*/false); }
+void ClearTrace() { DropEvents(/*keep_stats=*/true); }
 
 int64_t EventCount() {
   int64_t n = 0;
@@ -348,22 +395,15 @@ void WriteTrace(const std::string& path) {
 }
 
 std::string AggregateTable() {
-  struct Stat {
-    int64_t count = 0;
-    double total = 0, min = 0, max = 0;
-    void Add(double v) {
-      min = count ? std::min(min, v) : v, max = count ? std::max(max, v) : v;
-      total += v, ++count;
-    }
-  };
-  std::map<std::string, std::map<std::string, Stat>> by_cat; // category -> name -> stat
+  StatTable by_cat;
   for (const auto& l : Take().lanes)
-    for (const Event& e : l.events) {
-      if (e.ph == 'X')
-        by_cat[CategoryName(e.cat)][e.name].Add(static_cast<double>(e.dur) / 1e6);
-      else
-        by_cat["Device Storage"][e.name].Add(e.args.value[0] / 1e3);
-    }
+    for (const Event& e : l.events) AddToStats(by_cat, e);
+  {
+    CarriedStats& c = Carried();
+    std::lock_guard<std::mutex> g(c.mu);
+    for (const auto& [cat, names] : c.table)
+      for (const auto& [name, stat] : names) by_cat[cat][name].Merge(stat);
+  }
   std::ostringstream o;
   o << "Profile Statistics:\n\tNote the difference in units for different entries.\n";
   char line[256];

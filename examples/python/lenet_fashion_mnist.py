@@ -142,7 +142,8 @@ def main():
 
     # 5. Curves.
     if args.plot:
-        paths = plot_curves(history, args.plot, title=f"LeNet on Fashion-MNIST ({devices[0]})")
+        where = ", ".join(str(d) for d in devices)  # every device the batches were split over
+        paths = plot_curves(history, args.plot, title=f"LeNet on Fashion-MNIST ({where})")
         if not args.json:
             print("saved " + " and ".join(paths), file=out)
 

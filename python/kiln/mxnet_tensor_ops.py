@@ -10,6 +10,7 @@ and exports as they do. `_op` also lets kiln.sym compose these with Symbols pass
 import builtins as _b
 import functools as _functools
 import inspect as _inspect
+import operator as _operator
 
 from . import _C
 from ._C import ArgumentError, ShapeError
@@ -83,6 +84,18 @@ def _axis(op, axis, ndim, name="axis"):
         raise ArgumentError(f"{op}: {name}={axis} is out of range for an array of {ndim} dimension(s); "
                             f"use a value in [{-ndim}, {ndim})")
     return axis % _b.max(ndim, 1)
+
+
+def _count(op, value, name):
+    """`value` as a non-negative int (a repeat count: 0 gives an empty axis, as in NumPy)."""
+    try:
+        n = None if isinstance(value, bool) else _operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < 0:
+        raise ArgumentError(f"{op}: expected {name} to be a non-negative integer (0 gives an empty axis), "
+                            f"found {value!r}")
+    return n
 
 
 def _axes(op, axis, ndim, exclude=False):
@@ -502,17 +515,23 @@ SwapAxis = swapaxes
 
 @_op
 def tile(data, reps):
-    """data repeated `reps` times per axis (broadcast on a new axis before each, then merged)."""
-    reps = tuple(reps)
+    """data repeated `reps` times per axis (broadcast on a new axis before each, then merged), as
+    numpy.tile: a zero repeat or a zero-size input gives the empty result."""
+    try:
+        reps = (reps,) if _b.hasattr(reps, "__index__") else tuple(reps)
+    except TypeError:
+        raise ArgumentError(f"tile: reps must be an int or a tuple of ints, got {reps!r}") from None
+    reps = tuple(_count("tile", r, "reps") for r in reps)
     nd_ = _b.max(len(reps), data.ndim)
     reps = (1,) * (nd_ - len(reps)) + reps
-    x = data.reshape((1,) * (nd_ - data.ndim) + tuple(data.shape))
+    # _reshape takes the sizes as they are (a 0 is a size, not MXNet's "copy this dimension").
+    x = data._reshape((1,) * (nd_ - data.ndim) + tuple(data.shape))
     inter, target = [], []
     for r, d in zip(reps, x.shape):
         inter += [1, d]
         target += [r, d]
-    y = _C.broadcast_to(x.reshape(tuple(inter)), tuple(target))
-    return y.reshape(tuple(r * d for r, d in zip(reps, x.shape)))
+    y = _C.broadcast_to(x._reshape(tuple(inter)), tuple(target))
+    return y._reshape(tuple(r * d for r, d in zip(reps, x.shape)))
 
 
 @_op
@@ -522,15 +541,15 @@ def Cast(data, dtype):
 
 @_op
 def repeat(data, repeats, axis=None):
-    """Each element repeated `repeats` times along `axis` (of the flattened data when None)."""
+    """Each element repeated `repeats` times along `axis` (of the flattened data when None), as
+    numpy.repeat: repeats=0 gives an empty axis."""
+    repeats = _count("repeat", repeats, "repeats")
     if axis is None:
-        data, axis = data.reshape((-1,)), 0
+        data, axis = data._reshape((data.size,)), 0
     ax = _axis("repeat", axis, data.ndim)
-    if repeats < 1:
-        raise ArgumentError(f"repeat: repeats must be a positive int, got {repeats!r}")
     shape = tuple(data.shape)
     y = _C.broadcast_to(_C.expand_dims(data, ax + 1), shape[:ax + 1] + (repeats,) + shape[ax + 1:])
-    return y.reshape(shape[:ax] + (shape[ax] * repeats,) + shape[ax + 1:])
+    return y._reshape(shape[:ax] + (shape[ax] * repeats,) + shape[ax + 1:])
 
 
 @_op
@@ -595,7 +614,7 @@ def _binary(name, fn, same_shape=False, as_float=False):
 
 
 _BINARY = {"add": _C.add, "sub": _C.subtract, "mul": _C.multiply, "div": _C.divide, "power": _C.power,
-           "maximum": _C.maximum, "minimum": _C.minimum}
+           "maximum": _C.maximum, "minimum": _C.minimum, "mod": _C.mod}
 _COMPARE = {"equal": _C.equal, "not_equal": _C.not_equal, "greater": _C.greater,
             "greater_equal": _C.greater_equal, "lesser": _C.less, "lesser_equal": _C.less_equal}
 for _n, _f in _BINARY.items():

@@ -22,6 +22,9 @@ from . import ndarray as _ndarray  # noqa: F401  (methods on NDArray)
 from .context import current_context
 
 dot = matmul
+# a // b and a % b with NumPy's semantics (the remainder takes the divisor's sign); MXNet's names too.
+floor_divide, mod = _C.floor_divide, _C.mod
+remainder = modulo = mod
 
 
 def _placement(fn, args, dtype=None, device=None, ctx=None):

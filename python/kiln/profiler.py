@@ -121,18 +121,27 @@ def resume():
 def dump(finished=True):
     """Writes every event recorded so far to set_config's filename (atomically: a temporary file,
     then rename). Work still queued is recorded when it has run: call kiln.waitall() first.
-    finished=True also stops the profiler and forgets the events (as MXNet's last dump)."""
+    finished=True also stops the profiler and forgets the events (as MXNet's last dump): the next
+    dump's trace starts afresh. Their aggregate statistics stay: dumps() reports them until
+    dumps(reset=True), as MXNet's."""
     _P.write_trace(_config["filename"])
     if finished:
         set_state("stop")
-        _P.clear()
+        # With aggregate statistics on, the events' statistics are kept for dumps() (folding them
+        # costs a pass over the events; without, there is no dumps() to keep them for).
+        if _config["aggregate_stats"]:
+            _P.clear_trace()
+        else:
+            _P.clear()
 
 
 def dumps(reset=False):
     """The aggregate statistics as a table, one section per kind (operator, symbolic, compile,
     collective, gpu, Device Storage) and one row per name: count, total, min, max and mean time
-    in milliseconds (kilobytes in use for memory), as MXNet prints them. reset=True forgets the
-    events afterwards. Needs set_config(aggregate_stats=True), as in MXNet."""
+    in milliseconds (kilobytes in use for memory), as MXNet prints them: every event since the
+    last reset, those of traces dump(finished=True) wrote included. reset=True forgets the
+    statistics afterwards, and with them the events not yet dumped (kiln keeps one store of events:
+    a later dump()'s trace starts at the reset). Needs set_config(aggregate_stats=True), as in MXNet."""
     if not _config["aggregate_stats"]:
         raise StateError("profiler.dumps: aggregate statistics are off; call "
                          "profiler.set_config(aggregate_stats=True) before profiling")

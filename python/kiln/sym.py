@@ -21,7 +21,9 @@ How it works (kiln is not MXNet's symbolic engine, but answers as it does):
   simple_bind, eval), else var(shape=...), else the shapes last given to this Symbol, else the
   shapes a block that takes the var was last called with (a hybridized block that ran a batch,
   a SymbolBlock's exported shapes). A var whose shape none of these gives is a ShapeError that
-  names it and says what to call. Traces are cached per shapes (the last few).
+  names it and says what to call, except for tojson(): as MXNet's symbol JSON, which holds no
+  shapes, it then gives the recipe (format 'kiln-symbol': vars, parameters, the blocks and ops
+  called). Traces are cached per shapes (the last few).
 - The batch size a graph is traced at does not matter for export: SymbolBlock.imports,
   kiln::load and kiln-run re-shape an exported graph for other input sizes.
 - list_arguments() needs no shapes: the vars in order of first use, then the blocks' parameters
@@ -145,8 +147,9 @@ class Symbol:
 
     # -- shapes and traces ------------------------------------------------------------------------
 
-    def _shapes(self, given, what):
-        """Every var's shape for a trace (see the module's docstring for where each comes from)."""
+    def _shapes(self, given, what, required=True):
+        """Every var's shape for a trace (see the module's docstring for where each comes from);
+        None when some var has none and not `required`."""
         variables = self._vars()
         called = None
         shapes, missing = {}, []
@@ -161,6 +164,8 @@ class Symbol:
                 missing.append(name)
             else:
                 shapes[name] = tuple(shape)
+        if missing and not required:
+            return None
         if missing:
             example = ", ".join(f"{n}=(batch, ...)" for n in missing)
             raise ShapeError(
@@ -212,11 +217,19 @@ class Symbol:
         return []
 
     def tojson(self):
-        """The graph as NAME-symbol.json holds it (see HybridBlock.export)."""
+        """The graph as NAME-symbol.json holds it (see HybridBlock.export) once every var's shape
+        is known (see the module's docstring). Before, as MXNet's symbol JSON, which holds no shapes:
+        the recipe (format 'kiln-symbol'), in MXNet's layout: `nodes` (the vars and parameters as
+        'null' nodes, then each block or op called, with its inputs as [node, output, 0]),
+        `arg_nodes` and `heads`. Its parameters are named as list_arguments() names them; the
+        shapes come later, from infer_shape(), simple_bind() or export, which trace the graph."""
+        if self._var is None and self._shapes({}, "tojson", required=False) is None:
+            return json.dumps(_recipe(self), indent=2)
         return self._graph(what="tojson").tojson()
 
     def save(self, fname):
-        """Writes tojson() to `fname` atomically."""
+        """Writes tojson() to `fname` atomically: the traced graph, which SymbolBlock.imports,
+        kiln::load and kiln-run read, so every var's shape must be known."""
         self._graph(what="save").save(fname)
 
     def _types(self, given, what):
@@ -355,6 +368,70 @@ def _eval(s, env, memo):
     return out
 
 
+def _recipe(s):
+    """The recipe of Symbol `s` as a shape-free document in the layout of MXNet's symbol JSON. A
+    (Hybrid)Sequential called on one Symbol lists its children in order; any other block is one
+    node (its forward is Python that only a trace can look into), with every parameter it reads
+    among its inputs."""
+    names = {id(p): n for n, p in _merged_params(s._blocks()).items()}
+    nodes, arg_nodes, done, counts = [], [], {}, collections.Counter()
+
+    def null(name, what):
+        nodes.append({"op": "null", "name": name, "attrs": {"kind": what}, "inputs": []})
+        arg_nodes.append(len(nodes) - 1)
+        return [len(nodes) - 1, 0, 0]
+
+    params_done = {}
+
+    def param(p):
+        if id(p) not in params_done:
+            params_done[id(p)] = null(names.get(id(p), p.name), "parameter")
+        return params_done[id(p)]
+
+    def node(op, attrs, inputs):
+        counts[op] += 1
+        nodes.append({"op": op, "name": f"{op.lower()}{counts[op] - 1}", "attrs": attrs, "inputs": inputs})
+        return [len(nodes) - 1, 0, 0]
+
+    def call(block, inputs, extra_attrs):
+        sequential = getattr(type(block), "_kiln_sequential_forward", None)
+        if sequential is not None and type(block).forward is sequential and len(inputs) == 1 and block._children:
+            out = inputs
+            for child in block._children.values():
+                out = [call(child, out, {})]
+            return out[0]
+        attrs = dict(extra_attrs)
+        attrs.update({k: repr(v) for k, v in getattr(block, "_kwargs", {}).items()})
+        if hasattr(block, "_children"):  # a Block: what it is, as print(net) shows it
+            attrs["block"] = repr(block)
+        params = [param(p) for p in block.collect_params().values()]
+        return node(type(block).__name__, attrs, inputs + params)
+
+    def visit(x):
+        if id(x) in done:
+            return done[id(x)]
+        if x._var is not None:
+            shape, dtype = x._var
+            out = null(x.name, "data")
+            nodes[out[0]]["attrs"].update({"dtype": dtype, **({"shape": str(tuple(shape))} if shape else {})})
+        elif x._item is not None:
+            parent = visit(x._item[0])
+            out = [parent[0], x._item[1], 0]
+        else:
+            block, args = x._call
+            inputs = [visit(a) for a in args if isinstance(a, Symbol)]
+            attrs = {f"arg{i}": repr(a) for i, a in enumerate(args) if not isinstance(a, Symbol)}
+            out = call(block, inputs, attrs)
+        done[id(x)] = out
+        return out
+
+    head = visit(s)
+    return {"format": "kiln-symbol",
+            "note": "the recipe, without shapes: kiln traces the graph (format 'kiln-graph') once every "
+                    "var's shape is known: infer_shape(data=...), simple_bind, or a call of the block",
+            "nodes": nodes, "arg_nodes": arg_nodes, "heads": [head]}
+
+
 def _merged_params(blocks):
     """The blocks' parameters by name, each once, prefixed by block position when names clash."""
     from .nn.parameter import ParameterDict
@@ -414,7 +491,9 @@ def _op_block(fn, name, kwargs):
             return ParameterDict()
 
     _Op.__name__ = name
-    return _Op()
+    op = _Op()
+    op._kwargs = dict(kwargs)  # for tojson()'s recipe
+    return op
 
 
 def _symbolic(fn, name):
@@ -437,6 +516,8 @@ for _name in dir(_nd):
 
 for _dunder, _fn in {"__add__": _operator.add, "__sub__": _operator.sub, "__mul__": _operator.mul,
                      "__truediv__": _operator.truediv, "__pow__": _operator.pow, "__neg__": _operator.neg,
+                     "__mod__": _operator.mod, "__floordiv__": _operator.floordiv,
                      "__radd__": lambda a, b: b + a, "__rsub__": lambda a, b: b - a,
-                     "__rmul__": lambda a, b: b * a, "__rtruediv__": lambda a, b: b / a}.items():
+                     "__rmul__": lambda a, b: b * a, "__rtruediv__": lambda a, b: b / a,
+                     "__rmod__": lambda a, b: b % a, "__rfloordiv__": lambda a, b: b // a}.items():
     setattr(Symbol, _dunder, _symbolic(_fn, _dunder.strip("_")))

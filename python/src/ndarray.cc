@@ -138,15 +138,45 @@ PyObject* Raise() {
   return nullptr;
 }
 
-enum class Op { kAdd, kSub, kMul, kDiv, kPow, kEq, kNe, kLt, kLe, kGt, kGe };
+enum class Op { kAdd, kSub, kMul, kDiv, kPow, kEq, kNe, kLt, kLe, kGt, kGe, kMod, kFloorDiv };
 
 // True division of integers gives float32 (kiln's default float, as for `int_array * 2.5`);
 // nd::divide itself divides integers as C++ does.
 Tensor ForDivision(const Tensor& t) { return IsFloat(t.dtype()) ? t : t.AsType(DType::kFloat32); }
 
+// `a // b` and `a % b` with NumPy's (and Python's) semantics: the quotient rounds toward minus
+// infinity and the remainder takes the sign of the divisor, so a == (a // b) * b + a % b. Composed
+// of kiln's ops (no kernel of their own), so they differentiate, hybridize and run on every device
+// as those do: floats as floor(a / b) and a - floor(a / b) * b (b == 0 gives inf/nan, as NumPy);
+// integers from C++'s truncating division, one step down where the remainder's sign differs from
+// the divisor's (b == 0 is the integer division's ValueError). bool operands count as int64.
+Tensor Numeric(const Tensor& t) { return t.dtype() == DType::kBool ? t.AsType(DType::kInt64) : t; }
+double Numeric(double v) { return v; }
+bool FloatOperand(const Tensor& t) { return IsFloat(t.dtype()); }
+bool FloatOperand(double) { return false; }  // a float scalar has already made the tensor float
+Tensor SignOf(const Tensor& t) { return nd::sign(t); }
+double SignOf(double v) { return static_cast<double>((v > 0) - (v < 0)); }
+
+template <class A, class B>
+Tensor FloorDivMod(bool want_mod, const A& a_in, const B& b_in) {
+  auto a = Numeric(a_in);
+  auto b = Numeric(b_in);
+  if (FloatOperand(a) || FloatOperand(b)) {
+    Tensor q = nd::stop_gradient(nd::floor(nd::divide(a, b)));  // floor's gradient is zero
+    return want_mod ? nd::subtract(a, nd::multiply(q, b)) : q;
+  }
+  Tensor q = nd::divide(a, b);  // truncated toward zero
+  Tensor r = nd::subtract(a, nd::multiply(q, b));
+  // One step down where the remainder is nonzero and its sign differs from the divisor's.
+  Tensor down = nd::less(nd::multiply(nd::sign(r), SignOf(b)), 0.0).AsType(q.dtype());
+  return want_mod ? nd::add(r, nd::multiply(down, b)) : nd::subtract(q, down);
+}
+
 template <class A, class B>
 Tensor Apply(Op op, const A& a, const B& b) {
   switch (op) {
+    case Op::kMod: return FloorDivMod(true, a, b);
+    case Op::kFloorDiv: return FloorDivMod(false, a, b);
     case Op::kAdd: return nd::add(a, b);
     case Op::kSub: return nd::subtract(a, b);
     case Op::kMul: return nd::multiply(a, b);
@@ -200,7 +230,10 @@ bool IntegerFits(PyObject* o, DType dt, const char* what) {
   return false;
 }
 
-bool IsArithmetic(Op op) { return op == Op::kAdd || op == Op::kSub || op == Op::kMul || op == Op::kPow; }
+bool IsArithmetic(Op op) {
+  return op == Op::kAdd || op == Op::kSub || op == Op::kMul || op == Op::kPow || op == Op::kMod ||
+         op == Op::kFloorDiv;
+}
 
 const char* OpWord(Op op) {
   switch (op) {
@@ -208,6 +241,8 @@ const char* OpWord(Op op) {
     case Op::kSub: return "subtracting it";
     case Op::kMul: return "multiplying by it";
     case Op::kPow: return "raising to it";
+    case Op::kMod: return "taking the remainder by it";
+    case Op::kFloorDiv: return "dividing by it";
     default: return "combining it";
   }
 }
@@ -270,11 +305,26 @@ PyObject* InplaceSlot(Op op, PyObject* l, PyObject* r) {
   PyObject* name(PyObject* l, PyObject* r) { return BinarySlot(op, l, r); } \
   PyObject* name##_inplace(PyObject* l, PyObject* r) { return InplaceSlot(op, l, r); }
 KILN_SLOT(SlotAdd, Op::kAdd) KILN_SLOT(SlotSub, Op::kSub) KILN_SLOT(SlotMul, Op::kMul) KILN_SLOT(SlotDiv, Op::kDiv)
+KILN_SLOT(SlotMod, Op::kMod) KILN_SLOT(SlotFloorDiv, Op::kFloorDiv)
 #undef KILN_SLOT
 
 PyObject* SlotPow(PyObject* l, PyObject* r, PyObject* mod) {
   if (mod != Py_None) Py_RETURN_NOTIMPLEMENTED;
   return BinarySlot(Op::kPow, l, r);
+}
+
+// divmod(a, b): (a // b, a % b).
+PyObject* SlotDivmod(PyObject* l, PyObject* r) {
+  PyObject* q = BinarySlot(Op::kFloorDiv, l, r);
+  if (!q || q == Py_NotImplemented) return q;
+  PyObject* m = BinarySlot(Op::kMod, l, r);
+  if (!m || m == Py_NotImplemented) {
+    Py_DECREF(q);
+    return m;
+  }
+  PyObject* t = PyTuple_Pack(2, q, m);
+  Py_DECREF(q), Py_DECREF(m);
+  return t;
 }
 
 PyObject* SlotCompare(PyObject* l, PyObject* r, int cmp) {
@@ -309,6 +359,8 @@ void InstallOperatorSlots(pyb::class_<Tensor>& cls) {
   n->nb_inplace_add = SlotAdd_inplace, n->nb_inplace_subtract = SlotSub_inplace;
   n->nb_inplace_multiply = SlotMul_inplace, n->nb_inplace_true_divide = SlotDiv_inplace;
   n->nb_power = SlotPow;
+  n->nb_remainder = SlotMod, n->nb_floor_divide = SlotFloorDiv, n->nb_divmod = SlotDivmod;
+  n->nb_inplace_remainder = SlotMod_inplace, n->nb_inplace_floor_divide = SlotFloorDiv_inplace;
   g_ndarray_type->tp_richcompare = SlotCompare;
   PyType_Modified(g_ndarray_type);
 }
@@ -555,6 +607,10 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   method("__mul__", SlotMul, false), method("__rmul__", SlotMul, true), method("__imul__", SlotMul_inplace, false);
   method("__truediv__", SlotDiv, false), method("__rtruediv__", SlotDiv, true);
   method("__itruediv__", SlotDiv_inplace, false);
+  method("__mod__", SlotMod, false), method("__rmod__", SlotMod, true), method("__imod__", SlotMod_inplace, false);
+  method("__floordiv__", SlotFloorDiv, false), method("__rfloordiv__", SlotFloorDiv, true);
+  method("__ifloordiv__", SlotFloorDiv_inplace, false);
+  method("__divmod__", SlotDivmod, false), method("__rdivmod__", SlotDivmod, true);
   cls.def("__pow__", [](pyb::handle a, pyb::handle b) { return Steal(SlotPow(a.ptr(), b.ptr(), Py_None)); },
           pyb::is_operator());
   cls.def("__rpow__", [](pyb::handle a, pyb::handle b) { return Steal(SlotPow(b.ptr(), a.ptr(), Py_None)); },
@@ -628,7 +684,7 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
 #define KILN_X(Id, name, nd_name, domain, doc) +1
   constexpr size_t kNumListed = 0 KILN_UNARY_OPS(KILN_X);
 #undef KILN_X
-  static FastFunction fast_unary[kNumListed + 4], fast_binary[11];  // referenced by the builtins for the process
+  static FastFunction fast_unary[kNumListed + 4], fast_binary[13];  // referenced by the builtins for the process
   size_t n_unary = 0;
 #define KILN_U(name, doc)                                                           \
   m.def(#name, [](const Tensor& x) { return nd::name(x); }, doc);                   \
@@ -646,7 +702,8 @@ engine and return at once; asnumpy(), item() and wait_to_read() wait for the res
   static constexpr std::pair<const char*, Op> kOperatorOps[] = {
       {"add", Op::kAdd}, {"subtract", Op::kSub}, {"multiply", Op::kMul}, {"divide", Op::kDiv},
       {"power", Op::kPow}, {"equal", Op::kEq}, {"not_equal", Op::kNe}, {"less", Op::kLt},
-      {"less_equal", Op::kLe}, {"greater", Op::kGt}, {"greater_equal", Op::kGe}};
+      {"less_equal", Op::kLe}, {"greater", Op::kGt}, {"greater_equal", Op::kGe},
+      {"mod", Op::kMod}, {"floor_divide", Op::kFloorDiv}};
   auto has_operator = [](const char* name) {
     for (const auto& [n, op] : kOperatorOps)
       if (std::strcmp(n, name) == 0) return true;

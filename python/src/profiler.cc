@@ -17,7 +17,9 @@ KILN_PY_BIND(60) {
   p.def("set_recording", &profiler::SetRecording, pyb::arg("mask"),
         "Records the categories in `mask` from now on (0: stop); events so far are kept.");
   p.def("recording", &profiler::Recording, "The categories recorded now (0: off).");
-  p.def("clear", &profiler::Clear, "Forgets the events recorded so far.");
+  p.def("clear", &profiler::Clear, "Forgets the events recorded so far and their aggregate statistics.");
+  p.def("clear_trace", &profiler::ClearTrace,
+        "Forgets the events recorded so far but keeps their aggregate statistics (until clear()).");
   p.def(
       "trace_json",
       [] {

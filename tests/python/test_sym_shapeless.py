@@ -59,8 +59,9 @@ def test_a_never_called_net_answers_names_at_once_and_graphs_once_shapes_are_giv
     net = get_net()  # not hybridized, not called: the parameters' shapes are deferred
     y = net(sym.var("data"))
     assert y.list_arguments() == MLP_ARGS  # no shapes needed
+    assert json.loads(y.tojson())["format"] == "kiln-symbol"  # the recipe, without shapes (issue 28)
     with pytest.raises(kiln.ShapeError, match=r"var 'data' has no shape yet.*y?infer_shape\(data=\(batch, \.\.\.\)\)"):
-        y.tojson()
+        y.save(str(tmp_path / "never-symbol.json"))
     with pytest.raises(kiln.ShapeError, match="var 'data' has no shape yet"):
         y.list_outputs()
     assert y.infer_shape(data=(1, 512))[1] == [(1, 2)]

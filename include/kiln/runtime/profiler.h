@@ -96,8 +96,11 @@ private:
 /// Starts recording the categories in `mask` (kAll by default); 0 stops. Keeps events so far.
 void SetRecording(uint32_t mask);
 uint32_t Recording();
-/// Forgets every event recorded so far (lane names stay).
+/// Forgets every event recorded so far and their aggregate statistics (lane names stay).
 void Clear();
+/// Forgets the trace's events but keeps their aggregate statistics for AggregateTable() until
+/// Clear(): MXNet's dump(finished=True), whose statistics stay until dumps(reset=True).
+void ClearTrace();
 /// The trace as Chrome trace-event JSON (every event so far, lanes named, times in microseconds
 /// since the profiler's epoch).
 std::string TraceJson();
@@ -105,7 +108,8 @@ std::string TraceJson();
 /// when it cannot be written.
 void WriteTrace(const std::string& path);
 /// The aggregate table, per category and name: count, total, min, max, mean (milliseconds for
-/// times, kilobytes for memory), in the layout of MXNet's profiler.dumps().
+/// times, kilobytes for memory), in the layout of MXNet's profiler.dumps(): the events recorded
+/// so far and those ClearTrace() forgot since the last Clear().
 std::string AggregateTable();
 /// Number of events recorded so far (all lanes).
 int64_t EventCount();

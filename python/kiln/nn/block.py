@@ -203,6 +203,28 @@ def _user_frame(tb):
     return frames[-1] if frames else None
 
 
+# How many batch sizes a hybridized block traces quietly for the same inputs on the same devices:
+# a training batch, a data loader's smaller last batch, the same two for evaluation on the test set,
+# and on the training set.
+_QUIET_BATCH_SIZES = 6
+
+
+def _sig_devices(key):
+    """The devices of a signature's array arguments (one graph per device is expected)."""
+    return tuple(a[2] for a in key[2:] if a[0] != "const")
+
+
+def _sig_layout(key):
+    """A signature without its batch dimension (each array's first) and mode: what a data loader
+    keeps fixed from batch to batch."""
+    return tuple(a if a[0] == "const" else (len(a[0]), tuple(a[0][1:]), a[1], a[2]) for a in key[2:])
+
+
+def _sig_batch(key):
+    """The batch dimension of each array argument of a signature (None for a 0-d array or a constant)."""
+    return tuple(a[0][0] if a[0] != "const" and len(a[0]) else None for a in key[2:])
+
+
 class HybridBlock(Block):
     """A Block that may be compiled.
 
@@ -210,11 +232,13 @@ class HybridBlock(Block):
     kiln.sym while tracing and kiln.nd otherwise) runs once on symbolic arrays that carry shape,
     dtype and device but no data, and every op is recorded into a graph. Later calls with the
     same input signature (shapes, dtypes, devices, training mode) run the compiled graph as one
-    engine task, with no Python per op; a new signature traces again. The compiled graphs are kept
-    in a bounded cache (_C.SignatureCache, KILN_GRAPH_CACHE_SIZE, default 64): beyond it the least
-    recently used signature is dropped, and traced again if it comes back. Parameters are graph
-    inputs, so training updates reach the compiled graph, and under autograd.record() gradients
-    flow through it to the parameters as in eager mode.
+    engine task, with no Python per op; a new signature traces again: quietly for another device,
+    mode or batch size (up to a few: a data loader's smaller last batch is normal), with a warning,
+    once, for any other change or for many batch sizes (each costs a compilation). The compiled
+    graphs are kept in a bounded cache (_C.SignatureCache, KILN_GRAPH_CACHE_SIZE, default 64):
+    beyond it the least recently used signature is dropped, and traced again if it comes back.
+    Parameters are graph inputs, so training updates reach the compiled graph, and under
+    autograd.record() gradients flow through it to the parameters as in eager mode.
 
     hybridize(freeze=True) is for inference, as torch.jit.freeze: in calls outside training and
     autograd.record(), the parameters become constants of the compiled graph, and everything
@@ -247,6 +271,7 @@ class HybridBlock(Block):
         self._flags = dict(kwargs)
         self._cache = _SignatureCache()
         self._retrace_reported = self._freeze_reported = False
+        self._batch_sizes = {}
         self._last_trace = self._last_inference_trace = None
         self._last_used_graph = None
         super().hybridize(active, freeze=freeze, **kwargs)
@@ -322,27 +347,50 @@ class HybridBlock(Block):
         if entry is None:
             entry = self._trace(args, frozen)
             self._cache_generation = _parameter._generation  # parameters the trace initialized
-            # One graph per device is expected (data parallelism): only a change on the same
-            # devices is worth a warning.
-            def devices(k):
-                return tuple(a[2] for a in k[2:] if a[0] != "const")
-            same = [k for k in self._cache.keys() if devices(k) == devices(key)]
-            if same and not getattr(self, "_retrace_reported", False):
-                self._retrace_reported = True  # once per block: the reason, not a stream of warnings
-                old = same[0]
-                diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[2:], key[2:])) if o != n]
-                if old[0] != key[0]:
-                    diffs.append(f"training mode {old[0]} -> {key[0]}")
-                if old[1] != key[1]:
-                    diffs.append(f"frozen {old[1]} -> {key[1]}")
-                import warnings
-                warnings.warn(f"{type(self).__name__}: traced again ({len(self._cache) + 1} graphs cached) "
-                              f"because the input signature changed: {'; '.join(diffs)}", stacklevel=3)
+            self._report_retrace(key)
             self._cache[key] = entry
         graph, structure = entry
         self._last_used_graph = graph
         outs = graph([a for a in args if isinstance(a, _NDArray)])
         return outs[0] if structure is None else _unflatten(outs, structure)[0]
+
+    def _report_retrace(self, key):
+        """Warns, once per hybridize(), when the new signature `key` is churn a user should fix.
+        Expected, and traced quietly: one graph per device (data parallelism), training and
+        inference graphs, and a few batch sizes (a data loader's smaller last batch, an evaluation
+        batch size). Warned: a change of anything but the batch dimension (the other dimensions,
+        rank, dtype, a non-array argument), or more than _QUIET_BATCH_SIZES batch sizes for the same
+        inputs on the same devices (each compiles a graph)."""
+        seen = self.__dict__.setdefault("_batch_sizes", {})  # (devices, layout) -> batch sizes traced
+        sizes = seen.setdefault((_sig_devices(key), _sig_layout(key)), set())
+        known_layout = bool(sizes)
+        sizes.add(_sig_batch(key))
+        if getattr(self, "_retrace_reported", False):
+            return
+        same = [k for k in self._cache.keys() if _sig_devices(k) == _sig_devices(key)]
+        if not same and not known_layout:
+            return
+        import warnings
+        if known_layout or any(_sig_layout(k) == _sig_layout(key) for k in same):
+            if len(sizes) <= _QUIET_BATCH_SIZES:
+                return
+            self._retrace_reported = True  # once per block: the reason, not a stream of warnings
+            ordered = sorted(sizes, key=lambda b: tuple(-1 if d is None else d for d in b))
+            shown = ", ".join(str(b[0]) if len(b) == 1 else str(b) for b in ordered)
+            warnings.warn(f"{type(self).__name__}: traced again ({len(self._cache) + 1} graphs cached) for "
+                          f"another batch size: {len(sizes)} batch sizes so far ({shown}), each compiled "
+                          f"separately; keep batches to a few sizes (a DataLoader's last_batch='discard' or "
+                          f"'rollover', or pad the inputs)", stacklevel=4)
+            return
+        self._retrace_reported = True
+        old = next((k for k in same if k[:2] == key[:2]), same[0])
+        diffs = [f"argument {i}: {o} -> {n}" for i, (o, n) in enumerate(zip(old[2:], key[2:])) if o != n]
+        if old[0] != key[0]:
+            diffs.append(f"training mode {old[0]} -> {key[0]}")
+        if old[1] != key[1]:
+            diffs.append(f"frozen {old[1]} -> {key[1]}")
+        warnings.warn(f"{type(self).__name__}: traced again ({len(self._cache) + 1} graphs cached) "
+                      f"because the input signature changed: {'; '.join(diffs)}", stacklevel=4)
 
     def _trace(self, args, frozen=False):
         specs = tuple(_Spec(a.shape, a._dtype_name, a.device) if isinstance(a, _NDArray) else a for a in args)
@@ -470,6 +518,10 @@ class _SequentialMixin:
             if isinstance(x, (tuple, list)):
                 x, args = x[0], tuple(x[1:])
         return x if not args else (x,) + args
+
+    # How kiln.sym (which does not import this module) tells a plain stack, whose children it can
+    # list in order without a trace: type(b).forward is type(b)._kiln_sequential_forward.
+    _kiln_sequential_forward = forward
 
     def __getitem__(self, key):
         blocks = list(self._children.values())
