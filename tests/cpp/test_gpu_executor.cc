@@ -39,24 +39,7 @@ void MakePlan(exec::Plan& p, int64_t n, std::function<void()> extra) {
   p.name = "test plan";
 }
 
-// Runs `p` on gpu(0) as an engine task from x to a fresh output; returns the output.
-Tensor Call(const exec::Plan& p, const Tensor& x) {
-  Tensor y = Tensor::Empty(x.shape(), DType::kFloat32, gpu(0));
-  engine::Var* reads[] = {x.storage()->var()};
-  engine::Var* writes[] = {y.storage()->var()};
-  engine::TaskOptions o;
-  o.device = gpu(0);
-  o.name = "test_plan";
-  engine::Engine::Get().Push(
-      [&p, x, y] {
-        TensorView in[] = {x.View()}, out[] = {y.View()};
-        exec::Run(p, in, out, exec::CallInfo{gpu(0)});
-      },
-      reads, writes, o);
-  return y;
-}
-
-// Runs `p` on gpu(0) from x into y.
+// Runs `p` on gpu(0) as an engine task from x into y.
 void CallInto(const exec::Plan& p, const Tensor& x, const Tensor& y) {
   engine::Var* reads[] = {x.storage()->var()};
   engine::Var* writes[] = {y.storage()->var()};
@@ -69,6 +52,13 @@ void CallInto(const exec::Plan& p, const Tensor& x, const Tensor& y) {
         exec::Run(p, in, out, exec::CallInfo{gpu(0)});
       },
       reads, writes, o);
+}
+
+// Runs `p` from x to a fresh output; returns the output.
+Tensor Call(const exec::Plan& p, const Tensor& x) {
+  Tensor y = Tensor::Empty(x.shape(), DType::kFloat32, gpu(0));
+  CallInto(p, x, y);
+  return y;
 }
 
 }  // namespace
