@@ -17,7 +17,9 @@
 //    bench/python/gpu_lenet_torch.py measures PyTorch on the same kind of data.
 // Every model is first checked on gpu(0) against the CPU at a small size: a few hybridized
 // training steps on one batch from the same initial weights must give the same losses on both
-// devices, and the loss must decrease. On simulated GPUs only that check runs.
+// devices, and the loss must decrease. On simulated GPUs only that check runs. One more step then
+// prints its counters (kiln/runtime/step_counters.h: launches, library calls, graph replays, host
+// syncs, allocations, copies, tasks outside plans), the same on simulated GPUs as on real ones.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +42,7 @@
 #include "kiln/frontend/tracer.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/engine.h"
+#include "kiln/runtime/step_counters.h"
 
 namespace kiln::gpubench {
 namespace {
@@ -269,6 +272,14 @@ void CheckTraining(const char* bench, const std::string& variant, const std::fun
     Batch b = MakeBatch(0, batch, dev);
     losses.emplace_back();
     for (int i = 0; i < steps; ++i) losses.back().push_back(t.Step(b.x, b.y).Item());
+    if (!dev.is_cpu()) {  // what one more step (steady state) does on the GPU, simulated or not
+      const StepCounters before = ReadStepCounters();
+      t.Step(b.x, b.y);
+      const StepCounters step = ReadStepCounters() - before;
+      for (const auto& [counter, value] : step.Named())
+        Emit(bench, "kiln_" + variant + "hybridized_step_b" + std::to_string(batch), counter,
+             static_cast<double>(value), "per step");
+    }
     // The last update is still queued: let it finish before its tensors go (and, on simulated
     // GPUs, before the process may exit with a stream still running it).
     engine::Engine::Get().WaitForAll();

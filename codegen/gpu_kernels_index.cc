@@ -99,20 +99,12 @@ TensorView Shifted(const TensorView& v, int64_t elems) {
   return r;
 }
 
-/// Device memory for one kernel function's intermediate results, from the device's caching
-/// allocator (stream-ordered reuse), returned when the function ends.
-class Scratch {
+/// Device memory for one kernel function's intermediate results (KernelScratch: the running
+/// plan's region, else the device's cache), returned when the function ends.
+class Scratch : public KernelScratch {
  public:
-  Scratch(const Device& d, size_t bytes) : device_(d), bytes_(bytes), p_(GetAllocator(d).Allocate(bytes)) {}
-  ~Scratch() { GetAllocator(device_).Free(p_, bytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  int64_t* i64(size_t at = 0) const { return static_cast<int64_t*>(p_) + at; }
-
- private:
-  Device device_;
-  size_t bytes_;
-  void* p_;
+  using KernelScratch::KernelScratch;
+  int64_t* i64(size_t at = 0) const { return static_cast<int64_t*>(data()) + at; }
 };
 
 /// dst = 0 (contiguous, any dtype: zero bits are 0, 0.0 and false).

@@ -335,3 +335,38 @@ void EmptyAllCaches() {
 }
 
 }  // namespace kiln
+
+// ---- scratch memory of GPU kernels ------------------------------------------------------------
+
+namespace kiln {
+
+namespace {
+thread_local StepScratchRegion* tls_region = nullptr;
+constexpr size_t kScratchAlign = 256;  // cuDNN's and cuBLASLt's alignment for workspaces
+}  // namespace
+
+StepScratchScope::StepScratchScope(StepScratchRegion* r) : prev_(tls_region) { tls_region = r; }
+StepScratchScope::~StepScratchScope() { tls_region = prev_; }
+
+KernelScratch::KernelScratch(const Device& d, size_t bytes) : device_(d), bytes_(bytes), region_(tls_region) {
+  if (region_) {
+    const size_t rounded = (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    region_->demand += rounded;
+    region_->peak = std::max(region_->peak, region_->demand);
+    if (region_->used + rounded <= region_->bytes) {
+      p_ = region_->base + region_->used;
+      region_->used += rounded;
+      taken_ = rounded;
+      return;
+    }
+  }
+  p_ = GetAllocator(d).Allocate(bytes);
+}
+
+KernelScratch::~KernelScratch() {
+  if (region_) region_->demand -= (bytes_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  if (taken_) region_->used -= taken_;
+  else GetAllocator(device_).Free(p_, bytes_);
+}
+
+}  // namespace kiln

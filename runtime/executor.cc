@@ -134,6 +134,11 @@ GraphCounters& CudaGraphCounters() {
   return c;
 }
 
+std::atomic<int64_t>& TopLevelPlanCalls() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
 namespace {
 
 // Stops capturing `p` for `why`, printed once per plan.
@@ -306,7 +311,14 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
     else use_lanes = (trial_call = p.trial.calls.fetch_add(1)) % 2 == 1;
   }
   const Layout& layout = use_lanes ? p.per_lane : p.serial;
-  uint8_t* arena = layout.arena_bytes ? Arena(layout.arena_bytes, call.device) : nullptr;
+  if (tls_depth == 0) TopLevelPlanCalls().fetch_add(1, std::memory_order_relaxed);
+  // A GPU plan run in order on one stream: its steps' scratch at the end of the arena.
+  const bool gpu_serial = !call.device.is_cpu() && !use_lanes;
+  const size_t values_bytes = (layout.arena_bytes + 255) / 256 * 256;
+  const size_t scratch_bytes = gpu_serial ? p.scratch_bytes.load(std::memory_order_acquire) : 0;
+  uint8_t* arena = values_bytes + scratch_bytes ? Arena(values_bytes + scratch_bytes, call.device) : nullptr;
+  StepScratchRegion region;
+  if (gpu_serial) region.base = arena + values_bytes, region.bytes = scratch_bytes;
   struct Depth {  // nested plans take the next arena
     Depth() { ++tls_depth; }
     ~Depth() { --tls_depth; }
@@ -368,6 +380,7 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   };
   if (!call.device.is_cpu()) {
     if (use_lanes) {  // independent branches on streams of their own, ordered by events
+      StepScratchScope none(nullptr);  // steps of different streams: scratch from the device's cache
       ++CudaGraphCounters().plain_runs;
       RunLanes(p.lanes, [&](int k) {
         Scratch sc;
@@ -375,10 +388,17 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
       }, GpuLanes());
       return copy_out();
     }
-    return RunOnGpu(p, call.device, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o) {
+    StepScratchScope scratch(&region);
+    RunOnGpu(p, call.device, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o) {
       vin = i, vout = o;
       serial(), copy_out();
     });
+    // The next call's region holds what the steps wanted (the first call measures it; a capture
+    // only happens from the second call on).
+    size_t had = p.scratch_bytes.load(std::memory_order_relaxed);
+    while (region.peak > had && !p.scratch_bytes.compare_exchange_weak(had, region.peak)) {
+    }
+    return;
   }
   if (trial_call < 0) return (use_lanes ? concurrent() : serial()), copy_out();
   Trial& t = p.trial;

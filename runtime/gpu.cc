@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
 
 namespace kiln::gpurt {
@@ -148,12 +149,134 @@ class NoPlatform final : public Platform {
   }
 };
 
+
+// Every call of the chosen platform, counted (Counters()) and forwarded.
+class CountingPlatform final : public Platform {
+ public:
+  explicit CountingPlatform(Platform* p) : p_(*p) {}
+  const char* Name() const override { return p_.Name(); }
+  int DriverVersion() override { return p_.DriverVersion(); }
+  int DeviceCount() override { return p_.DeviceCount(); }
+  DeviceProperties Properties(int device) override { return p_.Properties(device); }
+  void SetDevice(int device) override { p_.SetDevice(device); }
+  int GetDevice() override { return p_.GetDevice(); }
+  void DeviceSynchronize() override { Sync(), p_.DeviceSynchronize(); }
+  bool CanAccessPeer(int device, int peer) override { return p_.CanAccessPeer(device, peer); }
+  void EnablePeerAccess(int peer) override { p_.EnablePeerAccess(peer); }
+  Stream StreamCreate() override { return p_.StreamCreate(); }
+  void StreamDestroy(Stream s) override { p_.StreamDestroy(s); }
+  void StreamSynchronize(Stream s) override { Sync(), p_.StreamSynchronize(s); }
+  bool StreamQuery(Stream s) override { return p_.StreamQuery(s); }
+  void StreamWaitEvent(Stream s, Event e) override { p_.StreamWaitEvent(s, e); }
+  void LaunchHostFunc(Stream s, void (*fn)(void*), void* data) override { p_.LaunchHostFunc(s, fn, data); }
+  Event EventCreate(bool timing) override { return p_.EventCreate(timing); }
+  void EventDestroy(Event e) override { p_.EventDestroy(e); }
+  void EventRecord(Event e, Stream s) override { p_.EventRecord(e, s); }
+  bool EventQuery(Event e) override { return p_.EventQuery(e); }
+  void EventSynchronize(Event e) override { Sync(), p_.EventSynchronize(e); }
+  float EventElapsedMs(Event start, Event end) override { return p_.EventElapsedMs(start, end); }
+  void* Malloc(size_t nbytes) override { return Add(c_.device_mallocs), p_.Malloc(nbytes); }
+  void Free(void* p) override { p_.Free(p); }
+  void* HostAllocPinned(size_t nbytes) override { return p_.HostAllocPinned(nbytes); }
+  void HostFreePinned(void* p) override { p_.HostFreePinned(p); }
+  bool IsPinnedHost(const void* p) override { return p_.IsPinnedHost(p); }
+  void MemcpyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind, Stream s) override {
+    Add(c_.copies);
+    Add(kind == CopyKind::kHostToDevice ? c_.h2d_bytes : kind == CopyKind::kDeviceToHost ? c_.d2h_bytes : c_.d2d_bytes,
+        static_cast<int64_t>(nbytes));
+    p_.MemcpyAsync(dst, src, nbytes, kind, s);
+  }
+  void MemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t nbytes, Stream s) override {
+    Add(c_.copies), Add(c_.d2d_bytes, static_cast<int64_t>(nbytes));
+    p_.MemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s);
+  }
+  void MemsetAsync(void* dst, int value, size_t nbytes, Stream s) override {
+    Add(c_.memsets), p_.MemsetAsync(dst, value, nbytes, s);
+  }
+  Module ModuleLoad(const ModuleImage& image) override { return p_.ModuleLoad(image); }
+  void ModuleUnload(Module m) override { p_.ModuleUnload(m); }
+  Function ModuleGetFunction(Module m, const std::string& name) override { return p_.ModuleGetFunction(m, name); }
+  void FuncSetMaxDynamicSharedMemory(Function f, size_t bytes) override { p_.FuncSetMaxDynamicSharedMemory(f, bytes); }
+  void LaunchKernel(Function f, Dim3 grid, Dim3 block, size_t dynamic_smem, Stream s, void** args) override {
+    Add(c_.kernel_launches), p_.LaunchKernel(f, grid, block, dynamic_smem, s, args);
+  }
+  void StreamBeginCapture(Stream s) override { p_.StreamBeginCapture(s); }
+  Graph StreamEndCapture(Stream s) override { return p_.StreamEndCapture(s); }
+  bool StreamIsCapturing(Stream s) override { return p_.StreamIsCapturing(s); }
+  GraphExec GraphInstantiate(Graph g) override { return p_.GraphInstantiate(g); }
+  void GraphLaunch(GraphExec g, Stream s) override { Add(c_.graph_launches), p_.GraphLaunch(g, s); }
+  void GraphDestroy(Graph g) override { p_.GraphDestroy(g); }
+  void GraphExecDestroy(GraphExec g) override { p_.GraphExecDestroy(g); }
+  void* LibraryHandle(Library lib, Stream s) override { return p_.LibraryHandle(lib, s); }
+  void Gemm(void* blas, Stream s, const GemmArgs& g) override { Add(c_.library_calls), p_.Gemm(blas, s, g); }
+  void DnnConvolutionForward(void* dnn, Stream s, const ConvForwardArgs& a) override {
+    Add(c_.library_calls), p_.DnnConvolutionForward(dnn, s, a);
+  }
+  void DnnConvolutionBackwardData(void* dnn, Stream s, const ConvBackwardDataArgs& a) override {
+    Add(c_.library_calls), p_.DnnConvolutionBackwardData(dnn, s, a);
+  }
+  void DnnConvolutionBackwardFilter(void* dnn, Stream s, const ConvBackwardFilterArgs& a) override {
+    Add(c_.library_calls), p_.DnnConvolutionBackwardFilter(dnn, s, a);
+  }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvForwardArgs& a) override {
+    return p_.DnnConvolutionWorkspaceSize(dnn, s, a);
+  }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardDataArgs& a) override {
+    return p_.DnnConvolutionWorkspaceSize(dnn, s, a);
+  }
+  size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardFilterArgs& a) override {
+    return p_.DnnConvolutionWorkspaceSize(dnn, s, a);
+  }
+  void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a) override {
+    Add(c_.library_calls), p_.DnnPoolingForward(dnn, s, a);
+  }
+  void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a) override {
+    Add(c_.library_calls), p_.DnnBatchNormForwardTraining(dnn, s, a);
+  }
+  void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a) override {
+    Add(c_.library_calls), p_.DnnBatchNormForwardInference(dnn, s, a);
+  }
+  void DnnPoolingBackward(void* dnn, Stream s, const PoolingBackwardArgs& a) override {
+    Add(c_.library_calls), p_.DnnPoolingBackward(dnn, s, a);
+  }
+  void DnnBatchNormBackward(void* dnn, Stream s, const BatchNormBackwardArgs& a) override {
+    Add(c_.library_calls), p_.DnnBatchNormBackward(dnn, s, a);
+  }
+  void AllReduce(std::span<const Device> devices, const coll::BufferSet& b, coll::ReduceOp op) override {
+    p_.AllReduce(devices, b, op);
+  }
+  void Broadcast(std::span<const Device> devices, const coll::BufferSet& b, int root) override {
+    p_.Broadcast(devices, b, root);
+  }
+  void ReduceScatter(std::span<const Device> devices, DType dt, std::span<const void* const> in, int64_t n,
+                     std::span<void* const> out, coll::ReduceOp op) override {
+    p_.ReduceScatter(devices, dt, in, n, out, op);
+  }
+  void AllGather(std::span<const Device> devices, DType dt, std::span<const void* const> in,
+                 std::span<const int64_t> counts, std::span<void* const> out) override {
+    p_.AllGather(devices, dt, in, counts, out);
+  }
+
+ private:
+  static void Add(std::atomic<int64_t>& c, int64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
+  void Sync() {
+    if (cuda::CurrentStream()) Add(c_.host_syncs);  // an engine worker of a GPU
+  }
+  Platform& p_;
+  PlatformCounters& c_ = Counters();
+};
+
 }  // namespace
 
 Platform* CreateNoPlatform() { return new NoPlatform(); }
 
+PlatformCounters& Counters() {
+  static auto* c = new PlatformCounters();  // process lifetime, as the platform
+  return *c;
+}
+
 Platform& Get() {
-  static Platform* p = Choose();  // process lifetime: streams may still drain at exit
+  static Platform* p = new CountingPlatform(Choose());  // process lifetime: streams may still drain at exit
   return *p;
 }
 

@@ -159,32 +159,15 @@ void Zero(Dnn& d, const TensorView& t) {
   d.p.MemsetAsync(t.data, 0, static_cast<size_t>(t.numel()) * sizeof(float), d.s);
 }
 
-// A block of the device's caching allocator for one kernel's scratch data; freed when the kernel
-// has queued its work (the allocator hands it to another stream only after that work).
-class Scratch {
-public:
-  Scratch(const Device& device, size_t bytes)
-      : a_(GetAllocator(device)), bytes_(bytes), p_(a_.Allocate(bytes)) {}
-  ~Scratch() { a_.Free(p_, bytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* data() const { return static_cast<float*>(p_); }
-
-private:
-  Allocator& a_;
-  size_t bytes_;
-  void* p_;
-};
-
 // ---- convolution ----
 
-// cuDNN's workspace for the convolution call of `a` (Conv*Args): a block of the device's caching
-// allocator of the bytes the platform's chosen algorithm needs (none: no block), set in `a`.
-template <class Args> std::unique_ptr<Scratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
+// cuDNN's workspace for the convolution call of `a` (Conv*Args): scratch memory (the running plan's
+// region, else the device's cache) of the bytes the platform's chosen algorithm needs, set in `a`.
+template <class Args> std::unique_ptr<KernelScratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
   a.workspace = nullptr, a.workspace_bytes = 0;
   const size_t bytes = d.p.DnnConvolutionWorkspaceSize(d.h, d.s, a);
   if (bytes == 0) return nullptr;
-  auto ws = std::make_unique<Scratch>(k.device, bytes);
+  auto ws = std::make_unique<KernelScratch>(k.device, bytes);
   a.workspace = ws->data(), a.workspace_bytes = bytes;
   return ws;
 }
@@ -271,9 +254,9 @@ void GpuMaxPool2dGrad(const KernelArgs& k) {
   gpurt::PoolingBackwardArgs b;
   b.pool = f.pool;
   const int64_t per_sample = dy.shape[1] * dy.shape[2] * dy.shape[3];
-  std::unique_ptr<Scratch> y; // the forward output of one chunk, which cuDNN's backward reads
+  std::unique_ptr<KernelScratch> y; // the forward output of one chunk, which cuDNN's backward reads
   ForChunks(k, {x.shape, dy.shape}, [&](int64_t n0, int64_t n) {
-    if (!y) y = std::make_unique<Scratch>(k.device, static_cast<size_t>(n * per_sample) * sizeof(float));
+    if (!y) y = std::make_unique<KernelScratch>(k.device, static_cast<size_t>(n * per_sample) * sizeof(float));
     f.x = b.x = b.dx = Desc(x.shape, n);
     f.y = b.y = b.dy = Desc(dy.shape, n);
     f.x_data = b.x_data = At(x, n0);

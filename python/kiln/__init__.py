@@ -67,7 +67,39 @@ random = nd.random  # mx.random.seed / uniform / normal, as mx.nd.random
 MXNetError = KilnError  # mx.MXNetError and mx.base.MXNetError
 
 from ._C import cpu_memory_stats  # the CPU pool's statistics, named as gpu_memory_stats's
-__all__ += ["cpu_memory_stats"]
+__all__ += ["cpu_memory_stats", "gpu_step_stats"]
+
+_step_counters_then = None
+
+
+def gpu_step_stats():
+    """What ran since the previous call (the first call: since the process started), after
+    waiting for the queued work: a dict of
+
+    - kernel_launches: kiln's GPU kernels launched one by one (a graph's replay launches none);
+    - library_calls: cuBLASLt and cuDNN calls issued from the host (none in a replay);
+    - graph_replays, graph_captures: CUDA graphs launched and captured;
+    - host_syncs: times kiln's work waited for a GPU (a kernel reading a value back, a copy into
+      host memory); the program's own waits (asnumpy, waitall) are where a step ends, not counted;
+    - allocations: blocks asked of the GPUs' caching allocators; device_mallocs: cudaMalloc calls;
+    - h2d_bytes, d2h_bytes, d2d_bytes, copies, memsets: transfers;
+    - tasks: the engine's tasks on any device; plan_calls: calls of compiled plans that no other
+      plan made; tasks_outside_plans: tasks - plan_calls, the per-op work around the plans;
+    - plain_plan_runs: GPU plan calls that launched kernel by kernel instead of replaying.
+
+    The counters are the same on simulated GPUs (KILN_GPU_SIM=N) as on real ones, so a test can
+    assert a training step's structure without a GPU:
+
+        kiln.gpu_step_stats()             # the start of the step
+        step(X, y)
+        s = kiln.gpu_step_stats()
+        assert s["graph_replays"] == 1 and s["allocations"] == 0
+    """
+    global _step_counters_then
+    now = _C.step_counters()
+    then = _step_counters_then or {k: 0 for k in now}
+    _step_counters_then = now
+    return {k: now[k] - then[k] for k in now}
 
 
 def __getattr__(name):

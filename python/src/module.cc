@@ -14,6 +14,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/executor.h"
+#include "kiln/runtime/step_counters.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::py {
@@ -230,6 +231,17 @@ KILN_PY_BIND(0) {
     return d;
   }, "Counters of the CUDA graphs of compiled graphs on GPUs, process-wide: graphs captured, calls replayed "
      "from one, calls launched kernel by kernel, plans that stopped capturing (KILN_CUDA_GRAPHS).");
+  m.def("step_counters", [] {
+    StepCounters c;
+    {
+      pyb::gil_scoped_release nogil;
+      c = ReadStepCounters();  // waits for the work queued so far: it has run and been counted
+    }
+    pyb::dict d;
+    for (const auto& [name, value] : c.Named()) d[name] = value;
+    return d;
+  }, "Process-wide step counters (kiln/runtime/step_counters.h) once the queued work has run: "
+     "kiln.gpu_step_stats() reports their change over a step.");
   m.def("empty_cache", [] {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().Drain();  // tensors already dropped are given back by queued tasks

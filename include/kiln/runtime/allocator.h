@@ -64,6 +64,47 @@ Allocator* NewGpuCachingAllocator(const Device& d);
 /// graph (cuda::Capturing). A graph captured across such a free replays memory the cache may
 /// hand out again, so the executor discards it.
 int64_t GpuFreesDuringCapture();
+/// The region of a compiled GPU plan's arena its steps take scratch memory from (library
+/// workspaces, recomputed operands): stream-ordered like the arena, so a CUDA graph captured
+/// across the steps allocates nothing. The executor sets it for the calling thread while a plan's
+/// steps run in order on one stream (StepScratchScope); `peak` is the most the steps wanted at
+/// once, served or not, from which the executor sizes the region of the next call.
+struct StepScratchRegion {
+  uint8_t* base = nullptr;
+  size_t bytes = 0;  ///< the region's size (0 on a plan's first call: every request measured)
+  size_t used = 0;   ///< bytes handed out now
+  size_t demand = 0, peak = 0;  ///< bytes asked for now (served or not), and the most at once
+};
+/// Makes `r` the calling thread's region until the scope ends (nullptr: none, as in lanes).
+class StepScratchScope {
+ public:
+  explicit StepScratchScope(StepScratchRegion* r);
+  ~StepScratchScope();
+  StepScratchScope(const StepScratchScope&) = delete;
+  StepScratchScope& operator=(const StepScratchScope&) = delete;
+
+ private:
+  StepScratchRegion* prev_;
+};
+
+/// Device memory for one GPU kernel's scratch data while it queues its work: from the running
+/// plan's region when it has room (released in reverse order of taking, as scopes end), else a
+/// block of the device's caching allocator given back when this ends (stream-ordered reuse).
+class KernelScratch {
+ public:
+  KernelScratch(const Device& d, size_t bytes);
+  ~KernelScratch();
+  KernelScratch(const KernelScratch&) = delete;
+  KernelScratch& operator=(const KernelScratch&) = delete;
+  void* data() const { return p_; }
+
+ private:
+  Device device_;
+  size_t bytes_, taken_ = 0;  // taken_: bytes of the region (rounded), 0 for a cache block
+  StepScratchRegion* region_;
+  void* p_ = nullptr;
+};
+
 /// Page-locked host memory for fast asynchronous GPU copies (plain host memory without CUDA).
 Allocator& GetPinnedAllocator();
 /// A new host caching allocator (std::aligned_alloc) keeping at most `cache_limit_bytes` cached

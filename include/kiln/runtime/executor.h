@@ -84,6 +84,10 @@ struct GraphCounters {
   std::atomic<int64_t> captures{0}, replays{0}, plain_runs{0}, refused{0};
 };
 GraphCounters& CudaGraphCounters();
+/// Calls of compiled plans on any device that no other plan made (a call_graph step inside a
+/// plan is part of its caller's call), process-wide: kiln.gpu_step_stats counts the engine's tasks
+/// that were not one of these.
+std::atomic<int64_t>& TopLevelPlanCalls();
 /// Whether GPU plans may be captured into CUDA graphs: KILN_CUDA_GRAPHS (default 1), changeable
 /// at run time (benchmarks compare both ways in one process).
 std::atomic<bool>& CudaGraphsEnabled();
@@ -110,6 +114,10 @@ struct Plan {
   std::string no_capture;
   mutable std::mutex graphs_mu;
   mutable std::shared_ptr<GraphCache> graphs;  ///< created by the first GPU run
+  /// GPU plans whose steps run in order on one stream: the bytes of scratch (library workspaces)
+  /// their steps wanted at once, measured on the first call; later calls place that region at the
+  /// end of the arena (StepScratchRegion), so a captured graph allocates nothing.
+  mutable std::atomic<size_t> scratch_bytes{0};
 };
 
 /// Runs `p` on the call's inputs and outputs. Steps raise what their launch raises.
@@ -120,7 +128,9 @@ struct Plan {
 /// captures the steps into a CUDA graph and later calls with those addresses replay it (one
 /// launch); a plan keeps a few graphs (the least recently used is dropped). When capturing is
 /// not possible (a step synchronizes or allocates, or the addresses change on every call) the
-/// plan goes back to plain launches, and the reason is printed once.
+/// plan goes back to plain launches, and the reason is printed once. Steps take their scratch
+/// memory (cuDNN's workspaces) from the plan's region of the arena (Plan::scratch_bytes), except
+/// when they run on lanes (streams of their own: the device's cache then).
 void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorView> out, const CallInfo& call,
          Lanes& lanes = CpuLanes());
 

@@ -13,6 +13,7 @@
 // through this file; handles are opaque pointers.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -320,8 +321,28 @@ class Platform {
 };
 
 /// The process's platform: the simulator under KILN_GPU_SIM=N > 0, else CUDA in CUDA builds,
-/// else none. Chosen on first call; lives for the process.
+/// else none. Chosen on first call; lives for the process. Every call through it is counted
+/// (Counters()).
 Platform& Get();
+
+/// What decides a GPU step's speed, counted at the platform's calls (process-wide, every device,
+/// since the process started; the same on CUDA and the simulator): a test or benchmark reads them
+/// before and after a step (kiln.gpu_step_stats). A capture's launches count as launches (the
+/// capture issues them); a graph's replay is one graph launch and no kernel launch.
+struct PlatformCounters {
+  std::atomic<int64_t> kernel_launches{0};  ///< LaunchKernel (kiln's own kernels, fused or not)
+  std::atomic<int64_t> library_calls{0};    ///< cuBLASLt GEMMs and cuDNN calls (not workspace queries)
+  std::atomic<int64_t> graph_launches{0};   ///< CUDA graph replays
+  /// An engine worker (a thread with a GPU stream) waited for the device inside its work: a kernel
+  /// reading a flag back, a copy into host memory. The program's own waits (asnumpy, waitall) are
+  /// not counted: they are where a step ends.
+  std::atomic<int64_t> host_syncs{0};
+  std::atomic<int64_t> device_mallocs{0};   ///< cudaMalloc (the caching allocator's misses, arenas, buffers)
+  std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0}, d2d_bytes{0};  ///< bytes copied, by direction
+  std::atomic<int64_t> copies{0};           ///< copies of any direction (and peer copies)
+  std::atomic<int64_t> memsets{0};
+};
+PlatformCounters& Counters();
 
 /// Makes `device` current on this thread (on platform `p`) for the guard's lifetime.
 class DeviceGuard {
