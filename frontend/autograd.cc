@@ -16,14 +16,20 @@
 // step inside the scope): see WriteIntoLeaf.
 #include "kiln/frontend/autograd.h"
 
+#include <algorithm>
+#include <optional>
+
 #include <unordered_map>
 #include <variant>
 #include <unordered_set>
 
+#include "kiln/frontend/cached_graph.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
 #include "kiln/passes/dce.h"
+#include "kiln/ir/text.h"
+#include "kiln/runtime/env.h"
 
 namespace kiln {
 
@@ -541,9 +547,134 @@ namespace {
 
 // Builds gradient nodes on the heads' tape, evaluates them, and returns the gradients of
 // `xs` (undefined where no path leads to them). Rolls the tape back afterwards.
+// ---- compiled backward -------------------------------------------------------------------------
+// A backward through a hybridized block's training graph (a call_graph_backward node on the tape)
+// runs its gradient nodes as one compiled plan instead of one task each: the loss's gradient ops,
+// the head gradient's ones, and the block's backward graph inlined, so that fusion spans them and
+// on a GPU one CUDA graph replays them all. The gradients of leaves with grad_req "write" are the
+// plan's outputs, written in place. Compiled once per shape of the gradient nodes and cached with
+// the block's training variant; KILN_COMPILED_BACKWARD=0 runs the nodes one by one.
+
+// The training variant's backward graph of every call_graph_backward node among the live gradient
+// nodes; empty when there is none or one has no compiled backward of its own.
+std::unordered_map<const ir::Node*, const ir::Graph*> CompiledBodies(const ir::Graph& g, size_t mark,
+                                                                     const std::vector<bool>& live) {
+  std::unordered_map<const ir::Node*, const ir::Graph*> bodies;
+  for (size_t i = mark; i < g.nodes().size(); ++i) {
+    const ir::Node& n = *g.nodes()[i];
+    if (!live[i] || n.op() != op::kCallGraphBackward) continue;
+    const ir::Graph* body = TrainingBackwardBody(n.attrs().Int("graph_id"));
+    if (!body) return {};
+    bodies.emplace(&n, body);
+  }
+  return bodies;
+}
+
+bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool>& live,
+                         const std::vector<ir::Value*>& grads,
+                         const std::vector<std::pair<ir::Value*, Tensor>>& seeds, Tape& tape,
+                         const std::unordered_map<const ir::Value*, Tensor>& write_into,
+                         std::unordered_map<const ir::Value*, Tensor>& local) {
+  static const bool on = env::GetInt("KILN_COMPILED_BACKWARD") != 0;
+  if (!on) return false;
+  const auto bodies = CompiledBodies(g, mark, live);
+  if (bodies.empty()) return false;
+  // K: the gradient nodes as recorded (its text is the cache key); inputs: the values they read
+  // that no gradient node computes (saved forward values, given head gradients).
+  auto k = std::make_unique<ir::Graph>();
+  ir::ValueMap to_k;
+  std::vector<Tensor> inputs;
+  std::optional<Device> device;
+  std::unordered_map<const ir::Value*, const Tensor*> seed_of;
+  for (const auto& [dv, hg] : seeds) seed_of[dv] = &hg;
+  auto place = [&](const ir::Value* v) -> bool {
+    if (to_k.count(v)) return true;
+    const Tensor* t = nullptr;
+    if (auto s = seed_of.find(v); s != seed_of.end()) {
+      if (!s->second->defined()) {  // ones: a fill in the graph
+        ir::Builder b(*k);
+        to_k[v] = b.Op(op::kFull, {}, {{"shape", v->shape().vec()}, {"value", 1.0}, {"dtype", v->dtype()}});
+        return true;
+      }
+      t = s->second;
+    } else if (auto d = tape.data.find(v); d != tape.data.end()) {
+      t = &d->second;
+    } else if (v->node() && v->node()->inputs().empty()) {  // a constant: made in the graph
+      const size_t id = static_cast<size_t>(v->node()->id());
+      ir::CopyNodes(g, *k, to_k, id, id + 1);
+      return true;
+    } else {
+      return false;  // freed or never saved: the eager path says which
+    }
+    if (!device) device = t->device();
+    if (!(t->device() == *device)) return false;  // heads on several devices: one backward each
+    to_k[v] = k->AddInput("in" + std::to_string(inputs.size()), v->type());
+    inputs.push_back(*t);
+    return true;
+  };
+  for (size_t i = mark; i < g.nodes().size(); ++i) {
+    const ir::Node& n = *g.nodes()[i];
+    if (!live[i] || n.inputs().empty()) continue;
+    for (const ir::Value* v : n.inputs())
+      if (!place(v)) return false;
+    ir::CopyNodes(g, *k, to_k, i, i + 1);
+  }
+  std::vector<ir::Value*> outs;
+  std::vector<const ir::Value*> out_values;  // in g, per output of K
+  for (const ir::Value* gv : grads) {
+    if (!gv || std::find(out_values.begin(), out_values.end(), gv) != out_values.end()) continue;
+    if (!place(gv)) return false;
+    outs.push_back(to_k.at(gv));
+    out_values.push_back(gv);
+  }
+  if (outs.empty() || !device) return false;
+  k->SetOutputs(outs);
+  std::string key = device->str() + "\n" + ir::PrintGraph(*k);
+
+  const ir::Node* first = nullptr;
+  for (size_t i = mark; i < g.nodes().size() && !first; ++i)
+    if (bodies.count(g.nodes()[i].get())) first = g.nodes()[i].get();
+  std::shared_ptr<CachedGraph> cg = CompanionGraph(first->attrs().Int("graph_id"), key, [&] {
+    // The compiled graph: K with each call_graph_backward replaced by its backward graph's nodes.
+    auto c = std::make_unique<ir::Graph>();
+    ir::ValueMap to_c;
+    for (ir::Value* x : k->inputs()) to_c[x] = c->AddInput(x->name(), x->type());
+    for (size_t i = 0; i < k->nodes().size(); ++i) {
+      const ir::Node& n = *k->nodes()[i];
+      if (n.op() != op::kCallGraphBackward) {
+        ir::CopyNodes(*k, *c, to_c, i, i + 1);
+        continue;
+      }
+      const ir::Graph& body = *TrainingBackwardBody(n.attrs().Int("graph_id"));
+      ir::ValueMap inner;
+      for (size_t j = 0; j < body.inputs().size(); ++j) inner[body.inputs()[j]] = to_c.at(n.input(static_cast<int>(j)));
+      ir::CopyNodes(body, *c, inner);
+      for (size_t j = 0; j < n.outputs().size(); ++j) to_c[n.output(static_cast<int>(j))] = inner.at(body.outputs()[j]);
+    }
+    std::vector<ir::Value*> couts;
+    for (ir::Value* o : k->outputs()) couts.push_back(to_c.at(o));
+    c->SetOutputs(couts);
+    const int num_inputs = static_cast<int>(c->inputs().size());
+    return CachedGraph::FromGraph(std::move(c), num_inputs, {}, *device);
+  });
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < out_values.size(); ++j) {
+    const ir::Value* gv = out_values[j];
+    auto w = write_into.find(gv);
+    out.push_back(w != write_into.end() && w->second.device() == *device ? w->second
+                                                                           : Tensor::Empty(gv->shape(), gv->dtype(), *device));
+  }
+  InvokeInto(op::kCallGraph, inputs,
+             {{"graph_id", cg->graph_id()}, {"num_outputs", static_cast<int64_t>(out.size())}}, out);
+  for (size_t j = 0; j < out_values.size(); ++j) local[out_values[j]] = out[j];
+  return true;
+}
+
+// `into`: per x, the tensor its gradient is written into by the node that computes it (a leaf's
+// grad buffer with grad_req "write"), or undefined; such a gradient is returned as that tensor.
 std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_grads,
                                   const std::vector<ir::Value*>& xs, const std::shared_ptr<Tape>& tape,
-                                  bool retain_graph) {
+                                  bool retain_graph, const std::vector<Tensor>& into = {}) {
   PauseScope pause(IsTraining());
   ir::Graph& g = tape->graph;
   ir::Graph::Mark mark = g.GetMark();
@@ -567,9 +698,7 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
         KILN_THROW(ShapeError) << "backward: head gradient of shape " << hg.shape().str()
                                << " does not match the output's shape " << h.shape().str();
       if (hg.dtype() != h.dtype()) hg = hg.AsType(h.dtype());
-    } else {
-      hg = Invoke1("full", {}, {{"shape", h.shape().vec()}, {"value", 1.0}, {"dtype", h.dtype()}}, h.device());
-    }
+    }  // else ones, made by the compiled backward or before the eager one runs
     ir::Value* dv = g.AddInput("head_grad", {h.shape(), h.dtype()});
     dys.push_back(dv);
     seeds.emplace_back(dv, hg);
@@ -641,7 +770,32 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
       if (forward[i] && !shared[i])
         for (ir::Value* v : g.nodes()[i]->outputs()) releasable.insert(v);
   }
-  for (size_t i = mark_nodes; i < g.nodes().size(); ++i) {
+  // The gradient nodes write the leaves' gradients straight into their buffers (no copy, no
+  // temporary to free after): the output of a node that is the gradient of exactly one x with a
+  // buffer, of that buffer's type.
+  std::unordered_map<const ir::Value*, Tensor> write_into;
+  {
+    std::unordered_map<const ir::Value*, int> uses;
+    for (ir::Value* gv : grads)
+      if (gv) ++uses[gv];
+    for (size_t i = 0; i < into.size() && i < grads.size(); ++i) {
+      const ir::Value* gv = grads[i];
+      if (!into[i].defined() || !gv || uses[gv] != 1 || !gv->node() || gv->node()->inputs().empty() ||
+          static_cast<size_t>(gv->node()->id()) < mark_nodes || !(into[i].shape() == gv->shape()) ||
+          into[i].dtype() != gv->dtype() || !into[i].is_contiguous() || into[i].numel() == 0)
+        continue;
+      write_into.emplace(gv, into[i]);
+    }
+  }
+  const bool compiled = RunCompiledBackward(g, mark_nodes, live, grads, seeds, *tape, write_into, local);
+  for (size_t i = 0; i < seeds.size() && !compiled; ++i) {
+    auto& [dv, hg] = seeds[i];
+    if (hg.defined()) continue;
+    const Tensor& h = heads[i];
+    hg = Invoke1("full", {}, {{"shape", h.shape().vec()}, {"value", 1.0}, {"dtype", h.dtype()}}, h.device());
+    local[dv] = hg;
+  }
+  for (size_t i = mark_nodes; i < g.nodes().size() && !compiled; ++i) {
     if (!live[i]) continue;
     const ir::Node& n = *g.nodes()[i];
     if (n.inputs().empty()) continue;  // a constant: made where it is read
@@ -668,7 +822,21 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
     std::vector<Tensor> in;
     for (ir::Value* v : n.inputs())
       in.push_back(deferred(v) ? constant(v, dev.value_or(heads[0].device())) : lookup(v));
-    std::vector<Tensor> out = Invoke(n.op(), in, n.attrs(), std::nullopt);
+    std::vector<Tensor> out;
+    bool into_buffers = false;
+    for (ir::Value* v : n.outputs()) into_buffers |= write_into.count(v) > 0;
+    if (into_buffers) {
+      // Outputs that are no buffer's: fresh tensors of the node's types on its inputs' device.
+      const Device d = dev.value_or(heads[0].device());
+      for (ir::Value* v : n.outputs()) {
+        auto w = write_into.find(v);
+        if (w != write_into.end() && w->second.device() == d) out.push_back(w->second);
+        else out.push_back(Tensor::Empty(v->shape(), v->dtype(), d));
+      }
+      InvokeInto(n.op(), in, n.attrs(), out);
+    } else {
+      out = Invoke(n.op(), in, n.attrs(), std::nullopt);
+    }
     for (size_t k = 0; k < out.size(); ++k) local.emplace(n.output(static_cast<int>(k)), out[k]);
   }
   std::vector<Tensor> result;
@@ -744,7 +912,16 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       xs.push_back(const_cast<ir::Value*>(v));
       leaves.push_back(impl);
     }
-  std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph);
+  std::vector<Tensor> into;  // the buffers the gradient nodes may write directly
+  {
+    std::unordered_set<const TensorImpl*> seen;
+    for (const auto& impl : leaves) {
+      const AutogradMeta& m = *impl->autograd;
+      const bool first = seen.insert(impl.get()).second;
+      into.push_back(first && m.req == GradReq::kWrite && m.grad.defined() ? m.grad : Tensor());
+    }
+  }
+  std::vector<Tensor> grads = Differentiate(heads, head_grads, xs, tape, retain_graph, into);
   PauseScope pause(IsTraining());  // writing the gradient buffers is no part of any record
   // A leaf written in place while recording has two graph inputs (see WriteIntoLeaf): the
   // gradients of the second and later ones are added to the first's.
@@ -763,7 +940,7 @@ void Backward(const std::vector<Tensor>& heads, const std::vector<Tensor>& head_
       continue;
     }
     if (m.req == GradReq::kWrite && !again) {
-      g.CopyTo(m.grad);
+      if (g.impl() != m.grad.impl()) g.CopyTo(m.grad);  // else the gradient node wrote it there
     } else {
       Tensor gs[2] = {m.grad, g};
       Tensor outs[1] = {m.grad};

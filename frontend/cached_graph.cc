@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -42,6 +43,9 @@ struct Entry final : ir::GraphPayload {
   std::map<std::vector<bool>, ir::GraphRef> training;  // owned: freed with this entry
   std::atomic<int64_t> training_id{-1};   // the variant used last, for the report
   std::vector<ir::GraphRef> callees;      // graphs the forward calls (call_graph nodes): kept alive
+  // Compiled graphs made from this one and cached with it (a tape's compiled backward through
+  // this training variant, CompanionGraph): they go when it goes. Guarded by training_mu.
+  std::map<std::string, std::shared_ptr<CachedGraph>> companions;
 };
 
 Entry& EntryOf(const ir::RegisteredGraph& g) { return static_cast<Entry&>(*g.payload()); }
@@ -392,6 +396,30 @@ std::shared_ptr<CachedGraph> CachedGraph::FromTrace(trace::TracedGraph t, bool f
   if (freeze) cg->RegisterFrozen(std::move(t.graph));
   else cg->ref_ = Register(std::move(t.graph), cg->device_);
   return cg;
+}
+
+const ir::Graph* TrainingBackwardBody(int64_t graph_id) {
+  ir::GraphRef g = ir::FindGraph(graph_id);
+  if (!g || g->signature().num_grad_outputs < 0) return nullptr;  // not a training variant
+  const Entry& e = EntryOf(*g);
+  return e.has_backward.load(std::memory_order_acquire) ? e.backward->graph.get() : nullptr;
+}
+
+std::shared_ptr<CachedGraph> CompanionGraph(int64_t graph_id, const std::string& key,
+                                            const std::function<std::shared_ptr<CachedGraph>()>& make) {
+  ir::GraphRef g = ir::FindGraph(graph_id);
+  KILN_CHECK(g) << "no live compiled graph has id " << graph_id;
+  Entry& e = EntryOf(*g);
+  {
+    std::lock_guard<std::mutex> lock(e.training_mu);
+    auto it = e.companions.find(key);
+    if (it != e.companions.end()) return it->second;
+  }
+  std::shared_ptr<CachedGraph> made = make();  // compiles: not under the lock
+  std::lock_guard<std::mutex> lock(e.training_mu);
+  constexpr size_t kMaxCompanions = 8;  // a loop whose loss changes shape every step: the newest
+  if (e.companions.size() >= kMaxCompanions) e.companions.clear();
+  return e.companions.emplace(key, std::move(made)).first->second;
 }
 
 const ir::Graph& RegisteredGraphBody(int64_t graph_id) { return *EntryOf(*ir::FindGraph(graph_id)).forward->graph; }

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,6 +118,17 @@ class CachedGraph {
 /// compiled: what passes::InlineCalls copies in place of a call_graph node. ValueError when no
 /// live graph has that id.
 const ir::Graph& RegisteredGraphBody(int64_t graph_id);
+
+/// The backward graph of training variant `graph_id` as compiled (inputs: the forward inputs, the
+/// saved values, the gradients of the forward's outputs, as call_graph_backward's; outputs: the
+/// gradient of every forward input); null when `graph_id` is no live training variant.
+const ir::Graph* TrainingBackwardBody(int64_t graph_id);
+
+/// The compiled graph cached with the live graph `graph_id` under `key`, made by `make` on a miss;
+/// it lives as long as that graph (at most a few per graph: the oldest go). Autograd caches a
+/// tape's compiled backward with the training variant it runs through.
+std::shared_ptr<CachedGraph> CompanionGraph(int64_t graph_id, const std::string& key,
+                                            const std::function<std::shared_ptr<CachedGraph>()>& make);
 
 /// Compiled graphs alive in the registry (forward graphs and training variants), after freeing
 /// those released while the engine was busy if it is idle now. For tests and leak checks.

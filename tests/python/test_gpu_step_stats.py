@@ -1,0 +1,142 @@
+"""The structure of a hybridized training step on a GPU, counted without one (KILN_GPU_SIM=2):
+kiln.gpu_step_stats() reports the launches, library calls, syncs, allocations, copies, graph
+replays and tasks of a step, the same on simulated GPUs as on real ones. A step of d2l's LeNet and
+of a small ResNet-18 (the d2l loop, Trainer.step) replays its compiled forward and backward as CUDA
+graphs, cuDNN's workspaces included (they come from the plan's arena, so capture never allocates),
+synchronizes with the host nowhere, writes the gradients straight into param.grad (no copy), and
+reaches the parameters of the eager loop. Each test runs in a fresh interpreter (see test_gpu.py)."""
+import os
+
+from test_gpu import run_sim
+
+STEP = """
+import os, sys
+import numpy as np, kiln
+from kiln import nd, nn, autograd
+sys.path.insert(0, %r)
+from multi_device_concise import resnet18
+
+def lenet():  # d2l.ai 7.6
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(6, kernel_size=5, padding=2, activation="sigmoid"), nn.AvgPool2D(pool_size=2, strides=2),
+            nn.Conv2D(16, kernel_size=5, activation="sigmoid"), nn.AvgPool2D(pool_size=2, strides=2),
+            nn.Dense(120, activation="sigmoid"), nn.Dense(84, activation="sigmoid"), nn.Dense(10))
+    return net
+
+def train(make, hybridize, image, steps=6, batch=8, ctx=None):
+    ctx = ctx or kiln.gpu(0)
+    rng = np.random.default_rng(0)
+    X = nd.array(rng.standard_normal((batch, 1, image, image)).astype(np.float32), ctx=ctx)
+    y = nd.array(rng.integers(0, 10, batch).astype(np.float32), ctx=ctx)
+    nd.random.seed(1)
+    net = make()
+    net.initialize(init=kiln.init.Xavier(), ctx=ctx)
+    if hybridize:
+        net.hybridize()
+    loss = kiln.loss.SoftmaxCrossEntropyLoss()
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
+    stats = []
+    for _ in range(steps):
+        kiln.gpu_step_stats()
+        with autograd.record():
+            l = loss(net(X), y)
+        l.backward()
+        trainer.step(batch)
+        stats.append(kiln.gpu_step_stats())
+    params = [p.data().asnumpy() for p in net.collect_params().values()]
+    return params, stats, None
+
+def check(make, image, plans=2):
+    eager, _, _ = train(make, False, image)
+    hybrid, stats, _ = train(make, True, image)
+    for a, b in zip(eager, hybrid):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    for s in stats[3:]:  # steady state: the first step compiles, the next ones capture
+        print(s)
+        # The network's training forward and the backward (the loss's gradients, the network's
+        # backward, the gradients written into param.grad) are two plans, each one graph replay:
+        # no capture refused (cuDNN's workspaces come from the plans' arenas), nothing launched
+        # one by one, no cudaMalloc.
+        assert s["plan_calls"] == 2 and s["graph_replays"] == 2, s
+        assert s["graph_captures"] == 0 and s["plain_plan_runs"] == 0, s
+        assert s["device_mallocs"] == 0, s
+        # The one wait left is the eager loss's check of its labels (one_hot, out-of-range labels
+        # are an error, read back from the GPU).
+        assert s["host_syncs"] <= 1, s
+    return stats[-1]
+    assert kiln.cuda_graph_stats()["refused"] == 0, kiln.cuda_graph_stats()
+"""
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python")
+
+
+def test_lenet_training_step_replays_its_plans_and_runs_the_loss_gradient_in_the_backward_plan():
+    code = STEP % EXAMPLES + """
+s = check(lenet, 28)
+print("tasks", s["tasks_outside_plans"], "launches", s["kernel_launches"])
+print("ok")
+"""
+    compiled = run_sim(code)
+    assert "ok" in compiled
+    # KILN_COMPILED_BACKWARD=0: the loss's gradient ops run one by one around the backward plan.
+    one_by_one = run_sim("import os; os.environ['KILN_COMPILED_BACKWARD'] = '0'\n" + code)
+    count = lambda out: [int(w) for w in out.split("tasks ")[1].split()[::2][:2]]
+    (tasks, launches), (tasks0, launches0) = count(compiled), count(one_by_one)
+    assert tasks + 8 <= tasks0 and launches + 8 <= launches0, (compiled, one_by_one)
+
+
+def test_small_resnet18_training_step_captures_with_cudnn_workspaces_in_the_arena():
+    out = run_sim(STEP % EXAMPLES + """
+check(lambda: resnet18(10, width=4), 16)
+print("ok")
+""")
+    assert "ok" in out
+
+
+def test_gpu_step_stats_counts_a_step_of_eager_ops():
+    out = run_sim("""
+import numpy as np, kiln
+from kiln import nd
+x = nd.array(np.ones((4, 4), np.float32))
+kiln.gpu_step_stats()
+g = x.as_in_context(kiln.gpu(0))        # 64 bytes to the device
+h = (g * 2 + 1).asnumpy()                # kernels, 64 bytes back: the copy waits for the GPU
+s = kiln.gpu_step_stats()
+print(s)
+assert s["h2d_bytes"] >= 64 and s["d2h_bytes"] == 64, s
+assert s["kernel_launches"] >= 1 and s["host_syncs"] >= 1 and s["tasks"] >= 3, s
+assert s["plan_calls"] == 0 and s["tasks_outside_plans"] == s["tasks"], s
+again = kiln.gpu_step_stats()            # nothing ran since
+assert all(v == 0 for v in again.values()), again
+print("ok")
+""")
+    assert "ok" in out
+
+
+def _run_cpu(code, **env):
+    import subprocess
+    import sys
+    import textwrap
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                       env=dict({k: v for k, v in os.environ.items() if not k.startswith("KILN_GPU_SIM")}, **env))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_on_the_cpu_a_hybridized_step_runs_the_backward_as_one_plan_with_no_task_per_parameter():
+    # The CPU has no graphs, but the same counters: 2 plans per step (the network's forward; the
+    # loss's gradients with the network's backward, writing param.grad in place), and around them
+    # only the loss's forward ops, frees and the optimizer's one fused update: no task per
+    # parameter. With KILN_COMPILED_BACKWARD=0 the loss's gradient ops run one by one.
+    code = STEP % EXAMPLES + """
+def counts():
+    _, stats, _ = train(lenet, True, 28, ctx=kiln.cpu())
+    for s in stats[3:]:
+        assert s["plan_calls"] == 2, s
+        assert s["kernel_launches"] == 0 and s["graph_replays"] == 0, s   # no GPU at all
+    return stats[-1]["tasks_outside_plans"]
+print("tasks", counts())
+"""
+    compiled = int(_run_cpu(code).split("tasks ")[1])
+    one_by_one = int(_run_cpu(code, KILN_COMPILED_BACKWARD="0").split("tasks ")[1])
+    assert compiled + 8 <= one_by_one, (compiled, one_by_one)
