@@ -634,7 +634,9 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
   const ir::Node* first = nullptr;
   for (size_t i = mark; i < g.nodes().size() && !first; ++i)
     if (bodies.count(g.nodes()[i].get())) first = g.nodes()[i].get();
-  std::shared_ptr<CachedGraph> cg = CompanionGraph(first->attrs().Int("graph_id"), key, [&] {
+  std::shared_ptr<CachedGraph> cg;
+  try {
+  cg = CompanionGraph(first->attrs().Int("graph_id"), key, [&] {
     // The compiled graph: K with each call_graph_backward replaced by its backward graph's nodes.
     auto c = std::make_unique<ir::Graph>();
     ir::ValueMap to_c;
@@ -657,6 +659,11 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
     const int num_inputs = static_cast<int>(c->inputs().size());
     return CachedGraph::FromGraph(std::move(c), num_inputs, {}, *device);
   });
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error&) {
+    return false;  // not compilable (an op without a kernel in plans): the nodes run one by one
+  }
   std::vector<Tensor> out;
   for (size_t j = 0; j < out_values.size(); ++j) {
     const ir::Value* gv = out_values[j];
@@ -784,7 +791,17 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
           static_cast<size_t>(gv->node()->id()) < mark_nodes || !(into[i].shape() == gv->shape()) ||
           into[i].dtype() != gv->dtype() || !into[i].is_contiguous() || into[i].numel() == 0)
         continue;
-      write_into.emplace(gv, into[i]);
+      // A buffer the gradient nodes also read (a forward that used the gradient itself) is
+      // written after the backward, as before: writing it early would change what they read.
+      bool read = false;
+      for (size_t j = mark_nodes; j < g.nodes().size() && !read; ++j)
+        if (live[j])
+          for (const ir::Value* v : g.nodes()[j]->inputs()) {
+            auto d = tape->data.find(v);
+            if (d != tape->data.end() && d->second.SharesStorage(into[i])) read = true;
+          }
+      for (const auto& [dv, hg] : seeds) read |= hg.defined() && hg.SharesStorage(into[i]);
+      if (!read) write_into.emplace(gv, into[i]);
     }
   }
   const bool compiled = RunCompiledBackward(g, mark_nodes, live, grads, seeds, *tape, write_into, local);

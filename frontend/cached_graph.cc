@@ -45,7 +45,8 @@ struct Entry final : ir::GraphPayload {
   std::vector<ir::GraphRef> callees;      // graphs the forward calls (call_graph nodes): kept alive
   // Compiled graphs made from this one and cached with it (a tape's compiled backward through
   // this training variant, CompanionGraph): they go when it goes. Guarded by training_mu.
-  std::map<std::string, std::shared_ptr<CachedGraph>> companions;
+  std::map<std::string, std::pair<std::shared_ptr<CachedGraph>, uint64_t>> companions;  // graph, last use
+  uint64_t companion_uses = 0;
 };
 
 Entry& EntryOf(const ir::RegisteredGraph& g) { return static_cast<Entry&>(*g.payload()); }
@@ -413,13 +414,21 @@ std::shared_ptr<CachedGraph> CompanionGraph(int64_t graph_id, const std::string&
   {
     std::lock_guard<std::mutex> lock(e.training_mu);
     auto it = e.companions.find(key);
-    if (it != e.companions.end()) return it->second;
+    if (it != e.companions.end()) {
+      it->second.second = ++e.companion_uses;
+      return it->second.first;
+    }
   }
   std::shared_ptr<CachedGraph> made = make();  // compiles: not under the lock
   std::lock_guard<std::mutex> lock(e.training_mu);
-  constexpr size_t kMaxCompanions = 8;  // a loop whose loss changes shape every step: the newest
-  if (e.companions.size() >= kMaxCompanions) e.companions.clear();
-  return e.companions.emplace(key, std::move(made)).first->second;
+  constexpr size_t kMaxCompanions = 8;  // a loop whose loss changes shape every step: the least recently used goes
+  if (e.companions.size() >= kMaxCompanions)
+    e.companions.erase(std::min_element(e.companions.begin(), e.companions.end(), [](const auto& a, const auto& b) {
+      return a.second.second < b.second.second;
+    }));
+  auto& slot = e.companions[key];
+  slot = {std::move(made), ++e.companion_uses};
+  return slot.first;
 }
 
 const ir::Graph& RegisteredGraphBody(int64_t graph_id) { return *EntryOf(*ir::FindGraph(graph_id)).forward->graph; }

@@ -349,24 +349,34 @@ StepScratchScope::StepScratchScope(StepScratchRegion* r) : prev_(tls_region) { t
 StepScratchScope::~StepScratchScope() { tls_region = prev_; }
 
 KernelScratch::KernelScratch(const Device& d, size_t bytes) : device_(d), bytes_(bytes), region_(tls_region) {
+  if (bytes == 0) {  // nothing to hand out, nothing to give back
+    region_ = nullptr;
+    return;
+  }
+  const size_t rounded = (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
   if (region_) {
-    const size_t rounded = (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-    region_->demand += rounded;
-    region_->peak = std::max(region_->peak, region_->demand);
+    region_->peak = std::max(region_->peak, region_->demand + rounded);
     if (region_->used + rounded <= region_->bytes) {
-      p_ = region_->base + region_->used;
+      offset_ = region_->used;
+      p_ = region_->base + offset_;
       region_->used += rounded;
+      region_->demand += rounded;
       taken_ = rounded;
       return;
     }
   }
-  p_ = GetAllocator(d).Allocate(bytes);
+  p_ = GetAllocator(d).Allocate(bytes);  // may throw: then nothing was counted as held
+  if (region_) region_->demand += rounded;
 }
 
 KernelScratch::~KernelScratch() {
+  if (bytes_ == 0) return;
   if (region_) region_->demand -= (bytes_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-  if (taken_) region_->used -= taken_;
-  else GetAllocator(device_).Free(p_, bytes_);
+  if (!taken_) {
+    GetAllocator(device_).Free(p_, bytes_);
+  } else if (region_->used == offset_ + taken_) {
+    region_->used = offset_;  // the last one taken: its bytes are free again
+  }  // else released out of order: its bytes stay taken until the call ends (nothing overlaps)
 }
 
 }  // namespace kiln

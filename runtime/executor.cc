@@ -361,6 +361,7 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   };
   auto concurrent = [&] {
     RunLanes(p.lanes, [&](int k) {
+      Depth inside;  // a lane's thread runs this plan's step: a plan it calls is nested, not a new call
       Scratch sc;  // per step: steps are big when lanes run concurrently, and may nest plans
       step(k, sc, p.lanes.lane[static_cast<size_t>(k)]);
     }, lanes);

@@ -63,8 +63,8 @@ def check(make, image, plans=2):
         # The one wait left is the eager loss's check of its labels (one_hot, out-of-range labels
         # are an error, read back from the GPU).
         assert s["host_syncs"] <= 1, s
-    return stats[-1]
     assert kiln.cuda_graph_stats()["refused"] == 0, kiln.cuda_graph_stats()
+    return stats[-1]
 """
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python")

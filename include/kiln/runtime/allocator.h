@@ -88,8 +88,9 @@ class StepScratchScope {
 };
 
 /// Device memory for one GPU kernel's scratch data while it queues its work: from the running
-/// plan's region when it has room (released in reverse order of taking, as scopes end), else a
-/// block of the device's caching allocator given back when this ends (stream-ordered reuse).
+/// plan's region when it has room (its bytes free again when the last one taken ends; one ended
+/// out of order keeps them until the call ends), else a block of the device's caching allocator
+/// given back when this ends (stream-ordered reuse). Zero bytes: a null pointer.
 class KernelScratch {
  public:
   KernelScratch(const Device& d, size_t bytes);
@@ -100,7 +101,7 @@ class KernelScratch {
 
  private:
   Device device_;
-  size_t bytes_, taken_ = 0;  // taken_: bytes of the region (rounded), 0 for a cache block
+  size_t bytes_, taken_ = 0, offset_ = 0;  // taken_: bytes of the region at offset_ (0: a cache block)
   StepScratchRegion* region_;
   void* p_ = nullptr;
 };
