@@ -781,27 +781,27 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
   // temporary to free after): the output of a node that is the gradient of exactly one x with a
   // buffer, of that buffer's type.
   std::unordered_map<const ir::Value*, Tensor> write_into;
-  {
+  if (!into.empty()) {
     std::unordered_map<const ir::Value*, int> uses;
     for (ir::Value* gv : grads)
       if (gv) ++uses[gv];
+    // A buffer the gradient nodes also read (a forward that used the gradient itself) is written
+    // after the backward, as before: writing it early would change what they read.
+    std::unordered_set<const Storage*> read;
+    for (size_t j = mark_nodes; j < g.nodes().size(); ++j)
+      if (live[j])
+        for (const ir::Value* v : g.nodes()[j]->inputs())
+          if (auto d = tape->data.find(v); d != tape->data.end()) read.insert(d->second.impl()->storage.get());
+    for (const auto& [dv, hg] : seeds)
+      if (hg.defined()) read.insert(hg.impl()->storage.get());
     for (size_t i = 0; i < into.size() && i < grads.size(); ++i) {
       const ir::Value* gv = grads[i];
       if (!into[i].defined() || !gv || uses[gv] != 1 || !gv->node() || gv->node()->inputs().empty() ||
           static_cast<size_t>(gv->node()->id()) < mark_nodes || !(into[i].shape() == gv->shape()) ||
-          into[i].dtype() != gv->dtype() || !into[i].is_contiguous() || into[i].numel() == 0)
+          into[i].dtype() != gv->dtype() || !into[i].is_contiguous() || into[i].numel() == 0 ||
+          read.count(into[i].impl()->storage.get()))
         continue;
-      // A buffer the gradient nodes also read (a forward that used the gradient itself) is
-      // written after the backward, as before: writing it early would change what they read.
-      bool read = false;
-      for (size_t j = mark_nodes; j < g.nodes().size() && !read; ++j)
-        if (live[j])
-          for (const ir::Value* v : g.nodes()[j]->inputs()) {
-            auto d = tape->data.find(v);
-            if (d != tape->data.end() && d->second.SharesStorage(into[i])) read = true;
-          }
-      for (const auto& [dv, hg] : seeds) read |= hg.defined() && hg.SharesStorage(into[i]);
-      if (!read) write_into.emplace(gv, into[i]);
+      write_into.emplace(gv, into[i]);
     }
   }
   const bool compiled = RunCompiledBackward(g, mark_nodes, live, grads, seeds, *tape, write_into, local);
