@@ -1,11 +1,13 @@
 """kiln.distributed across processes: small scripts (tests/python/mpi_scripts/) launched with
 `mpirun --oversubscribe -np 2`, plus the 1-process world without mpirun. Skipped when OpenMPI's
 mpirun is not installed. The whole file takes about 15 s on 2 cores."""
+import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -33,19 +35,35 @@ def _env(under_mpirun):
 
 
 def run(script, *args, np=2, timeout=60):
-    """Runs a script under mpirun -np `np` (np=None: alone); returns (returncode, output, seconds)."""
+    """Runs a script under mpirun -np `np` (np=None: alone); returns (returncode, output, seconds).
+
+    Under mpirun each rank's stdout and stderr go to files of their own (--output-filename) and the
+    output is those files, rank by rank, then what mpirun itself printed after a "[mpirun]" line:
+    mpirun forwards the ranks' writes as they come, and two ranks' lines can arrive cut into each
+    other ("OK OK 0\n1\n"), which no test should have to parse."""
     cmd = [sys.executable, os.path.join(SCRIPTS, script), *map(str, args)]
-    if np is not None:
-        cmd = [MPIRUN, "--oversubscribe", "-np", str(np)] + cmd
-    start = time.time()
-    p = subprocess.run(cmd, env=_env(np is not None), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       timeout=timeout, text=True)
-    return p.returncode, p.stdout, time.time() - start
+    with tempfile.TemporaryDirectory(prefix="kiln-mpi-") as logs:
+        if np is not None:
+            cmd = [MPIRUN, "--oversubscribe", "--output-filename", logs, "-np", str(np)] + cmd
+        start = time.time()
+        p = subprocess.run(cmd, env=_env(np is not None), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, text=True)
+        seconds = time.time() - start
+        if np is None:
+            return p.returncode, p.stdout, seconds
+        ranks = []
+        for rank in range(np):
+            for stream in ("stdout", "stderr"):
+                found = glob.glob(os.path.join(logs, "*", f"rank.{rank}", stream))
+                for path in found:
+                    with open(path, errors="replace") as f:
+                        ranks.append(f.read())
+        return p.returncode, "".join(ranks) + "\n[mpirun]\n" + p.stdout, seconds
 
 
 def results(out):
-    """The "RESULT ..." reports of the ranks (mpirun may glue two ranks' lines together)."""
-    return re.findall(r"RESULT (.*?)(?=RESULT |\n|$)", out)
+    """The "RESULT ..." reports of the ranks, from their own output (not mpirun's copy of it)."""
+    return re.findall(r"RESULT (.*?)(?=RESULT |\n|$)", out.split("\n[mpirun]\n")[0])
 
 
 @needs_mpirun
