@@ -258,7 +258,8 @@ size_t NumLiveGraphs() {
 
 ir::GraphRef CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device device,
                                    std::unique_ptr<ir::Graph> backward, int num_grad_outputs,
-                                   const passes::FreezeOptions* freeze, passes::FreezeResult* frozen) {
+                                   const passes::FreezeOptions* freeze, passes::FreezeResult* frozen,
+                                   std::vector<int> late_outputs) {
   FreeRetiredIfIdle();
   const bool training = backward != nullptr;  // a training variant comes with its backward
   auto entry = std::make_unique<Entry>();
@@ -267,7 +268,8 @@ ir::GraphRef CachedGraph::Register(std::unique_ptr<ir::Graph> graph, Device devi
   // The profiler: compiling one variant (passes, plan, codegen inside) is one event.
   profiler::Scope event(profiler::kCompile, training ? "compile training" : "compile forward");
   entry->forward =
-      OptimizeAndPlan(std::move(graph), device, training ? "training forward" : "forward", freeze, frozen);
+      OptimizeAndPlan(std::move(graph), device, training ? "training forward" : "forward", freeze, frozen,
+                      late_outputs);
   if (backward) {
     entry->backward = OptimizeAndPlan(std::move(backward), device, "training backward");
     entry->has_backward = true;
@@ -353,7 +355,7 @@ void CachedGraph::RegisterFrozen(std::unique_ptr<ir::Graph> graph) {
     options.constants.push_back(written ? -1 : static_cast<int>(i));
   }
   passes::FreezeResult result;
-  ref_ = Register(std::move(graph), device_, nullptr, -1, &options, &result);
+  ref_ = Register(std::move(graph), device_, nullptr, -1, &options, &result, LateOutputs());
   if (!EntryOf(*ref_).forward->report.freeze) return;  // KILN_DISABLE_PASS=freeze_fold: runs as traced
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < captured_.size(); ++i)
@@ -395,7 +397,7 @@ std::shared_ptr<CachedGraph> CachedGraph::FromTrace(trace::TracedGraph t, bool f
   cg->captured_ = std::move(t.captured);
   for (auto& [output, dst] : t.assigns) cg->assigns_.push_back({output, std::move(dst)});
   if (freeze) cg->RegisterFrozen(std::move(t.graph));
-  else cg->ref_ = Register(std::move(t.graph), cg->device_);
+  else cg->ref_ = Register(std::move(t.graph), cg->device_, nullptr, -1, nullptr, nullptr, cg->LateOutputs());
   return cg;
 }
 
@@ -452,6 +454,12 @@ CompileReport CachedGraph::compile_report() const {
 }
 
 
+std::vector<int> CachedGraph::LateOutputs() const {
+  std::vector<int> late;
+  for (const Assign& a : assigns_) late.push_back(a.output);
+  return late;
+}
+
 std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) const {
   if (static_cast<int>(data_inputs.size()) != num_data_)
     KILN_THROW(ValueError) << "hybridized call: expected " << num_data_ << " inputs, found " << data_inputs.size();
@@ -475,7 +483,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
             if (captured_[j].SharesStorage(a.dst)) overwritten[static_cast<size_t>(num_data_) + j] = true;
         TrainingPair p = MakeTrainingPair(*e.forward->graph, needs_grad, overwritten);
         it = e.training.emplace(needs_grad, Register(std::move(p.forward), device_, std::move(p.backward),
-                                                     p.num_grad_outputs)).first;
+                                                     p.num_grad_outputs, nullptr, nullptr, LateOutputs())).first;
       }
       variant = it->second.get();
     }
@@ -483,16 +491,81 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
     e.training_id.store(id);
     n_out = static_cast<int>(variant->signature().outputs.size());
   }
-  std::vector<Tensor> out = Invoke(op::kCallGraph, in,
-                                   {{"graph_id", id}, {"num_outputs", static_cast<int64_t>(n_out)}}, device_);
+  const ir::Attrs attrs{{"graph_id", id}, {"num_outputs", static_cast<int64_t>(n_out)}};
+  if (trace::Active() || n_out == 0) {  // inside another trace: recorded, the copies too
+    std::vector<Tensor> out = Invoke(op::kCallGraph, in, attrs, device_);
+    for (const Assign& a : assigns_) trace::RecordAssign(out[static_cast<size_t>(a.output)], a.dst);
+    out.resize(static_cast<size_t>(num_outputs_));
+    return out;
+  }
+  for (const Tensor& t : in)
+    if (t.impl()->symbol) trace::ThrowSymbolicRead("a hybridized block");  // kept from a trace: no data
+  // The outputs: the user's, each its own tensor; the values copied into captured tensors (batch
+  // norm's running statistics), written by the call straight into them (late outputs: after
+  // every step, so the steps read the old values); the small saved values of a training call
+  // (what its backward reads: batch norm's batch statistics, a pooling's indices), views of one
+  // block allocated and freed once per call. A large one keeps a block of its own: the caching
+  // allocator rounds a block up by as much as an eighth, and activations summed into one block
+  // would waste that much more than each rounded alone.
+  const ir::GraphSignature& sig = ir::FindGraph(id)->signature();
+  std::vector<Tensor> out(static_cast<size_t>(n_out)), recorded;
+  std::vector<const Assign*> copy_after;
+  std::vector<bool> assigned(static_cast<size_t>(n_out), false);
   for (const Assign& a : assigns_) {
-    const Tensor& src = out[static_cast<size_t>(a.output)];
-    if (trace::Active()) {
-      trace::RecordAssign(src, a.dst);
-    } else {
-      autograd::PauseScope pause(autograd::IsTraining());  // as eager batch norm: statistics are not recorded
-      src.CopyTo(a.dst);
+    const ir::TensorType& t = sig.outputs[static_cast<size_t>(a.output)];
+    const Tensor& d = a.dst;
+    assigned[static_cast<size_t>(a.output)] = true;
+    if (d.device() == device_ && d.dtype() == t.dtype && d.shape() == t.shape && d.is_contiguous() &&
+        !out[static_cast<size_t>(a.output)].defined())
+      out[static_cast<size_t>(a.output)] = d;
+    else
+      copy_after.push_back(&a);
+  }
+  constexpr size_t kAlign = 256, kMaxPacked = size_t{1} << 20;
+  auto packed_bytes = [&](size_t k) -> size_t {  // 0: not packed into the block
+    const size_t first_saved = sig.num_grad_outputs < 0 ? out.size() : static_cast<size_t>(sig.num_grad_outputs);
+    const size_t n = static_cast<size_t>(sig.outputs[k].shape.numel()) * DTypeSize(sig.outputs[k].dtype);
+    return k < first_saved || assigned[k] || n == 0 || n > kMaxPacked ? 0 : (n + kAlign - 1) / kAlign * kAlign;
+  };
+  size_t block_bytes = 0;
+  for (size_t k = 0; k < out.size(); ++k) block_bytes += packed_bytes(k);
+  Tensor block;
+  if (block_bytes > 0) block = Tensor::Empty(Shape{static_cast<int64_t>(block_bytes)}, DType::kUInt8, device_);
+  size_t at = 0;
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (out[k].defined()) continue;
+    const ir::TensorType& t = sig.outputs[k];
+    const size_t bytes = packed_bytes(k);
+    if (bytes == 0) {
+      out[k] = Tensor::Empty(t.shape, t.dtype, device_);
+      continue;
     }
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = block.storage();
+    impl->offset = static_cast<int64_t>(at / DTypeSize(t.dtype));
+    impl->shape = t.shape;
+    impl->strides = t.shape.ContiguousStrides();
+    impl->dtype = t.dtype;
+    out[k] = Tensor(std::move(impl));
+    at += bytes;
+  }
+  InvokeInto(op::kCallGraph, in, attrs, out);
+  if (autograd::NeedsRecord(in)) {
+    // The tape sees a tensor of its own where the call wrote a captured one: the running
+    // statistics stay plain tensors, outside every gradient.
+    recorded = out;
+    for (const Assign& a : assigns_)
+      if (recorded[static_cast<size_t>(a.output)].SharesStorage(a.dst)) {
+        auto impl = std::make_shared<TensorImpl>(*a.dst.impl());
+        impl->autograd = nullptr;
+        recorded[static_cast<size_t>(a.output)] = Tensor(std::move(impl));
+      }
+    autograd::Record(op::kCallGraph, ir::GetOp(op::kCallGraph).Resolve(attrs), in, recorded);
+    out = recorded;
+  }
+  for (const Assign* a : copy_after) {
+    autograd::PauseScope pause(autograd::IsTraining());  // as eager batch norm: statistics are not recorded
+    out[static_cast<size_t>(a->output)].CopyTo(a->dst);
   }
   out.resize(static_cast<size_t>(num_outputs_));
   return out;

@@ -283,7 +283,8 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
 // Fusion, then the steps (the nodes that run) assigned to streams, kernels looked up, memory
 // planned (passes/memory_planning.h), the waits memory reuse adds, and the steps bound for the
 // executor.
-std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name) {
+std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
+                               std::span<const int> late_outputs) {
   const Clock::time_point t0 = Clock::now();
   profiler::Scope event(profiler::kCompile, profiler::Enabled(profiler::kCompile) ? "plan " + name : std::string());
   auto p = std::make_unique<Plan>();
@@ -294,10 +295,18 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   const ir::Graph& graph = *g;
   p->slots.resize(static_cast<size_t>(graph.num_values()));
   for (size_t i = 0; i < graph.inputs().size(); ++i) p->slots[graph.inputs()[i]->id()] = {Slot::kInput, static_cast<int64_t>(i)};
+  // A late output is computed in the arena and copied into its buffer once every step ran: that
+  // buffer may be one the steps read (a call writing batch norm's running statistics in place).
+  std::vector<bool> late(static_cast<size_t>(graph.num_values()), false);
+  for (int k : late_outputs) {
+    KILN_CHECK(k >= 0 && static_cast<size_t>(k) < graph.outputs().size()) << "late output " << k;
+    const ir::Value* v = graph.outputs()[static_cast<size_t>(k)];
+    if (p->slots[v->id()].kind == Slot::kNone) late[v->id()] = true;  // an input's value is copied already
+  }
   for (size_t k = 0; k < graph.outputs().size(); ++k) {
     Slot& s = p->slots[graph.outputs()[k]->id()];
-    if (s.kind == Slot::kNone) s = {Slot::kOutput, static_cast<int64_t>(k)};
-    else p->out_of_place.push_back(static_cast<int>(k));  // an input, or an output listed twice
+    if (s.kind == Slot::kNone && !late[graph.outputs()[k]->id()]) s = {Slot::kOutput, static_cast<int64_t>(k)};
+    else p->out_of_place.push_back(static_cast<int>(k));  // an input, an output listed twice, or late
   }
   std::vector<bool> live = passes::LiveNodes(graph, graph.outputs());
   p->fused.resize(graph.nodes().size());
@@ -323,7 +332,7 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
   // No reader left once fusion ran: a `full` constant that generated kernels have built in.
   auto unread = [&](size_t i) {
     for (const ir::Value* o : writes(i))
-      if (last_use[o->id()] >= 0 || p->slots[o->id()].kind == Slot::kOutput) return false;
+      if (last_use[o->id()] >= 0 || p->slots[o->id()].kind == Slot::kOutput || late[o->id()]) return false;
     return true;
   };
   // Streams first: when they may run concurrently, memory is laid out twice, once for running
@@ -381,7 +390,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
     m.planned = p->slots[v->id()].kind == Slot::kNone;
     m.dtype = v->dtype(), m.numel = v->shape().numel();
     int last = last_use[v->id()];
-    m.last_reader = last < 0 ? passes::MemoryValue::kNoReader
+    m.last_reader = late[v->id()] ? passes::MemoryValue::kNeverFreed  // read by the copy at the end
+                  : last < 0              ? passes::MemoryValue::kNoReader
                   : step_of[static_cast<size_t>(last)] >= 0 ? step_of[static_cast<size_t>(last)]
                                                             : passes::MemoryValue::kNeverFreed;
   };
@@ -444,7 +454,8 @@ std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std:
 
 // The pipeline (a frozen graph's with freeze_fold, passes::FrozenPipeline), then the plan.
 std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
-                                      const passes::FreezeOptions* freeze, passes::FreezeResult* frozen) {
+                                      const passes::FreezeOptions* freeze, passes::FreezeResult* frozen,
+                                      std::span<const int> late_outputs) {
   passes::PipelineReport passes_run;
   passes::FreezeResult result;
   const Clock::time_point t0 = Clock::now();
@@ -454,7 +465,7 @@ std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device devic
     g = passes::RunPipeline(std::move(g), passes::DefaultPipeline(), {}, &passes_run);
   }
   const double ms = MsSince(t0);
-  std::unique_ptr<Plan> p = MakePlan(std::move(g), device, std::move(name));
+  std::unique_ptr<Plan> p = MakePlan(std::move(g), device, std::move(name), late_outputs);
   p->report.pipeline_ran = true;
   p->report.pipeline = std::move(passes_run);
   p->report.pipeline_ms = ms;

@@ -121,3 +121,36 @@ TEST_CASE("plan text: KILN_DUMP_IR names a plan step and prints the planned grap
       [&] { plan = kiln::MakePlan(kiln::ir::ParseGraph(kChain), kiln::cpu(), "dumped"); });
   CHECK(dumped == "# after the plan steps (dumped)\n" + kiln::PlanText(*plan));
 }
+
+namespace {
+kiln::TensorView View(std::vector<float>& v) {
+  kiln::Shape s{static_cast<int64_t>(v.size())};
+  return {v.data(), kiln::DType::kFloat32, s, s.ContiguousStrides()};
+}
+}  // namespace
+
+TEST_CASE("plan: a late output is written after every step, so its buffer may be an input the steps read") {
+  // %s (out 0) reads %m after %n (out 1, late) replaces it: batch norm's statistics written in place.
+  const char* text = "%m = input \"m\" : float32(4,)\n"
+                     "%b = input \"b\" : float32(4,)\n"
+                     "%n = add(%m, %b) : float32(4,)\n"
+                     "%t = sum(%n) {axes=[0], keepdims=false} : float32()\n"
+                     "%u = sum(%m) {axes=[0], keepdims=false} : float32()\n"
+                     "%s = add(%t, %u) : float32()\n"
+                     "return %s, %n\n";
+  const int late[] = {1};
+  auto plan = kiln::MakePlan(kiln::ir::ParseGraph(text), kiln::cpu(), "test", late);
+  CHECK(plan->out_of_place == std::vector<int>{1});
+  std::vector<float> m = {1, 2, 3, 4}, b = {10, 10, 10, 10}, s = {0};
+  kiln::TensorView s_view{s.data(), kiln::DType::kFloat32, kiln::Shape{}, kiln::Strides{}};
+  const kiln::TensorView in[] = {View(m), View(b)}, out[] = {s_view, View(m)};  // out 1 is input 0
+  kiln::exec::Run(plan->exec, in, out, kiln::exec::CallInfo{kiln::cpu()});
+  CHECK(s[0] == doctest::Approx(50 + 10));  // sum(m + b) + sum(m), with m as it was
+  CHECK(m == std::vector<float>{11, 12, 13, 14});
+  // Without it the output is written where its step runs, before %u reads %m.
+  auto plain = kiln::MakePlan(kiln::ir::ParseGraph(text), kiln::cpu(), "test");
+  CHECK(plain->out_of_place.empty());
+  m = {1, 2, 3, 4};
+  kiln::exec::Run(plain->exec, in, out, kiln::exec::CallInfo{kiln::cpu()});
+  CHECK(s[0] != doctest::Approx(60));  // %u read the new values
+}

@@ -86,15 +86,19 @@ struct Plan {
 };
 
 /// Fusion, kernel lookup and memory placement of `g` (no graph passes); `name` names the plan in
-/// the report.
-std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name);
+/// the report. `late_outputs` (output indices): computed in the arena and copied into the call's
+/// output buffer after every step ran, so that buffer may be one of the call's inputs too (a call
+/// that writes batch norm's running statistics in place).
+std::unique_ptr<Plan> MakePlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
+                               std::span<const int> late_outputs = {});
 
 /// The optimizing pipeline (passes/pass.h), then MakePlan; inputs and outputs keep their order
 /// and types. With `freeze`, freeze_fold runs after the pipeline and may change the inputs (see
 /// freeze_fold.h); `frozen` receives what it did. Both steps go into the plan's report.
 std::unique_ptr<Plan> OptimizeAndPlan(std::unique_ptr<ir::Graph> g, Device device, std::string name,
                                       const passes::FreezeOptions* freeze = nullptr,
-                                      passes::FreezeResult* frozen = nullptr);
+                                      passes::FreezeResult* frozen = nullptr,
+                                      std::span<const int> late_outputs = {});
 
 /// The graph's IR text with each node's planning decisions as a comment at the end of its line
 /// (its step, group, stream, waits, and where the values it writes live: `%5@128` is 128 bytes

@@ -103,7 +103,10 @@ class CachedGraph {
   static ir::GraphRef Register(std::unique_ptr<ir::Graph> graph, Device device,
                                std::unique_ptr<ir::Graph> backward = nullptr, int num_grad_outputs = -1,
                                const passes::FreezeOptions* freeze = nullptr,
-                               passes::FreezeResult* frozen = nullptr);
+                               passes::FreezeResult* frozen = nullptr, std::vector<int> late_outputs = {});
+  /// The outputs copied into captured tensors (assigns_): written at the end of a call, since the
+  /// call writes them into the captured tensors themselves, which its steps may read.
+  std::vector<int> LateOutputs() const;
   /// Registers `graph` frozen: sets ref_, and captured_ to the tensors the frozen graph reads.
   void RegisterFrozen(std::unique_ptr<ir::Graph> graph);
   ir::GraphRef ref_;
