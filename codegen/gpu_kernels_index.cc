@@ -187,19 +187,23 @@ void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* f
                          << valid.str();
 }
 
-/// Throws the CPU's ValueError (host::RaiseBadLabel) for the first class label outside
-/// [0, depth); one host sync.
-void RaiseBadLabels(const Device& d, const TensorView& ix, int64_t depth) {
+/// Checks the class labels against [0, depth) without waiting: the first bad one goes into the
+/// device's error record, which the host raises at its next sync point as the CPU's ValueError
+/// (cuda::RaiseDeferredDeviceErrors, host::RaiseBadLabel). No host sync: a plan with a loss in it
+/// is captured into a CUDA graph like any other.
+void CheckLabelsDeferred(const Device& d, const TensorView& ix, int64_t depth) {
   int64_t n = ix.numel();
   Scratch flag(d, sizeof(int64_t));
   Zero(d, flag.i64(), 1, "8");
-  void* fn = CuKernel(d, "index", "kiln_check_labels_" + IndexSuffix(ix, "one_hot"));
+  const std::string suffix = IndexSuffix(ix, "one_hot");
   void* p = ix.data;
   void* f = flag.i64();
-  void* args[] = {&p, &n, &depth, &f};
-  LaunchGridStride(fn, n, args);
-  int64_t j = 0, value = 0;
-  if (FirstFlagged(ix, flag.i64(), &j, &value)) host::RaiseBadLabel(value, j, depth);
+  void* check_args[] = {&p, &n, &depth, &f};
+  LaunchGridStride(CuKernel(d, "index", "kiln_check_labels_" + suffix), n, check_args);
+  void* record = cuda::DeviceErrorRecord(d);
+  void* record_args[] = {&p, &n, &depth, &f, &record};
+  LaunchGridStride(CuKernel(d, "index", "kiln_record_labels_" + suffix), 1, record_args);
+  cuda::PublishDeviceErrors(d);
 }
 
 // ---- concat / stack / split / slice_grad -------------------------------------------------------
@@ -422,7 +426,7 @@ void OneHotGpu(const KernelArgs& a) {
   const std::string suffix = IndexSuffix(ix, "one_hot");
   const bool labels = a.attrs.Bool("labels");
   if (n * depth == 0) {
-    if (labels && n > 0) RaiseBadLabels(a.device, ix, depth);  // no classes: every label is bad, as on the CPU
+    if (labels && n > 0) CheckLabelsDeferred(a.device, ix, depth);  // no classes: every label is bad, as on the CPU
     return;
   }
   uint64_t on = 0, off = 0;  // the values' bits, converted as the CPU converts them
@@ -437,7 +441,7 @@ void OneHotGpu(const KernelArgs& a) {
   void *o = out.data, *q = ix.data;
   void* args[] = {&o, &q, &n, &depth, &on, &off};
   LaunchGridStride(fn, n * depth, args);
-  if (labels) RaiseBadLabels(a.device, ix, depth);
+  if (labels) CheckLabelsDeferred(a.device, ix, depth);
 }
 
 }  // namespace

@@ -396,6 +396,7 @@ std::shared_ptr<CachedGraph> CachedGraph::FromTrace(trace::TracedGraph t, bool f
   cg->device_ = t.device;
   cg->captured_ = std::move(t.captured);
   for (auto& [output, dst] : t.assigns) cg->assigns_.push_back({output, std::move(dst)});
+  if (!cg->assigns_.empty()) cg->no_data_ = Tensor::Empty(Shape{0}, DType::kUInt8, cg->device_);
   if (freeze) cg->RegisterFrozen(std::move(t.graph));
   else cg->ref_ = Register(std::move(t.graph), cg->device_, nullptr, -1, nullptr, nullptr, cg->LateOutputs());
   return cg;
@@ -466,6 +467,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
   std::vector<Tensor> in(data_inputs);
   in.insert(in.end(), captured_.begin(), captured_.end());
   int64_t id = ref_->id();
+  const ir::RegisteredGraph* called = ref_.get();
   int n_out = num_outputs_ + static_cast<int>(assigns_.size());
   if (!trace::Active() && autograd::NeedsRecord(in)) {
     // Training: the variant that saves what its backward reads (no forward recomputation).
@@ -488,6 +490,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       variant = it->second.get();
     }
     id = variant->id();
+    called = variant;
     e.training_id.store(id);
     n_out = static_cast<int>(variant->signature().outputs.size());
   }
@@ -498,16 +501,18 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
     out.resize(static_cast<size_t>(num_outputs_));
     return out;
   }
-  for (const Tensor& t : in)
-    if (t.impl()->symbol) trace::ThrowSymbolicRead("a hybridized block");  // kept from a trace: no data
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!in[i].defined()) KILN_THROW(ValueError) << "hybridized call: input " << i << " is an undefined tensor";
+    if (in[i].impl()->symbol) trace::ThrowSymbolicRead("a hybridized block");  // kept from a trace: no data
+  }
   // The outputs: the user's, each its own tensor; the values copied into captured tensors (batch
   // norm's running statistics), written by the call straight into them (late outputs: after
   // every step, so the steps read the old values); the small saved values of a training call
   // (what its backward reads: batch norm's batch statistics, a pooling's indices), views of one
-  // block allocated and freed once per call. A large one keeps a block of its own: the caching
-  // allocator rounds a block up by as much as an eighth, and activations summed into one block
-  // would waste that much more than each rounded alone.
-  const ir::GraphSignature& sig = ir::FindGraph(id)->signature();
+  // blocks of at most 16 MiB, each allocated and freed once per call. A large one keeps a block
+  // of its own: the caching allocator rounds a block up by as much as an eighth, and activations
+  // summed into one block would waste that much more than each rounded alone.
+  const ir::GraphSignature& sig = called->signature();
   std::vector<Tensor> out(static_cast<size_t>(n_out)), recorded;
   std::vector<const Assign*> copy_after;
   std::vector<bool> assigned(static_cast<size_t>(n_out), false);
@@ -521,45 +526,59 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
     else
       copy_after.push_back(&a);
   }
-  constexpr size_t kAlign = 256, kMaxPacked = size_t{1} << 20;
-  auto packed_bytes = [&](size_t k) -> size_t {  // 0: not packed into the block
-    const size_t first_saved = sig.num_grad_outputs < 0 ? out.size() : static_cast<size_t>(sig.num_grad_outputs);
+  constexpr size_t kAlign = 256, kMaxPacked = size_t{1} << 20, kMaxBlock = size_t{16} << 20;
+  const size_t first_saved = sig.num_grad_outputs < 0 ? out.size() : static_cast<size_t>(sig.num_grad_outputs);
+  auto packed_bytes = [&](size_t k) -> size_t {  // 0: not packed into a block
     const size_t n = static_cast<size_t>(sig.outputs[k].shape.numel()) * DTypeSize(sig.outputs[k].dtype);
     return k < first_saved || assigned[k] || n == 0 || n > kMaxPacked ? 0 : (n + kAlign - 1) / kAlign * kAlign;
   };
-  size_t block_bytes = 0;
-  for (size_t k = 0; k < out.size(); ++k) block_bytes += packed_bytes(k);
-  Tensor block;
-  if (block_bytes > 0) block = Tensor::Empty(Shape{static_cast<int64_t>(block_bytes)}, DType::kUInt8, device_);
-  size_t at = 0;
-  for (size_t k = 0; k < out.size(); ++k) {
-    if (out[k].defined()) continue;
-    const ir::TensorType& t = sig.outputs[k];
-    const size_t bytes = packed_bytes(k);
-    if (bytes == 0) {
-      out[k] = Tensor::Empty(t.shape, t.dtype, device_);
-      continue;
+  size_t k = 0;
+  while (k < out.size()) {  // the packed values from k on, a block at a time
+    size_t end = k, block_bytes = 0;
+    for (; end < out.size(); ++end) {
+      const size_t b = packed_bytes(end);
+      if (b > 0 && block_bytes > 0 && block_bytes + b > kMaxBlock) break;
+      block_bytes += b;
     }
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = block.storage();
-    impl->offset = static_cast<int64_t>(at / DTypeSize(t.dtype));
-    impl->shape = t.shape;
-    impl->strides = t.shape.ContiguousStrides();
-    impl->dtype = t.dtype;
-    out[k] = Tensor(std::move(impl));
-    at += bytes;
+    Tensor block;
+    if (block_bytes > 0) block = Tensor::Empty(Shape{static_cast<int64_t>(block_bytes)}, DType::kUInt8, device_);
+    size_t at = 0;
+    for (; k < end; ++k) {
+      if (out[k].defined()) continue;  // a captured tensor written in place
+      const ir::TensorType& t = sig.outputs[k];
+      const size_t bytes = packed_bytes(k);
+      if (bytes == 0) {
+        out[k] = Tensor::Empty(t.shape, t.dtype, device_);
+        continue;
+      }
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = block.storage();
+      impl->offset = static_cast<int64_t>(at / DTypeSize(t.dtype));
+      impl->shape = t.shape;
+      impl->strides = t.shape.ContiguousStrides();
+      impl->dtype = t.dtype;
+      out[k] = Tensor(std::move(impl));
+      at += bytes;
+    }
   }
   InvokeInto(op::kCallGraph, in, attrs, out);
   if (autograd::NeedsRecord(in)) {
-    // The tape sees a tensor of its own where the call wrote a captured one: the running
-    // statistics stay plain tensors, outside every gradient.
+    // The tape sees no data where the call wrote a captured tensor: the running statistics stay
+    // plain tensors, outside every gradient, and a later write into them (copyto, set_data) is
+    // no write the tape records. Nothing reads such an output: the gradient rule of call_graph
+    // reads the saved values, which come after the outputs that take gradients.
     recorded = out;
-    for (const Assign& a : assigns_)
-      if (recorded[static_cast<size_t>(a.output)].SharesStorage(a.dst)) {
-        auto impl = std::make_shared<TensorImpl>(*a.dst.impl());
-        impl->autograd = nullptr;
-        recorded[static_cast<size_t>(a.output)] = Tensor(std::move(impl));
-      }
+    for (const Assign& a : assigns_) {
+      Tensor& r = recorded[static_cast<size_t>(a.output)];
+      if (!r.SharesStorage(a.dst)) continue;
+      KILN_CHECK(static_cast<size_t>(a.output) < first_saved) << "an assigned output is a saved value";
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = no_data_.storage();
+      impl->shape = r.shape();
+      impl->strides = r.shape().ContiguousStrides();
+      impl->dtype = r.dtype();
+      r = Tensor(std::move(impl));
+    }
     autograd::Record(op::kCallGraph, ir::GetOp(op::kCallGraph).Resolve(attrs), in, recorded);
     out = recorded;
   }

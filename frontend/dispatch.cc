@@ -208,9 +208,12 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     vars[n++] = t->storage()->var();
     in_bytes += static_cast<size_t>(t->numel()) * DTypeSize(t->dtype());
   }
-  for (const Tensor* t : outputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor* t = outputs[i];
     vars[n++] = t->storage()->var();
-    bytes += t->storage()->nbytes();
+    bool counted = false;  // views of one block (a compiled call's saved values): its bytes once
+    for (size_t j = 0; j < i && !counted; ++j) counted = outputs[j]->storage() == t->storage();
+    if (!counted) bytes += t->storage()->nbytes();
   }
   std::span<engine::Var* const> reads(vars, inputs.size()), writes(vars + inputs.size(), outputs.size());
   uint64_t seed = 0, offset = 0;
@@ -508,7 +511,7 @@ void InvokeInto(ir::OpId op, std::span<const Tensor> inputs, const ir::Attrs& gi
       KILN_THROW(ShapeError) << def.name << ": output " << i << " must be "
                              << DTypeName(out_types[i].dtype) << out_types[i].shape.str() << ", found "
                              << DTypeName(outputs[i].dtype()) << outputs[i].shape().str();
-    for (int d = 0; d < outputs[i].rank(); ++d)
+    for (int d = 0; d < outputs[i].rank() && outputs[i].numel() > 0; ++d)  // an empty one has nothing to overlap
       if (outputs[i].strides()[d] == 0 && outputs[i].shape()[d] > 1)
         KILN_THROW(ValueError) << def.name << ": output " << i << " is a broadcast view (shape "
                                << outputs[i].shape().str() << " with a zero stride): its elements overlap "

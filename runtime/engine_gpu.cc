@@ -108,6 +108,8 @@ void MarkGpuWork(std::span<Var* const> reads, std::span<Var* const> writes, cons
       s->write.reset();
       s->reads.clear();
     }
+    // A copy to the CPU is a sync point: a GPU check that failed fails it (cuda.h DeferredCheck).
+    if (o.stream == StreamKind::kCopyD2H) cuda::RaiseDeferredDeviceErrors();
     return;
   }
   std::shared_ptr<GpuMark> m = NewMark(o.device.index, static_cast<gpurt::Stream>(cuda::CurrentStream()));
@@ -239,12 +241,14 @@ void WaitForGpuWrite(Var* v) {
     m = v->gpu.load(std::memory_order_relaxed)->write;
   }
   if (m) SyncEventInterruptibly(m->event);  // `m` keeps the event from going back to the pool
+  cuda::RaiseDeferredDeviceErrors();
 }
 
 void WaitForAllGpuWork() {
   uint64_t used = g_used_devices.load(std::memory_order_relaxed);
   for (int d = 0; used; ++d, used >>= 1)
     if (used & 1) SyncDeviceInterruptibly(d);
+  cuda::RaiseDeferredDeviceErrors();
 }
 
 void DeleteGpuState(GpuVarState* s) { delete s; }

@@ -234,7 +234,7 @@ class EngineBase : public Engine {
           t->fn();
         }
         if (gpu_task) {
-          if (IsNaive()) cuda::SynchronizeDevice(t->opts.device);
+          if (IsNaive()) cuda::SynchronizeDevice(t->opts.device), cuda::RaiseDeferredDeviceErrors();
           else MarkGpuWork(reads, writes, t->opts);
         }
       } catch (...) {

@@ -6,6 +6,7 @@
 // buffers of its own instead: host memcpy (split over kiln's CPU threads) into one while the DMA
 // of the other runs, ordered by events on the worker's stream.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 #include <exception>
 
 #include "kiln/runtime/cpu/loops.h"
+#include "kiln/runtime/cpu/movement.h"
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/lanes.h"
 #include "kiln/runtime/gpu.h"
@@ -166,6 +168,73 @@ void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind) {
                     : kind == CopyKind::kDeviceToHost ? gpurt::CopyKind::kDeviceToHost
                                                       : gpurt::CopyKind::kDeviceToDevice;
   P().MemcpyAsync(dst, src, nbytes, k, tls_stream);
+}
+
+namespace {
+constexpr int kMaxRecordDevices = 64;
+constexpr size_t kRecordBytes = 4 * sizeof(int64_t);
+struct ErrorRecords {
+  std::mutex mu;
+  int64_t* device[kMaxRecordDevices] = {};
+  int64_t* host[kMaxRecordDevices] = {};  // pinned: written by the copies PublishDeviceErrors queues
+};
+ErrorRecords& Records() {
+  static auto* r = new ErrorRecords();  // leaked: a sync point may run while statics are destroyed
+  return *r;
+}
+std::atomic<bool> g_any_record{false};
+}  // namespace
+
+int64_t* DeviceErrorRecord(const Device& d) {
+  KILN_CHECK(d.index >= 0 && d.index < kMaxRecordDevices) << d.str();
+  ErrorRecords& r = Records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.device[d.index]) {
+    gpurt::DeviceGuard g(d.index);
+    auto* host = static_cast<int64_t*>(HostMallocPinned(kRecordBytes));
+    std::memset(host, 0, kRecordBytes);
+    auto* dev = static_cast<int64_t*>(DeviceMalloc(d, kRecordBytes));
+    P().MemcpyAsync(dev, host, kRecordBytes, gpurt::CopyKind::kHostToDevice, tls_stream);
+    if (tls_stream) P().StreamSynchronize(tls_stream);
+    else P().DeviceSynchronize();
+    r.host[d.index] = host;
+    r.device[d.index] = dev;
+    g_any_record.store(true, std::memory_order_release);
+  }
+  return r.device[d.index];
+}
+
+void PublishDeviceErrors(const Device& d) {
+  int64_t* dev = DeviceErrorRecord(d);
+  P().MemcpyAsync(Records().host[d.index], dev, kRecordBytes, gpurt::CopyKind::kDeviceToHost, tls_stream);
+}
+
+void RaiseDeferredDeviceErrors() {
+  if (!g_any_record.load(std::memory_order_acquire)) return;
+  ErrorRecords& r = Records();
+  int64_t found[4] = {0, 0, 0, 0};
+  int device = -1;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (int i = 0; i < kMaxRecordDevices && device < 0; ++i) {
+      if (!r.host[i]) continue;
+      volatile const int64_t* h = r.host[i];  // written by a DMA the sync point waited for
+      if (h[0] == static_cast<int64_t>(DeferredCheck::kNone)) continue;
+      for (int k = 0; k < 4; ++k) found[k] = h[k];
+      device = i;
+      // Cleared on both sides: the device's record, then what the host reads.
+      gpurt::DeviceGuard g(i);
+      std::memset(r.host[i], 0, kRecordBytes);
+      P().MemcpyAsync(r.device[i], r.host[i], kRecordBytes, gpurt::CopyKind::kHostToDevice, nullptr);
+      P().DeviceSynchronize();
+    }
+  }
+  if (device < 0) return;
+  KILN_CHECK(found[0] == static_cast<int64_t>(DeferredCheck::kBadLabel)) << "unknown GPU check " << found[0];
+  host::RaiseBadLabel(found[2], found[1], found[3],
+                      ("; found by " + gpu(device).str() +
+                       "'s check of an earlier one_hot, which the host does not wait for: raised at this "
+                       "synchronization with the GPU").c_str());
 }
 
 void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Device& src_dev, size_t nbytes) {

@@ -191,6 +191,19 @@ __device__ void CheckLabels(const I* ix, long long n, long long depth, long long
   }
 }
 
+/// One thread: copies the first bad label kiln_check_labels flagged into the device's error
+/// record (check 1 = a bad label, its position, its value, the number of classes), unless the
+/// record holds an earlier error the host has not raised yet (cuda.h DeferredCheck).
+template <class I>
+__device__ void RecordLabels(const I* ix, long long n, long long depth, const long long* flag, long long* record) {
+  if (GlobalThread() != 0 || *flag == 0 || record[0] != 0) return;
+  const long long j = n - *flag;
+  record[1] = j;
+  record[2] = static_cast<long long>(ix[j]);
+  record[3] = depth;
+  record[0] = 1;
+}
+
 /// The row an index picks: negative ones wrap; bad ones (already flagged) are clipped so that
 /// nothing is read out of bounds before the host raises the error. dim > 0.
 template <class I>
@@ -357,6 +370,10 @@ KILN_ARG_BOTH(unsigned char, u8)  // uint8 and bool
   }                                                                                                            \
   extern "C" __global__ void kiln_check_labels_##iname(const I* ix, long long n, long long depth, long long* flag) { \
     CheckLabels(ix, n, depth, flag);                                                                           \
+  }                                                                                                            \
+  extern "C" __global__ void kiln_record_labels_##iname(const I* ix, long long n, long long depth,               \
+                                                        const long long* flag, long long* record) {             \
+    RecordLabels(ix, n, depth, flag, record);                                                                  \
   }                                                                                                            \
   extern "C" __global__ void kiln_take_keys_##iname(long long* keys, const I* ix, long long n, long long dim,  \
                                                     long long padded) {                                        \

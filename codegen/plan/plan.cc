@@ -277,7 +277,15 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     x.per_lane = {p->stream_slots, p->stream_arena_bytes};
     x.lanes = {p->schedule.num_streams, p->schedule.stream, p->schedule.waits, p->schedule.lists};
   }
-  for (int k : p->out_of_place) x.copy_out.emplace_back(graph.outputs()[static_cast<size_t>(k)]->id(), k);
+  // Late outputs last: an output that is an input's value is copied before a late one replaces
+  // that input (a graph returning a running statistic as it was and assigning its new value).
+  // Not handled: a late output whose value is another late output's destination (two assigns
+  // swapping two captured tensors); batch norm's statistics are values the graph computes.
+  for (int late : {0, 1})
+    for (int k : p->out_of_place) {
+      const ir::Value* v = graph.outputs()[static_cast<size_t>(k)];
+      if ((p->slots[v->id()].kind == Slot::kArena) == (late == 1)) x.copy_out.emplace_back(v->id(), k);
+    }
 }
 
 // Fusion, then the steps (the nodes that run) assigned to streams, kernels looked up, memory

@@ -278,7 +278,7 @@ void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op)
 
 }  // namespace
 
-void RaiseBadLabel(int64_t label, int64_t position, int64_t classes) {
+void RaiseBadLabel(int64_t label, int64_t position, int64_t classes, const char* found_by) {
   std::ostringstream valid;
   if (classes == 0)
     valid << "there are no classes (depth 0)";
@@ -286,7 +286,7 @@ void RaiseBadLabel(int64_t label, int64_t position, int64_t classes) {
     valid << "labels must be class indices 0 to " << classes - 1;
   KILN_THROW(ValueError) << "one_hot of class labels (softmax_cross_entropy, the losses): label " << label
                          << " (at position " << position << " of the labels) is out of range for " << classes
-                         << " classes; " << valid.str();
+                         << " classes; " << valid.str() << found_by;
 }
 
 namespace {

@@ -8,6 +8,7 @@ import os
 import re
 import struct
 import subprocess
+import textwrap
 import sys
 
 import numpy as np
@@ -136,6 +137,64 @@ def test_bad_labels_on_a_simulated_gpu_raise_the_cpus_error():
     assert "refused: " in out.stdout, out.stdout
     assert ("one_hot of class labels (softmax_cross_entropy, the losses): label 3 (at position 2 of "
             "the labels) is out of range for 3 classes") in out.stdout, out.stdout
+
+
+def test_on_a_simulated_gpu_the_label_check_waits_for_nothing_and_raises_at_the_next_sync():
+    # The GPU's check of the labels does not make the host wait (a plan with a loss in it is
+    # captured into a CUDA graph): it records the first bad label on the device, and the next
+    # sync point raises the CPU's error, from a replayed graph too; then the device works on.
+    code = textwrap.dedent("""
+        import kiln
+        from kiln import nd, nn
+        g = kiln.gpu(0)
+
+        class Net(nn.HybridBlock):
+            def __init__(self):
+                super().__init__()
+                self.dense = nn.Dense(3)
+
+            def hybrid_forward(self, F, x, y):
+                return F.softmax_cross_entropy(self.dense(x), y)
+
+        net = Net()
+        net.initialize(ctx=g)
+        net.hybridize()
+        x = nd.random.normal(shape=(5, 4), device=g)
+        y = nd.array([0, 1, 2, 0, 1], device=g)
+        for _ in range(4):
+            net(x, y).asnumpy()
+        kiln.gpu_step_stats()
+        net(x, y)
+        s = kiln.gpu_step_stats()            # a replay, and the check made the host wait nowhere
+        assert s["graph_replays"] == 1 and s["graph_captures"] == 0 and s["host_syncs"] == 0, s
+        y[3] = 7                             # the same buffer: the captured graph replays
+        try:
+            net(x, y).asnumpy()
+            print("not raised")
+        except kiln.ArgumentError as e:
+            print("refused:", e)
+        assert kiln.gpu_step_stats()["graph_replays"] == 1
+        y[3] = 0
+        print(net(x, y).asnumpy().shape)     # raised once: the record was cleared
+        y[3] = 7
+        net(x, y)                            # nobody reads it: waitall raises it
+        try:
+            kiln.waitall()
+            print("not raised")
+        except kiln.ArgumentError as e:
+            print("waitall refused:", e)
+        kiln.waitall()
+        print("ok")
+    """)
+    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "not raised" not in out.stdout, out.stdout
+    bad = ("label 7 (at position 3 of the labels) is out of range for 3 classes; labels must be class indices "
+           "0 to 2; found by gpu(0)'s check of an earlier one_hot")
+    assert out.stdout.count(bad) == 2, out.stdout
+    assert "refused:" in out.stdout and "waitall refused:" in out.stdout and "(5,)" in out.stdout, out.stdout
+    assert out.stdout.strip().endswith("ok"), out.stdout
 
 
 # ---- Python integers that do not fit the dtype (NumPy 2 raises OverflowError) -----------------

@@ -115,6 +115,8 @@ class CachedGraph {
   Device device_;
   std::vector<Tensor> captured_;
   std::vector<Assign> assigns_;
+  /// A storage of no bytes: what the tape holds for the outputs a call wrote into assigns_' tensors.
+  Tensor no_data_;
 };
 
 /// The graph a registered id runs (the forward of a CachedGraph, or a training variant), as

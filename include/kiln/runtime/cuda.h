@@ -39,6 +39,22 @@ void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Devi
                    size_t nbytes);
 void Memset(void* dst, int value, size_t nbytes);
 
+/// Checks a GPU kernel makes without the host waiting for it (DESIGN.md section 4: GPU work is
+/// ordered by events, never by host waits). A kernel that finds bad input (a class label out of
+/// range) writes what it found into its device's error record; the copy of that record into
+/// pinned host memory is queued behind it (CUDA-graph capturable: fixed addresses); the host
+/// raises it at its next sync point with the GPU (wait_to_read, asnumpy, waitall, a copy to the
+/// CPU), as CUDA reports a kernel's fault at the next synchronization.
+enum class DeferredCheck : int64_t { kNone = 0, kBadLabel = 1 };
+/// The record of device `d` (4 int64 on the device: the check, a position, a value, a limit),
+/// zeroed; allocated on its first use (that call waits for the device once).
+int64_t* DeviceErrorRecord(const Device& d);
+/// Queues, on the calling worker's stream, the copy of `d`'s record into host memory.
+void PublishDeviceErrors(const Device& d);
+/// At a sync point: throws the error recorded first on any device since the last one raised (a
+/// ValueError for a bad label), and clears it; nothing when no check failed.
+void RaiseDeferredDeviceErrors();
+
 /// The CUDA version the driver supports (13000 for 13.0); 0 without a driver.
 int DriverVersion();
 /// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB" for device `d`.

@@ -38,7 +38,8 @@ void TakeGrad(const TensorView& dy, const TensorView& indices, const TensorView&
 /// `labels`: the indices are class labels; one outside [0, depth) is a ValueError (RaiseBadLabel)
 /// instead of an all-off row.
 void OneHot(const TensorView& indices, const TensorView& out, double on, double off, bool labels = false);
-/// Throws the ValueError of a class label outside [0, classes) (CPU and GPU kernels alike).
-[[noreturn]] void RaiseBadLabel(int64_t label, int64_t position, int64_t classes);
+/// Throws the ValueError of a class label outside [0, classes) (CPU and GPU kernels alike);
+/// `found_by` is appended (where a GPU's check found it).
+[[noreturn]] void RaiseBadLabel(int64_t label, int64_t position, int64_t classes, const char* found_by = "");
 
 }  // namespace kiln::host
