@@ -661,6 +661,8 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
   });
   } catch (const InternalError&) {
     throw;
+  } catch (const DeferredDeviceError&) {
+    throw;  // the user's bad input from before, raised by a wait while compiling
   } catch (const Error&) {
     return false;  // not compilable (an op without a kernel in plans): the nodes run one by one
   }

@@ -315,6 +315,8 @@ class TensorEvaluator final : public passes::ConstantEvaluator {
       }
     } catch (const InternalError&) {
       throw;
+    } catch (const DeferredDeviceError&) {
+      throw;  // the user's bad input from before, raised by this wait: not the folded node's
     } catch (const Error&) {
       return std::nullopt;
     }

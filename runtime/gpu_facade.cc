@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <tuple>
@@ -172,69 +173,89 @@ void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind) {
 
 namespace {
 constexpr int kMaxRecordDevices = 64;
-constexpr size_t kRecordBytes = 4 * sizeof(int64_t);
+constexpr size_t kRecordBytes = 8 * sizeof(int64_t);  // the layout: codegen/cu/index.cu RecordLabels
+struct ErrorRecord {
+  int64_t* device = nullptr;
+  int64_t* host = nullptr;  // pinned: written by the copies PublishDeviceErrors queues
+  gpurt::Stream clear = nullptr;  // the record's own stream: clearing waits for nothing else
+  int64_t raised = 0;       // the number of the last error raised (guarded by the mutex)
+};
 struct ErrorRecords {
   std::mutex mu;
-  int64_t* device[kMaxRecordDevices] = {};
-  int64_t* host[kMaxRecordDevices] = {};  // pinned: written by the copies PublishDeviceErrors queues
+  std::atomic<ErrorRecord*> of[kMaxRecordDevices] = {};
 };
 ErrorRecords& Records() {
   static auto* r = new ErrorRecords();  // leaked: a sync point may run while statics are destroyed
   return *r;
 }
 std::atomic<bool> g_any_record{false};
-}  // namespace
 
-int64_t* DeviceErrorRecord(const Device& d) {
+ErrorRecord& RecordOf(const Device& d) {
   KILN_CHECK(d.index >= 0 && d.index < kMaxRecordDevices) << d.str();
   ErrorRecords& r = Records();
+  if (ErrorRecord* e = r.of[d.index].load(std::memory_order_acquire)) return *e;
   std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.device[d.index]) {
-    gpurt::DeviceGuard g(d.index);
-    auto* host = static_cast<int64_t*>(HostMallocPinned(kRecordBytes));
-    std::memset(host, 0, kRecordBytes);
-    auto* dev = static_cast<int64_t*>(DeviceMalloc(d, kRecordBytes));
-    P().MemcpyAsync(dev, host, kRecordBytes, gpurt::CopyKind::kHostToDevice, tls_stream);
-    if (tls_stream) P().StreamSynchronize(tls_stream);
-    else P().DeviceSynchronize();
-    r.host[d.index] = host;
-    r.device[d.index] = dev;
-    g_any_record.store(true, std::memory_order_release);
-  }
-  return r.device[d.index];
+  if (ErrorRecord* e = r.of[d.index].load(std::memory_order_acquire)) return *e;
+  // First use: a plan's first call runs its steps plainly (never captured), so this allocation and
+  // wait happen outside any capture.
+  gpurt::DeviceGuard g(d.index);
+  auto e = std::make_unique<ErrorRecord>();
+  e->host = static_cast<int64_t*>(HostMallocPinned(kRecordBytes));
+  std::memset(e->host, 0, kRecordBytes);
+  e->device = static_cast<int64_t*>(DeviceMalloc(d, kRecordBytes));
+  e->clear = P().StreamCreate();
+  P().MemsetAsync(e->device, 0, kRecordBytes, e->clear);
+  P().StreamSynchronize(e->clear);
+  ErrorRecord* made = e.release();  // leaked with the records
+  r.of[d.index].store(made, std::memory_order_release);
+  g_any_record.store(true, std::memory_order_release);
+  return *made;
 }
+}  // namespace
+
+int64_t* DeviceErrorRecord(const Device& d) { return RecordOf(d).device; }
 
 void PublishDeviceErrors(const Device& d) {
-  int64_t* dev = DeviceErrorRecord(d);
-  P().MemcpyAsync(Records().host[d.index], dev, kRecordBytes, gpurt::CopyKind::kDeviceToHost, tls_stream);
+  ErrorRecord& e = RecordOf(d);
+  P().MemcpyAsync(e.host, e.device, kRecordBytes, gpurt::CopyKind::kDeviceToHost, tls_stream);
 }
 
 void RaiseDeferredDeviceErrors() {
   if (!g_any_record.load(std::memory_order_acquire)) return;
   ErrorRecords& r = Records();
-  int64_t found[4] = {0, 0, 0, 0};
+  int64_t found[8] = {};
   int device = -1;
   {
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<std::mutex> lock(r.mu);  // one raiser at a time: each error is raised once
     for (int i = 0; i < kMaxRecordDevices && device < 0; ++i) {
-      if (!r.host[i]) continue;
-      volatile const int64_t* h = r.host[i];  // written by a DMA the sync point waited for
-      if (h[0] == static_cast<int64_t>(DeferredCheck::kNone)) continue;
-      for (int k = 0; k < 4; ++k) found[k] = h[k];
+      ErrorRecord* e = r.of[i].load(std::memory_order_acquire);
+      if (!e) continue;
+      volatile const int64_t* h = e->host;  // written by DMAs: the latest one the sync point waited for
+      for (int k = 0; k < 8; ++k) found[k] = h[k];
+      // Not whole (a copy caught it half written: the next copy brings it whole), or raised
+      // already (a copy queued before the record was cleared).
+      if (found[0] != static_cast<int64_t>(DeferredCheck::kBadLabel) || found[1] != found[5] ||
+          found[1] <= e->raised)
+        continue;
+      e->raised = found[1];
       device = i;
-      // Cleared on both sides: the device's record, then what the host reads.
+      // The device's record takes the next error once cleared: its check word only, on its own
+      // stream (no wait for the device: another thread may be capturing one of its streams).
       gpurt::DeviceGuard g(i);
-      std::memset(r.host[i], 0, kRecordBytes);
-      P().MemcpyAsync(r.device[i], r.host[i], kRecordBytes, gpurt::CopyKind::kHostToDevice, nullptr);
-      P().DeviceSynchronize();
+      P().MemsetAsync(e->device, 0, sizeof(int64_t), e->clear);
+      P().StreamSynchronize(e->clear);
     }
   }
   if (device < 0) return;
-  KILN_CHECK(found[0] == static_cast<int64_t>(DeferredCheck::kBadLabel)) << "unknown GPU check " << found[0];
-  host::RaiseBadLabel(found[2], found[1], found[3],
-                      ("; found by " + gpu(device).str() +
-                       "'s check of an earlier one_hot, which the host does not wait for: raised at this "
-                       "synchronization with the GPU").c_str());
+  try {
+    host::RaiseBadLabel(found[3], found[2], found[4],
+                        ("; found by " + gpu(device).str() +
+                         "'s check of an earlier one_hot, which the host does not wait for: raised at this "
+                         "synchronization with the GPU (the work queued after that one_hot ran, optimizer "
+                         "steps included)").c_str());
+  } catch (const ValueError& e) {
+    throw DeferredDeviceError(e.what());
+  }
 }
 
 void CopyPeerAsync(void* dst, const Device& dst_dev, const void* src, const Device& src_dev, size_t nbytes) {

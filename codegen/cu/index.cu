@@ -192,16 +192,24 @@ __device__ void CheckLabels(const I* ix, long long n, long long depth, long long
 }
 
 /// One thread: copies the first bad label kiln_check_labels flagged into the device's error
-/// record (check 1 = a bad label, its position, its value, the number of classes), unless the
-/// record holds an earlier error the host has not raised yet (cuda.h DeferredCheck).
+/// record (cuda.h DeferredCheck), unless the record holds an error the host has not raised yet.
+/// Record: [0] the check (0 none, -1 being written, 1 a bad label), [1] and [5] the error's
+/// number (written first and last: a copy that caught the record half written has them differ),
+/// [2] the position, [3] the value, [4] the number of classes, [6] the last number given.
 template <class I>
 __device__ void RecordLabels(const I* ix, long long n, long long depth, const long long* flag, long long* record) {
-  if (GlobalThread() != 0 || *flag == 0 || record[0] != 0) return;
-  const long long j = n - *flag;
-  record[1] = j;
-  record[2] = static_cast<long long>(ix[j]);
-  record[3] = depth;
-  record[0] = 1;
+  if (GlobalThread() != 0 || *flag == 0) return;
+  long long none = 0;  // claimed by one kernel at a time (lanes run on several streams)
+  if (!__atomic_compare_exchange_n(record, &none, -1LL, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+  volatile long long* r = record;  // stored in this order (the copy that publishes it runs after)
+  const long long j = n - *flag, number = r[6] + 1;
+  r[6] = number;
+  r[1] = number;
+  r[2] = j;
+  r[3] = static_cast<long long>(ix[j]);
+  r[4] = depth;
+  r[5] = number;
+  r[0] = 1;
 }
 
 /// The row an index picks: negative ones wrap; bad ones (already flagged) are clipped so that

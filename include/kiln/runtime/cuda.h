@@ -46,13 +46,14 @@ void Memset(void* dst, int value, size_t nbytes);
 /// raises it at its next sync point with the GPU (wait_to_read, asnumpy, waitall, a copy to the
 /// CPU), as CUDA reports a kernel's fault at the next synchronization.
 enum class DeferredCheck : int64_t { kNone = 0, kBadLabel = 1 };
-/// The record of device `d` (4 int64 on the device: the check, a position, a value, a limit),
-/// zeroed; allocated on its first use (that call waits for the device once).
+/// The record of device `d` (8 int64 on the device, laid out as codegen/cu/index.cu's
+/// RecordLabels writes them), zeroed; allocated on its first use.
 int64_t* DeviceErrorRecord(const Device& d);
 /// Queues, on the calling worker's stream, the copy of `d`'s record into host memory.
 void PublishDeviceErrors(const Device& d);
-/// At a sync point: throws the error recorded first on any device since the last one raised (a
-/// ValueError for a bad label), and clears it; nothing when no check failed.
+/// At a sync point: throws an error recorded on a device and not raised yet (DeferredDeviceError,
+/// a ValueError, for a bad label: the first bad label of the first failed check since the last
+/// one raised on that device), and clears it; nothing when no check failed.
 void RaiseDeferredDeviceErrors();
 
 /// The CUDA version the driver supports (13000 for 13.0); 0 without a driver.

@@ -29,6 +29,10 @@ class DeviceError : public Error { using Error::Error; };
 class FormatError : public Error { using Error::Error; };
 /// A bad argument value (negative size, unknown option, bad attribute).
 class ValueError : public Error { using Error::Error; };
+/// Bad input a GPU kernel found without the host waiting for it (a class label out of range),
+/// raised at a later sync point (cuda.h DeferredCheck); code that tries work and falls back on
+/// an Error (freeze_fold's evaluator) lets this one through: it is the user's, from earlier.
+class DeferredDeviceError : public ValueError { using ValueError::ValueError; };
 /// An allocation that cannot be satisfied (device or host memory exhausted, absurd size).
 class MemoryError : public Error { using Error::Error; };
 /// Misuse of the engine or autograd state (for example backward twice without retain_graph).
