@@ -510,7 +510,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
   // The outputs: the user's, each its own tensor; the values copied into captured tensors (batch
   // norm's running statistics), written by the call straight into them (late outputs: after
   // every step, so the steps read the old values); the small saved values of a training call
-  // (what its backward reads: batch norm's batch statistics, a pooling's indices), views of one
+  // (what its backward reads: batch norm's batch statistics, a pooling's indices), views into
   // blocks of at most 16 MiB, each allocated and freed once per call. A large one keeps a block
   // of its own: the caching allocator rounds a block up by as much as an eighth, and activations
   // summed into one block would waste that much more than each rounded alone.
@@ -518,6 +518,15 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
   std::vector<Tensor> out(static_cast<size_t>(n_out)), recorded;
   std::vector<const Assign*> copy_after;
   std::vector<bool> assigned(static_cast<size_t>(n_out), false);
+  auto view = [](const StoragePtr& storage, int64_t offset, const Shape& shape, DType dtype) {
+    auto impl = std::make_shared<TensorImpl>();  // contiguous, `offset` elements into `storage`
+    impl->storage = storage;
+    impl->offset = offset;
+    impl->shape = shape;
+    impl->strides = shape.ContiguousStrides();
+    impl->dtype = dtype;
+    return Tensor(std::move(impl));
+  };
   for (const Assign& a : assigns_) {
     const ir::TensorType& t = sig.outputs[static_cast<size_t>(a.output)];
     const Tensor& d = a.dst;
@@ -553,13 +562,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
         out[k] = Tensor::Empty(t.shape, t.dtype, device_);
         continue;
       }
-      auto impl = std::make_shared<TensorImpl>();
-      impl->storage = block.storage();
-      impl->offset = static_cast<int64_t>(at / DTypeSize(t.dtype));
-      impl->shape = t.shape;
-      impl->strides = t.shape.ContiguousStrides();
-      impl->dtype = t.dtype;
-      out[k] = Tensor(std::move(impl));
+      out[k] = view(block.storage(), static_cast<int64_t>(at / DTypeSize(t.dtype)), t.shape, t.dtype);
       at += bytes;
     }
   }
@@ -574,12 +577,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       Tensor& r = recorded[static_cast<size_t>(a.output)];
       if (!r.SharesStorage(a.dst)) continue;
       KILN_CHECK(static_cast<size_t>(a.output) < first_saved) << "an assigned output is a saved value";
-      auto impl = std::make_shared<TensorImpl>();
-      impl->storage = no_data_.storage();
-      impl->shape = r.shape();
-      impl->strides = r.shape().ContiguousStrides();
-      impl->dtype = r.dtype();
-      r = Tensor(std::move(impl));
+      r = view(no_data_.storage(), 0, r.shape(), r.dtype());
     }
     autograd::Record(op::kCallGraph, ir::GetOp(op::kCallGraph).Resolve(attrs), in, recorded);
     out = recorded;
