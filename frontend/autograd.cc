@@ -285,6 +285,12 @@ bool SetTraining(bool training) {
   return prev;
 }
 
+bool FromCompiledCall(const Tensor& t) {
+  if (!tls_recording || !t.defined() || !OnTape(t) || t.impl()->autograd->tape != tls_tape) return false;
+  const ir::Value* v = t.impl()->autograd->value;
+  return v && v->node() && v->node()->op() == op::kCallGraph;
+}
+
 bool NeedsRecord(std::span<const Tensor> inputs) {
   if (!tls_recording) return false;
   for (const Tensor& t : inputs)

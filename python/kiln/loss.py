@@ -23,13 +23,33 @@ def _reshape_like(label, pred):
 
 
 class Loss(HybridBlock):
-    """Base class: `weight` scales the loss, `batch_axis` is the axis kept in the result."""
+    """Base class: `weight` scales the loss, `batch_axis` is the axis kept in the result.
+
+    A loss compiles itself, without hybridize(), when autograd is recording and its prediction is
+    the output of a hybridized block's call (the d2l loop: `l = loss(net(X), y)` with `net`
+    hybridized): its ops then run as one compiled plan, not as a dozen eager tasks, and the
+    compiled backward inlines its gradient with the network's. hybridize(False) turns that off."""
 
     def __init__(self, weight=None, batch_axis=0):
         super().__init__()
         if weight is not None and not isinstance(weight, (int, float)):
             raise ArgumentError(f"loss weight must be a number or None, got {type(weight).__name__}")
         self._weight, self._batch_axis = weight, batch_axis
+        self._auto_compile = True
+
+    def hybridize(self, active=True, **kwargs):
+        self._auto_compile = bool(active)
+        super().hybridize(active, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if (not self._active and not kwargs and args and self.__dict__.get("_auto_compile", False)
+                and type(args[0]) is NDArray and _C._from_compiled_call(args[0]) and not _C.tracing()
+                and all(type(a) is NDArray or a is None for a in args)):
+            while args and args[-1] is None:  # loss(pred, label, None): the same graph as without it
+                args = args[:-1]
+            if all(type(a) is NDArray for a in args):
+                return self._call_cached(args)
+        return super().__call__(*args, **kwargs)
 
     def _weighted_mean(self, loss, sample_weight=None, weight=None):
         if sample_weight is not None:

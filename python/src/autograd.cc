@@ -28,6 +28,7 @@ KILN_PY_BIND(20) {
       });
   m.def("is_recording", &autograd::IsRecording);
   m.def("is_training", &autograd::IsTraining);
+  m.def("_from_compiled_call", &autograd::FromCompiledCall);
   m.def("set_training", &autograd::SetTraining);
   m.def("backward", [](const std::vector<Tensor>& heads, std::optional<std::vector<Tensor>> head_grads,
                        bool retain_graph) {

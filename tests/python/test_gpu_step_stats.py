@@ -1,10 +1,12 @@
 """The structure of a hybridized training step on a GPU, counted without one (KILN_GPU_SIM=2):
 kiln.gpu_step_stats() reports the launches, library calls, syncs, allocations, copies, graph
 replays and tasks of a step, the same on simulated GPUs as on real ones. A step of d2l's LeNet and
-of a small ResNet-18 (the d2l loop, Trainer.step) replays its compiled forward and backward as CUDA
-graphs, cuDNN's workspaces included (they come from the plan's arena, so capture never allocates),
-synchronizes with the host nowhere (the loss's label check included), writes the gradients straight into param.grad (no copy), and
-reaches the parameters of the eager loop. Each test runs in a fresh interpreter (see test_gpu.py)."""
+of a small ResNet-18 (the d2l loop, Trainer.step, the loss not hybridized by the user) runs three
+plans, each replayed as a CUDA graph: the network's forward, the loss (it compiles itself over a
+hybridized block's output), and the backward of both; cuDNN's workspaces come from the plans'
+arenas (capture never allocates), nothing synchronizes with the host (the loss's label check
+included), the gradients are written straight into param.grad (no copy), and the parameters are
+those of the eager loop. Each test runs in a fresh interpreter (see test_gpu.py)."""
 import os
 
 from test_gpu import run_sim
@@ -23,7 +25,7 @@ def lenet():  # d2l.ai 7.6
             nn.Dense(120, activation="sigmoid"), nn.Dense(84, activation="sigmoid"), nn.Dense(10))
     return net
 
-def train(make, hybridize, image, steps=6, batch=8, ctx=None):
+def train(make, hybridize, image, steps=6, batch=8, ctx=None, eager_loss=False):
     ctx = ctx or kiln.gpu(0)
     rng = np.random.default_rng(0)
     X = nd.array(rng.standard_normal((batch, 1, image, image)).astype(np.float32), ctx=ctx)
@@ -34,6 +36,8 @@ def train(make, hybridize, image, steps=6, batch=8, ctx=None):
     if hybridize:
         net.hybridize()
     loss = kiln.loss.SoftmaxCrossEntropyLoss()
+    if eager_loss:
+        loss.hybridize(False)  # the loss's ops one by one, as before it compiled itself
     trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
     stats = []
     for _ in range(steps):
@@ -46,18 +50,20 @@ def train(make, hybridize, image, steps=6, batch=8, ctx=None):
     params = [p.data().asnumpy() for p in net.collect_params().values()]
     return params, stats, None
 
-def check(make, image, plans=2):
+def check(make, image):
     eager, _, _ = train(make, False, image)
     hybrid, stats, _ = train(make, True, image)
     for a, b in zip(eager, hybrid):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
     for s in stats[3:]:  # steady state: the first step compiles, the next ones capture
         print(s)
-        # The network's training forward and the backward (the loss's gradients, the network's
-        # backward, the gradients written into param.grad) are two plans, each one graph replay:
-        # no capture refused (cuDNN's workspaces come from the plans' arenas), nothing launched
-        # one by one, no cudaMalloc.
-        assert s["plan_calls"] == 2 and s["graph_replays"] == 2, s
+        # The network's training forward, the loss (compiled over the network's output) and the
+        # backward (the loss's gradients, the network's backward, the gradients written into
+        # param.grad) are three plans, each one graph replay: no capture refused (cuDNN's
+        # workspaces come from the plans' arenas), nothing launched one by one, no cudaMalloc.
+        # Around them: the optimizer's one fused update and the frees of the step's values.
+        assert s["plan_calls"] == 3 and s["graph_replays"] == 3, s
+        assert s["tasks_outside_plans"] <= 5 and s["allocations"] <= 4, s
         assert s["graph_captures"] == 0 and s["plain_plan_runs"] == 0, s
         assert s["device_mallocs"] == 0, s
         # No wait for the GPU inside the step: the loss's check of its labels (one_hot) records a
@@ -74,11 +80,23 @@ def test_lenet_training_step_replays_its_plans_and_runs_the_loss_gradient_in_the
     code = STEP % EXAMPLES + """
 s = check(lenet, 28)
 print("tasks", s["tasks_outside_plans"], "launches", s["kernel_launches"])
+# The loss hybridize(False): its dozen ops (max, sub, exp, sum, log, one_hot...) run one by one,
+# each a task, a launch and an allocation, between the two plans.
+_, eager_loss, _ = train(lenet, True, 28, eager_loss=True)
+e = eager_loss[-1]
+assert e["plan_calls"] == 2 and e["graph_replays"] == 2, e
+assert e["tasks_outside_plans"] >= s["tasks_outside_plans"] + 10, (e, s)
+assert e["allocations"] >= s["allocations"] + 8 and e["kernel_launches"] >= s["kernel_launches"] + 8, (e, s)
 print("ok")
 """
+    assert "ok" in run_sim(code)
+    # An eager loss with KILN_COMPILED_BACKWARD=0: its gradient ops run one by one around the
+    # backward plan too; compiled, they are part of it.
+    code = STEP % EXAMPLES + """
+s = train(lenet, True, 28, eager_loss=True)[1][-1]
+print("tasks", s["tasks_outside_plans"], "launches", s["kernel_launches"])
+"""
     compiled = run_sim(code)
-    assert "ok" in compiled
-    # KILN_COMPILED_BACKWARD=0: the loss's gradient ops run one by one around the backward plan.
     one_by_one = run_sim("import os; os.environ['KILN_COMPILED_BACKWARD'] = '0'\n" + code)
     count = lambda out: [int(w) for w in out.split("tasks ")[1].split()[::2][:2]]
     (tasks, launches), (tasks0, launches0) = count(compiled), count(one_by_one)
@@ -133,18 +151,20 @@ def _run_cpu(code, **env):
 
 
 def test_on_the_cpu_a_hybridized_step_runs_the_backward_as_one_plan_with_no_task_per_parameter():
-    # The CPU has no graphs, but the same counters: 2 plans per step (the network's forward; the
-    # loss's gradients with the network's backward, writing param.grad in place), and around them
-    # only the loss's forward ops, frees and the optimizer's one fused update: no task per
-    # parameter. With KILN_COMPILED_BACKWARD=0 the loss's gradient ops run one by one.
+    # The CPU has no graphs, but the same counters: 3 plans per step (the network's forward; the
+    # loss; the loss's gradients with the network's backward, writing param.grad in place), and
+    # around them only the optimizer's one fused update: no task per parameter, no loss op. With
+    # an eager loss and KILN_COMPILED_BACKWARD=0 the loss's gradient ops run one by one.
     code = STEP % EXAMPLES + """
-def counts():
-    _, stats, _ = train(lenet, True, 28, ctx=kiln.cpu())
+def counts(eager_loss):
+    _, stats, _ = train(lenet, True, 28, ctx=kiln.cpu(), eager_loss=eager_loss)
     for s in stats[3:]:
-        assert s["plan_calls"] == 2, s
         assert s["kernel_launches"] == 0 and s["graph_replays"] == 0, s   # no GPU at all
-    return stats[-1]["tasks_outside_plans"]
-print("tasks", counts())
+    return stats
+if os.environ.get("KILN_COMPILED_BACKWARD") != "0":
+    for s in counts(False)[3:]:
+        assert s["plan_calls"] == 3 and s["tasks_outside_plans"] <= 1, s
+print("tasks", counts(True)[-1]["tasks_outside_plans"])
 """
     compiled = int(_run_cpu(code).split("tasks ")[1])
     one_by_one = int(_run_cpu(code, KILN_COMPILED_BACKWARD="0").split("tasks ")[1])

@@ -135,3 +135,82 @@ def test_loss_batch_axis():
     pred = np.random.randn(3, 5).astype(np.float32)
     out = loss.L1Loss(batch_axis=1)(nd.array(pred), nd.zeros((3, 5))).asnumpy()
     _close(out, np.abs(pred).mean(axis=0))
+
+
+def _dense(n):
+    net = kiln.nn.HybridSequential()
+    net.add(kiln.nn.Dense(n, in_units=4))
+    net.initialize(init=kiln.init.Xavier())
+    return net
+
+
+@pytest.mark.parametrize("make, label", [
+    (lambda: loss.SoftmaxCrossEntropyLoss(), lambda rng: rng.integers(0, 5, 6).astype(np.float32)),
+    (lambda: loss.SoftmaxCrossEntropyLoss(sparse_label=False, weight=0.5),
+     lambda rng: rng.dirichlet(np.ones(5), 6).astype(np.float32)),
+    (lambda: loss.SoftmaxCrossEntropyLoss(from_logits=True), lambda rng: rng.integers(0, 5, 6).astype(np.float32)),
+    (lambda: loss.L2Loss(), lambda rng: rng.standard_normal((6, 5)).astype(np.float32)),
+    (lambda: loss.L1Loss(), lambda rng: rng.standard_normal((6, 5)).astype(np.float32)),
+    (lambda: loss.SigmoidBCELoss(), lambda rng: (rng.random((6, 5)) > 0.5).astype(np.float32)),
+])
+def test_a_loss_over_a_hybridized_blocks_output_compiles_itself_with_the_eager_values_and_gradients(make, label):
+    # d2l's loop does not hybridize the loss: `l = loss(net(X), y)` with net hybridized. The loss
+    # then runs as one compiled plan (its backward inlined with the network's), with the eager
+    # loss's values and the parameters' gradients, sample weights included.
+    rng = np.random.default_rng(3)
+    X, y = nd.array(rng.standard_normal((6, 4)).astype(np.float32)), nd.array(label(rng))
+    w = nd.array(rng.random(6).astype(np.float32))
+    results = []
+    for compiled in (True, False):
+        net = _dense(5)
+        net.hybridize()
+        params = net.collect_params()
+        for p in params.values():  # the same parameters in both runs
+            p.set_data(nd.array(np.arange(p.data().size, dtype=np.float32).reshape(p.shape) * 0.01 - 0.1))
+        l_fn = make()
+        if not compiled:
+            l_fn.hybridize(False)
+        out = []
+        for args in ((y,), (y, w), (y, None)):
+            with autograd.record():
+                l = l_fn(net(X), *args)
+            l.backward()
+            out.append((l.asnumpy(), [p.grad().asnumpy().copy() for p in params.values()]))
+        if compiled:
+            assert "plan" in str(l_fn.compile_report()).lower()
+        else:
+            with pytest.raises(kiln.StateError):
+                l_fn.compile_report()
+        results.append(out)
+    for (a, ga), (b, gb) in zip(*results):
+        _close(a, b)
+        for x, z in zip(ga, gb):
+            _close(x, z)
+
+
+def test_a_loss_stays_eager_outside_record_and_over_eager_inputs():
+    net = _dense(5)
+    net.hybridize()
+    X, y = nd.ones((2, 4)), nd.array([1.0, 2.0])
+    l_fn = loss.SoftmaxCrossEntropyLoss()
+    l_fn(net(X), y)                         # not recording: an evaluation loop's loss
+    with autograd.record():
+        l_fn(_dense(5)(X), y)               # the prediction of an eager block
+    with pytest.raises(kiln.StateError):
+        l_fn.compile_report()
+    with autograd.record():
+        l_fn(net(X), y)
+    l_fn.compile_report()
+
+
+def test_a_compiled_loss_rejects_a_class_index_out_of_range_as_the_eager_one_does():
+    net = _dense(5)
+    net.hybridize()
+    X = nd.ones((2, 4))
+    l_fn = loss.SoftmaxCrossEntropyLoss(from_logits=True)
+    with autograd.record():
+        l_fn(net(X), nd.array([1.0, 2.0])).wait_to_read()
+    l_fn.compile_report()
+    with pytest.raises(kiln.ArgumentError, match="5"):
+        with autograd.record():
+            l_fn(net(X), nd.array([1.0, 5.0])).wait_to_read()

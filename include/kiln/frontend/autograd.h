@@ -59,6 +59,9 @@ std::vector<Tensor> Grad(const std::vector<Tensor>& heads, const std::vector<Ten
 
 // ---- used by dispatch ----
 
+/// True when `t` was recorded on the active record scope's tape as an output of a compiled call
+/// (a hybridized block's call_graph): kiln.loss compiles a loss over such a prediction.
+bool FromCompiledCall(const Tensor& t);
 /// True when recording and some input takes part in differentiation.
 bool NeedsRecord(std::span<const Tensor> inputs);
 /// Appends the op to the tape and links the outputs to it.
