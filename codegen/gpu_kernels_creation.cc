@@ -7,6 +7,7 @@
 
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/executor.h"
 #include "kiln/runtime/kernel.h"
 #include "kiln/codegen/cu_modules.h"
 #include "gpu_launch.h"
@@ -30,8 +31,10 @@ const char* Suffix(DType t) {
   return "";
 }
 
-/// Runs kiln_random_<kind>_<dtype>(out, n, seed, offset, a, b) over the output: a counter-based
-/// draw, so the launch shape does not change the numbers (one thread per block of 4 elements).
+/// Runs kiln_random_<kind>_<dtype>(out, n, state, seed, offset, a, b) over the output: a
+/// counter-based draw, so the launch shape does not change the numbers (one thread per block of 4
+/// elements). With a.random_state (a plan captured into a CUDA graph) the seed and the call's base
+/// offset are read on the device, and a.offset is the draw's offset from that base.
 void Draw(const KernelArgs& a, const char* kind, double x, double y) {
   const TensorView& out = a.out[0];
   int64_t n = out.shape.numel();
@@ -39,8 +42,9 @@ void Draw(const KernelArgs& a, const char* kind, double x, double y) {
   KILN_CHECK(a.offset % 4 == 0) << a.op.name << ": the counter offset is a multiple of 4";
   void* fn = CuKernel(a.device, "creation", std::string("kiln_random_") + kind + "_" + Suffix(out.dtype));
   void* ptr = out.data;
+  const uint64_t* state = a.random_state;
   uint64_t seed = a.seed, offset = a.offset;
-  void* args[] = {&ptr, &n, &seed, &offset, &x, &y};
+  void* args[] = {&ptr, &n, &state, &seed, &offset, &x, &y};
   LaunchGridStride(fn, (n + 3) / 4, args);
 }
 
@@ -63,6 +67,19 @@ void ArangeGpu(const KernelArgs& a) {
   LaunchGridStride(fn, n, args);
 }
 
+// exec::RandomStateKernels: a captured plan's random state (creation.cu).
+void SetRandomStateGpu(const Device& d, uint64_t* state, uint64_t seed, uint64_t offset) {
+  void* fn = CuKernel(d, "creation", "kiln_random_set_state");
+  void* args[] = {&state, &seed, &offset};
+  LaunchGridStride(fn, 1, args);
+}
+
+void AdvanceRandomStateGpu(const Device& d, uint64_t* state, uint64_t draws) {
+  void* fn = CuKernel(d, "creation", "kiln_random_advance");
+  void* args[] = {&state, &draws};
+  LaunchGridStride(fn, 1, args);
+}
+
 }  // namespace
 
 void BindGpuCreationKernels(KernelTable& t) {
@@ -71,6 +88,7 @@ void BindGpuCreationKernels(KernelTable& t) {
   t.Bind(op::kRandomNormal, DeviceType::kGPU, {NormalGpu});
   t.Bind(op::kRandomBernoulli, DeviceType::kGPU, {BernoulliGpu});
   t.Bind(op::kArange, DeviceType::kGPU, {ArangeGpu});
+  exec::GpuRandomStateKernels() = {SetRandomStateGpu, AdvanceRandomStateGpu};
 }
 
 }  // namespace kiln::codegen

@@ -105,6 +105,11 @@ struct GraphCache {
   struct Entry {
     std::vector<const void*> key;  // the arena, then the addresses of the values not staged
     void* exec = nullptr;
+    // A plan with random steps: the device memory its kernels read the seed and base offset
+    // from, and what it holds once the replays queued so far have run.
+    uint64_t* random_state = nullptr;
+    bool state_known = false;
+    uint64_t seed = 0, next_offset = 0;
   };
   Device device;
   std::vector<Entry> entries;  // the most recently used last
@@ -115,11 +120,13 @@ struct GraphCache {
   // first call's: an activation, a fresh output; weights keep theirs and are read in place).
   std::vector<const void*> first;
   std::vector<void*> staged;  // per input then output: the graph's buffer, or null (read in place)
+  std::vector<void*> random_states;  // every entry's, kept until the cache goes (replays may read them)
   bool planned = false;
   ~GraphCache() {
     try {
       for (Entry& e : entries) cuda::DestroyGraph(e.exec);
-      bool any = false;
+      bool any = !random_states.empty();
+      for (void* b : random_states) staged.push_back(b);
       for (void* b : staged) any |= b != nullptr;
       if (any) cuda::SynchronizeDevice(device);  // replays may still read them
       for (void* b : staged)
@@ -160,17 +167,20 @@ void StopCapturing(const Plan& p, GraphCache& gc, const std::string& why) {
 
 size_t Bytes(const TensorView& t) { return static_cast<size_t>(t.shape.numel()) * DTypeSize(t.dtype); }
 
-using RunFn = std::function<void(std::span<const TensorView>, std::span<const TensorView>)>;
+// Runs a call's steps and output copies on (in, out); random steps read the seed and base offset
+// from `random_state` when it is set (a capture).
+using RunFn = std::function<void(std::span<const TensorView>, std::span<const TensorView>, const uint64_t* random_state)>;
 
 // Runs the call `run(in, out)` (the steps and the output copies) of GPU plan `p` as a CUDA graph
 // when it can: replays the graph captured for the call's addresses, or captures one (the second
 // call onwards), else runs it plainly.
-void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<const TensorView> in,
+void RunOnGpu(const Plan& p, const CallInfo& call, const void* arena, std::span<const TensorView> in,
               std::span<const TensorView> out, const RunFn& run) {
+  const Device& device = call.device;
   GraphCounters& counters = CudaGraphCounters();
   auto plain = [&] {
     ++counters.plain_runs;
-    run(in, out);
+    run(in, out, nullptr);
   };
   if (!CudaGraphsOn() || !p.no_capture.empty()) return plain();
   std::lock_guard<std::mutex> lock(p.graphs_mu);  // a plan runs on one worker at a time anyway
@@ -214,7 +224,19 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     if (gc.staged[i]) views[i].data = gc.staged[i];
     else key.push_back(Bytes(at(i)) ? at(i).data : nullptr);  // an empty value's address is never read
   }
-  auto replay = [&](void* exec) {
+  // A graph's random steps draw at the seed and base offset in its state: written before a replay
+  // unless the graph's previous replay left it there (its last kernel moves it on by the call's
+  // draws, as the host's generator moved when nothing else drew in between).
+  const RandomStateKernels& rs = GpuRandomStateKernels();
+  auto set_state = [&](GraphCache::Entry& e) {
+    if (!e.random_state || (e.state_known && e.seed == call.seed && e.next_offset == call.offset)) return;
+    rs.set(device, e.random_state, call.seed, call.offset);
+    e.state_known = true, e.seed = call.seed, e.next_offset = call.offset;
+  };
+  auto replay = [&](GraphCache::Entry& e) {
+    set_state(e);
+    e.next_offset += p.random_draws;
+    void* exec = e.exec;
     for (size_t i = 0; i < in.size(); ++i)
       if (gc.staged[i]) cuda::CopyAsync(gc.staged[i], in[i].data, Bytes(in[i]), cuda::CopyKind::kDeviceToDevice);
     cuda::LaunchGraph(exec);
@@ -225,7 +247,7 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     if (gc.entries[i].key != key) continue;
     std::rotate(gc.entries.begin() + static_cast<std::ptrdiff_t>(i),
                 gc.entries.begin() + static_cast<std::ptrdiff_t>(i) + 1, gc.entries.end());
-    replay(gc.entries.back().exec);
+    replay(gc.entries.back());
     ++gc.replays, ++counters.replays;
     return;
   }
@@ -235,11 +257,23 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     return plain();
   }
   void* exec = nullptr;
+  GraphCache::Entry entry{key, nullptr};
+  if (p.random_draws > 0) {  // allocated before capturing (a capture may not allocate)
+    try {
+      entry.random_state = static_cast<uint64_t*>(RawAlloc(device, 2 * sizeof(uint64_t), "a CUDA graph's random state"));
+    } catch (const MemoryError& e) {
+      StopCapturing(p, gc, std::string("no device memory for its graph's random state: ") + e.what());
+      return plain();
+    }
+    gc.random_states.push_back(entry.random_state);
+    set_state(entry);
+  }
   const std::span<const TensorView> gin(views.data(), in.size()), gout(views.data() + in.size(), out.size());
   const int64_t frees = GpuFreesDuringCapture();
   cuda::BeginCapture();
   try {
-    run(gin, gout);
+    run(gin, gout, entry.random_state);
+    if (entry.random_state) rs.advance(device, entry.random_state, p.random_draws);
     if (GpuFreesDuringCapture() != frees)
       KILN_THROW(DeviceError) << "a step gave device memory back during the capture; the graph would replay "
                                  "memory the cache may hand to other work";
@@ -259,9 +293,10 @@ void RunOnGpu(const Plan& p, const Device& device, const void* arena, std::span<
     cuda::DestroyGraph(gc.entries.front().exec);
     gc.entries.erase(gc.entries.begin());
   }
-  gc.entries.push_back({key, exec});
+  entry.exec = exec;
+  gc.entries.push_back(std::move(entry));
   ++gc.captures, ++counters.captures;
-  replay(exec);  // capturing recorded the work without running it
+  replay(gc.entries.back());  // capturing recorded the work without running it
 }
 
 // The scratch vectors of the thread running steps.
@@ -270,6 +305,11 @@ struct Scratch {
 };
 
 }  // namespace
+
+RandomStateKernels& GpuRandomStateKernels() {
+  static RandomStateKernels kernels;
+  return kernels;
+}
 
 bool& AlwaysConcurrent() {
   static bool always = false;
@@ -342,6 +382,7 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
   };
   // The profiler: the call is one event, its steps events inside it (on the lane of the thread
   // that runs them; on a GPU, the time to issue their work). One relaxed load when off.
+  CallInfo step_call = call;  // with the device's random state while a CUDA graph is captured
   const bool prof = profiler::Enabled(profiler::kSymbolic);
   profiler::Scope call_event(profiler::kSymbolic, p.name, profiler::Args("steps", static_cast<double>(p.steps.size())));
   auto step = [&](int k, Scratch& sc, int lane) {
@@ -350,7 +391,7 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
     for (int v : st.in) sc.in.push_back(view(v));
     for (int v : st.out) sc.out.push_back(view(v));
     const int64_t t0 = prof ? profiler::Now() : 0;
-    st.launch(StepArgs{sc.in, sc.out, call, lane});
+    st.launch(StepArgs{sc.in, sc.out, step_call, lane});
     if (prof)
       profiler::Complete(profiler::kSymbolic, st.name.empty() ? std::string_view("step") : std::string_view(st.name),
                          t0, profiler::Now(), profiler::Args("step", k, "lane", lane));
@@ -390,9 +431,12 @@ void Run(const Plan& p, std::span<const TensorView> in, std::span<const TensorVi
       return copy_out();
     }
     StepScratchScope scratch(&region);
-    RunOnGpu(p, call.device, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o) {
+    RunOnGpu(p, call, arena, in, out, [&](std::span<const TensorView> i, std::span<const TensorView> o,
+                                          const uint64_t* random_state) {
       vin = i, vout = o;
+      step_call.random_state = random_state;
       serial(), copy_out();
+      step_call.random_state = nullptr;
     });
     // The next call's region holds what the steps wanted (the first call measures it; a capture
     // only happens from the second call on).

@@ -4,6 +4,13 @@
 // `offset` takes word i % 4 of block (offset + i) / 4 of the stream keyed by `seed`. Values are
 // computed in double as on the CPU, then rounded to the output dtype; built with
 // -ffp-contract=off (codegen/CMakeLists.txt) so no multiply-add is fused, as on the CPU.
+//
+// `state`: null for a draw whose seed and offset are the launch's arguments; in a plan replayed
+// as a CUDA graph (whose kernel arguments are fixed when it is captured) the seed and the call's
+// base offset are read from state[0] and state[1] in device memory, and `offset` is the draw's
+// offset from that base. kiln_random_set_state writes them before a replay whose call draws
+// elsewhere than the graph's last replay left off; the graph's own last kernel,
+// kiln_random_advance, moves the base on by the call's draws, as the host's generator moves.
 #include "cu_common.h"
 #include "kiln/runtime/float16_bits.h"
 #include "kiln/runtime/philox.h"
@@ -69,18 +76,30 @@ __device__ void Bernoulli(T* out, long long n, unsigned long long seed, unsigned
 
 }  // namespace
 
-#define KILN_RANDOM(T, suffix)                                                                              \
-  extern "C" __global__ void kiln_random_uniform_##suffix(T* out, long long n, unsigned long long seed,     \
-                                                          unsigned long long offset, double a, double b) { \
-    Uniform(out, n, seed, offset, a, b);                                                                    \
-  }                                                                                                         \
-  extern "C" __global__ void kiln_random_normal_##suffix(T* out, long long n, unsigned long long seed,      \
-                                                         unsigned long long offset, double a, double b) {  \
-    Normal(out, n, seed, offset, a, b);                                                                     \
-  }                                                                                                         \
-  extern "C" __global__ void kiln_random_bernoulli_##suffix(T* out, long long n, unsigned long long seed,   \
-                                                            unsigned long long offset, double p, double) { \
-    Bernoulli(out, n, seed, offset, p);                                                                     \
+extern "C" __global__ void kiln_random_set_state(unsigned long long* state, unsigned long long seed,
+                                                  unsigned long long offset) {
+  if (GlobalThread() == 0) state[0] = seed, state[1] = offset;
+}
+extern "C" __global__ void kiln_random_advance(unsigned long long* state, unsigned long long draws) {
+  if (GlobalThread() == 0) state[1] += draws;
+}
+
+#define KILN_RANDOM_STATE                                                          \
+  const unsigned long long* state, unsigned long long seed, unsigned long long offset
+#define KILN_RANDOM_AT state ? state[0] : seed, (state ? state[1] : 0) + offset
+
+#define KILN_RANDOM(T, suffix)                                                                           \
+  extern "C" __global__ void kiln_random_uniform_##suffix(T* out, long long n, KILN_RANDOM_STATE,       \
+                                                          double a, double b) {                          \
+    Uniform(out, n, KILN_RANDOM_AT, a, b);                                                               \
+  }                                                                                                      \
+  extern "C" __global__ void kiln_random_normal_##suffix(T* out, long long n, KILN_RANDOM_STATE,        \
+                                                         double a, double b) {                           \
+    Normal(out, n, KILN_RANDOM_AT, a, b);                                                                \
+  }                                                                                                      \
+  extern "C" __global__ void kiln_random_bernoulli_##suffix(T* out, long long n, KILN_RANDOM_STATE,     \
+                                                            double p, double) {                          \
+    Bernoulli(out, n, KILN_RANDOM_AT, p);                                                                \
   }
 
 /// arange: out[i] = start + step * i, computed in double as on the CPU.

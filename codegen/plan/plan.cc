@@ -264,14 +264,26 @@ void BindSteps(const ir::Graph& graph, const Reads& reads, const Writes& writes,
     }
 #endif
     st.launch = [kb = p->kernels[node], op = &n, offset = p->random_offsets[node]](const exec::StepArgs& a) {
-      kb->fn(KernelArgs{op->def(), a.in, a.out, op->attrs(), a.call.device, a.call.seed, a.call.offset + offset});
+      const uint64_t* state = a.call.random_state;  // captured: the base offset is read on the device
+      kb->fn(KernelArgs{op->def(), a.in, a.out, op->attrs(), a.call.device, a.call.seed,
+                        state ? offset : a.call.offset + offset, state});
     };
   }
   x.serial = {p->slots, p->arena_bytes};
   x.name = p->report.name;
-  for (int i : p->step_nodes)  // a graph would replay the draws of the call it was captured in
-    if (graph.nodes()[static_cast<size_t>(i)]->def().random && x.no_capture.empty())
-      x.no_capture = "it draws random numbers (" + graph.nodes()[static_cast<size_t>(i)]->def().name + ")";
+  // A graph replays the kernel arguments of the call it was captured in: the random ops' kernels
+  // then read the seed and the call's base offset from device memory (exec::RandomStateKernels),
+  // so every replay draws new numbers, those of an uncaptured call. A nested compiled call draws
+  // with arguments of its own: such a plan is not captured.
+  const bool device_state = !p->device.is_cpu() && exec::GpuRandomStateKernels().set;
+  for (int i : p->step_nodes) {
+    const ir::Node& n = *graph.nodes()[static_cast<size_t>(i)];
+    if (!n.def().random) continue;
+    const bool reads_state = n.op() == op::kRandomUniform || n.op() == op::kRandomNormal ||
+                             n.op() == op::kRandomBernoulli;
+    if (device_state && reads_state) x.random_draws = static_cast<uint64_t>(p->random_numel);
+    else if (x.no_capture.empty()) x.no_capture = "it draws random numbers (" + n.def().name + ")";
+  }
   x.concurrent = p->concurrent;
   if (p->concurrent) {
     x.per_lane = {p->stream_slots, p->stream_arena_bytes};

@@ -1,6 +1,8 @@
 """Training on simulated GPUs (KILN_GPU_SIM=2): eager and hybridized models train on a GPU to the
 parameters the CPU reaches, with the Trainer's update on the device; each test runs its snippet
 in a fresh interpreter with the simulator switched on (see test_gpu.py)."""
+import numpy as np
+
 from test_gpu import run_sim
 
 # A small MLP trained a few steps on `ctx`, eager or hybridized; returns its first weight and the
@@ -89,37 +91,58 @@ print("ok")
     assert "ok" in out
 
 
-def test_cuda_graphs_switch_off_and_skip_plans_that_draw_random_numbers():
+def test_cuda_graphs_switch_off_and_replay_plans_that_draw_random_numbers_with_new_draws():
+    # Dropout's plan is captured too: its kernels read the seed and the call's offset from device
+    # memory, so each replay draws the mask an uncaptured call would (KILN_CUDA_GRAPHS=0 below
+    # gives the very same numbers), also after nd.random.seed() and after other draws in between.
     code = """
 import numpy as np, kiln
 from kiln import nd, nn, autograd
-net = nn.HybridSequential()
-net.add(nn.Dense(16, activation="tanh"), nn.Dropout(0.5), nn.Dense(3))
+nd.random.seed(5)
+net = nn.HybridSequential()  # shapes given: the first call draws no initial weights
+net.add(nn.Dense(16, activation="tanh", in_units=6), nn.Dropout(0.5), nn.Dense(3, in_units=16))
 net.initialize(ctx=kiln.gpu(0))
 net.hybridize()
-x = nd.array(np.random.rand(4, 6).astype(np.float32), ctx=kiln.gpu(0))
-masks = []
-for _ in range(4):
+x = nd.array(np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6), ctx=kiln.gpu(0))
+outs, grads = [], []
+for i in range(8):
+    if i in (0, 5):
+        nd.random.seed(5)                                     # call 5 draws the mask of call 0
+    if i == 6:
+        nd.random.uniform(shape=(3,), ctx=kiln.gpu(0))        # something else draws in between
     with autograd.record():   # training: dropout draws a new mask on every call
         y = net(x)
-    masks.append(y.asnumpy())
-assert not np.array_equal(masks[2], masks[3])  # a replayed graph would repeat the draw
+    y.backward()
+    outs.append(y.asnumpy())
+    grads.append(net[0].weight.grad().asnumpy().copy())
+for a, b in zip(outs, outs[1:]):
+    assert not np.array_equal(a, b)  # a graph replaying its captured draws would repeat the mask
+np.testing.assert_array_equal(outs[5], outs[0])
 for _ in range(4):
     y = net(x)             # inference: no dropout, no random numbers
 kiln.waitall()             # the counters move when the calls run, not when they are queued
+np.save("OUT", np.concatenate([o.ravel() for o in outs + grads]))
 print(kiln.cuda_graph_stats())
 """
-    out = run_sim(code)
-    s = eval(out.strip().splitlines()[-1])
-    assert s["captures"] == 1 and s["replays"] == 2, s  # the inference plan only
-    import subprocess, sys
+    import os, subprocess, sys, tempfile
     from conftest import gpu_env, skip_if_short_of_gpus
-    env = gpu_env(code, KILN_CUDA_GRAPHS="0")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    skip_if_short_of_gpus(r)
-    assert r.returncode == 0, r.stderr
-    s = eval(r.stdout.strip().splitlines()[-1])
-    assert s["captures"] == 0 and s["replays"] == 0 and s["plain_runs"] == 8, s  # every call runs compiled
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        for graphs in ("1", "0"):
+            path = os.path.join(d, f"out{graphs}.npy")
+            env = gpu_env(code, KILN_CUDA_GRAPHS=graphs)
+            r = subprocess.run([sys.executable, "-c", code.replace("OUT", path)], env=env, capture_output=True,
+                               text=True, timeout=300)
+            skip_if_short_of_gpus(r)
+            assert r.returncode == 0, r.stdout + r.stderr
+            results.append((eval(r.stdout.strip().splitlines()[-1]), np.load(path)))
+    (on, drawn), (off, drawn_plainly) = results
+    # The training forward (with dropout) and the inference plan are captured once each from their
+    # second call; the backward reads the saved mask and draws nothing: captured as well.
+    assert on["refused"] == 0 and on["captures"] == 3, on
+    assert on["replays"] == 6 + 2 + 6, on
+    assert off["captures"] == 0 and off["replays"] == 0 and off["plain_runs"] == 8 + 4 + 8, off
+    np.testing.assert_array_equal(drawn, drawn_plainly)
 
 
 def test_export_from_a_gpu_imports_on_the_cpu_and_the_other_way_round(tmp_path):

@@ -53,6 +53,9 @@ struct LaneSchedule {
 struct CallInfo {
   Device device;
   uint64_t seed = 0, offset = 0;
+  /// Set while a GPU plan is captured into a CUDA graph: the device memory its random steps read
+  /// the seed and base offset from (KernelArgs::random_state).
+  const uint64_t* random_state = nullptr;
 };
 
 /// What a step's launch sees: views of the values it reads and writes (in the step's order), and
@@ -112,6 +115,9 @@ struct Plan {
   /// ("" when it may be: its kernels' arguments are the same on every call, no random draws).
   std::string name = "graph";
   std::string no_capture;
+  /// GPU plans whose random steps read their seed and offset from device memory when captured
+  /// (KernelArgs::random_state): the generator counter space one call draws (0: no random step).
+  uint64_t random_draws = 0;
   mutable std::mutex graphs_mu;
   mutable std::shared_ptr<GraphCache> graphs;  ///< created by the first GPU run
   /// GPU plans whose steps run in order on one stream: the bytes of scratch (library workspaces)
@@ -119,6 +125,15 @@ struct Plan {
   /// end of the arena (StepScratchRegion), so a captured graph allocates nothing.
   mutable std::atomic<size_t> scratch_bytes{0};
 };
+
+/// The GPU kernels a captured plan's random state needs (bound with the creation kernels,
+/// codegen/gpu_kernels_creation.cc; null without them): `set` writes the seed and the call's base
+/// offset into `state` (16 bytes of device memory), `advance` moves the base on by `draws`.
+struct RandomStateKernels {
+  void (*set)(const Device& d, uint64_t* state, uint64_t seed, uint64_t offset) = nullptr;
+  void (*advance)(const Device& d, uint64_t* state, uint64_t draws) = nullptr;
+};
+RandomStateKernels& GpuRandomStateKernels();
 
 /// Runs `p` on the call's inputs and outputs. Steps raise what their launch raises.
 /// On a GPU (the call's device) the steps launch on the calling worker's stream, or, for a plan

@@ -37,6 +37,9 @@ struct KernelArgs {
   Device device;
   uint64_t seed = 0;    ///< random ops: generator seed
   uint64_t offset = 0;  ///< random ops: counter offset of the first element
+  /// Random ops in a plan captured into a CUDA graph: device memory holding the seed and the
+  /// call's base offset (read when the graph replays); `offset` is then relative to that base.
+  const uint64_t* random_state = nullptr;
 };
 using KernelFn = void (*)(const KernelArgs&);
 
