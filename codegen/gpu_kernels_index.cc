@@ -15,7 +15,6 @@
 #include <array>
 #include <cstring>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -152,39 +151,20 @@ void LaunchCheck(const Device& d, const TensorView& ix, int64_t dim, int64_t* fl
   LaunchGridStride(fn, n, args);
 }
 
-/// Waits for the check launched into `flag`; the first flagged position and its index (false:
-/// none flagged).
-bool FirstFlagged(const TensorView& ix, const int64_t* flag, int64_t* position, int64_t* value) {
-  int64_t found = 0;
-  cuda::CopyAsync(&found, flag, sizeof found, cuda::CopyKind::kDeviceToHost);
-  cuda::SynchronizeWorkerStream();
-  if (found == 0) return false;
-  const int64_t j = *position = ix.numel() - found;
-  if (ix.dtype == DType::kInt32) {
-    int32_t v = 0;
-    cuda::CopyAsync(&v, static_cast<const int32_t*>(ix.data) + j, sizeof v, cuda::CopyKind::kDeviceToHost);
-    cuda::SynchronizeWorkerStream();
-    *value = v;
-  } else {
-    cuda::CopyAsync(value, static_cast<const int64_t*>(ix.data) + j, sizeof *value, cuda::CopyKind::kDeviceToHost);
-    cuda::SynchronizeWorkerStream();
-  }
-  return true;
-}
-
-/// Waits for the check launched into `flag`; throws the CPU's ValueError for the first index out
-/// of range.
-void RaiseBadIndex(const TensorView& ix, int64_t dim, int axis, const int64_t* flag, const char* op) {
-  int64_t j = 0, value = 0;
-  if (!FirstFlagged(ix, flag, &j, &value)) return;
-  std::ostringstream valid;
-  if (dim == 0)
-    valid << "an axis of size 0 has no valid index";
-  else
-    valid << "valid indices are " << -dim << " to " << dim - 1;
-  KILN_THROW(ValueError) << op << ": index " << value << " (at position " << j
-                         << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
-                         << valid.str();
+/// Records the first index `flag` holds (LaunchCheck) in the device's error record, without
+/// waiting: the host raises the CPU's ValueError for it at its next sync point
+/// (cuda::RaiseDeferredDeviceErrors, host::RaiseBadIndex). No host sync: a plan that gathers
+/// (an embedding) is captured into a CUDA graph like any other. A bad index reads a clipped row
+/// meanwhile, never memory outside the operand.
+void RecordBadIndex(const Device& d, const TensorView& ix, int64_t dim, int axis, const int64_t* flag,
+                    cuda::DeferredCheck kind, const char* op) {
+  int64_t n = ix.numel(), k = static_cast<int64_t>(kind), ax = axis;
+  void* p = ix.data;
+  void* f = const_cast<int64_t*>(flag);
+  void* record = cuda::DeviceErrorRecord(d);
+  void* args[] = {&p, &n, &dim, &f, &record, &k, &ax};
+  LaunchGridStride(CuKernel(d, "index", "kiln_record_indices_" + IndexSuffix(ix, op)), 1, args);
+  cuda::PublishDeviceErrors(d);
 }
 
 /// Checks the class labels against [0, depth) without waiting: the first bad one goes into the
@@ -365,7 +345,7 @@ void TakeGpu(const KernelArgs& a) {
     void* args[] = {&o, &p, &q, &outer, &n, &dim, &inner};
     LaunchGridStride(fn, outer * n * inner, args);
   }
-  RaiseBadIndex(ix, dim, axis, flag.i64(), "take");
+  RecordBadIndex(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeIndex, "take");
 }
 
 /// dx = zeros with dy's rows added at the indices along axis: the (row, position) keys sorted,
@@ -385,7 +365,7 @@ void TakeGradGpu(const KernelArgs& a) {
     if (n > 0) {  // nothing to add, but bad indices are still an error, as on the CPU
       Scratch flag(a.device, sizeof(int64_t));
       LaunchCheck(a.device, ix, dim, flag.i64(), "take_grad");
-      RaiseBadIndex(ix, dim, axis, flag.i64(), "take_grad");
+      RecordBadIndex(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
     }
     return;
   }
@@ -416,7 +396,7 @@ void TakeGradGpu(const KernelArgs& a) {
     void* args[] = {&o, &g, &keys, &start, &outer, &n, &dim, &inner};
     LaunchGridStride(fn, total, args);
   }
-  RaiseBadIndex(ix, dim, axis, flag, "take_grad");
+  RecordBadIndex(a.device, ix, dim, axis, flag, cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
 }
 
 void OneHotGpu(const KernelArgs& a) {

@@ -173,7 +173,7 @@ void CopyAsync(void* dst, const void* src, size_t nbytes, CopyKind kind) {
 
 namespace {
 constexpr int kMaxRecordDevices = 64;
-constexpr size_t kRecordBytes = 8 * sizeof(int64_t);  // the layout: codegen/cu/index.cu RecordLabels
+constexpr size_t kRecordBytes = 8 * sizeof(int64_t);  // the layout: codegen/cu/index.cu RecordFirstBad
 struct ErrorRecord {
   int64_t* device = nullptr;
   int64_t* host = nullptr;  // pinned: written by the copies PublishDeviceErrors queues
@@ -234,7 +234,8 @@ void RaiseDeferredDeviceErrors() {
       for (int k = 0; k < 8; ++k) found[k] = h[k];
       // Not whole (a copy caught it half written: the next copy brings it whole), or raised
       // already (a copy queued before the record was cleared).
-      if (found[0] != static_cast<int64_t>(DeferredCheck::kBadLabel) || found[1] != found[5] ||
+      if (found[0] < static_cast<int64_t>(DeferredCheck::kBadLabel) ||
+          found[0] > static_cast<int64_t>(DeferredCheck::kBadTakeGradIndex) || found[1] != found[5] ||
           found[1] <= e->raised)
         continue;
       e->raised = found[1];
@@ -247,12 +248,14 @@ void RaiseDeferredDeviceErrors() {
     }
   }
   if (device < 0) return;
+  const auto kind = static_cast<DeferredCheck>(found[0]);
+  const char* op = kind == DeferredCheck::kBadLabel ? "one_hot" : kind == DeferredCheck::kBadTakeIndex ? "take" : "take_grad";
+  const std::string found_by = std::string("; found by ") + gpu(device).str() + "'s check of an earlier " + op +
+                               ", which the host does not wait for: raised at this synchronization with the GPU "
+                               "(the work queued after that " + op + " ran, optimizer steps included)";
   try {
-    host::RaiseBadLabel(found[3], found[2], found[4],
-                        ("; found by " + gpu(device).str() +
-                         "'s check of an earlier one_hot, which the host does not wait for: raised at this "
-                         "synchronization with the GPU (the work queued after that one_hot ran, optimizer "
-                         "steps included)").c_str());
+    if (kind == DeferredCheck::kBadLabel) host::RaiseBadLabel(found[3], found[2], found[4], found_by.c_str());
+    host::RaiseBadIndex(op, found[3], found[2], static_cast<int>(found[7]), found[4], found_by.c_str());
   } catch (const ValueError& e) {
     throw DeferredDeviceError(e.what());
   }

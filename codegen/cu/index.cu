@@ -191,13 +191,15 @@ __device__ void CheckLabels(const I* ix, long long n, long long depth, long long
   }
 }
 
-/// One thread: copies the first bad label kiln_check_labels flagged into the device's error
-/// record (cuda.h DeferredCheck), unless the record holds an error the host has not raised yet.
-/// Record: [0] the check (0 none, -1 being written, 1 a bad label), [1] and [5] the error's
-/// number (written first and last: a copy that caught the record half written has them differ),
-/// [2] the position, [3] the value, [4] the number of classes, [6] the last number given.
+/// One thread: copies the first bad index a check flagged into the device's error record
+/// (cuda.h DeferredCheck), unless the record holds an error the host has not raised yet.
+/// Record: [0] the check (0 none, -1 being written, then `kind`: 1 a bad label, 2 a bad index of
+/// take, 3 of take_grad), [1] and [5] the error's number (written first and last: a copy that
+/// caught the record half written has them differ), [2] the position, [3] the value, [4] the
+/// number of classes or the axis's size, [6] the last number given, [7] the axis.
 template <class I>
-__device__ void RecordLabels(const I* ix, long long n, long long depth, const long long* flag, long long* record) {
+__device__ void RecordFirstBad(const I* ix, long long n, long long limit, const long long* flag, long long* record,
+                               long long kind, long long axis) {
   if (GlobalThread() != 0 || *flag == 0) return;
   long long none = 0;  // claimed by one kernel at a time (lanes run on several streams)
   if (!__atomic_compare_exchange_n(record, &none, -1LL, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
@@ -207,9 +209,10 @@ __device__ void RecordLabels(const I* ix, long long n, long long depth, const lo
   r[1] = number;
   r[2] = j;
   r[3] = static_cast<long long>(ix[j]);
-  r[4] = depth;
+  r[4] = limit;
+  r[7] = axis;
   r[5] = number;
-  r[0] = 1;
+  r[0] = kind;
 }
 
 /// The row an index picks: negative ones wrap; bad ones (already flagged) are clipped so that
@@ -381,7 +384,12 @@ KILN_ARG_BOTH(unsigned char, u8)  // uint8 and bool
   }                                                                                                            \
   extern "C" __global__ void kiln_record_labels_##iname(const I* ix, long long n, long long depth,               \
                                                         const long long* flag, long long* record) {             \
-    RecordLabels(ix, n, depth, flag, record);                                                                  \
+    RecordFirstBad(ix, n, depth, flag, record, 1, -1);                                                         \
+  }                                                                                                            \
+  extern "C" __global__ void kiln_record_indices_##iname(const I* ix, long long n, long long dim,               \
+                                                         const long long* flag, long long* record,              \
+                                                         long long kind, long long axis) {                      \
+    RecordFirstBad(ix, n, dim, flag, record, kind, axis);                                                      \
   }                                                                                                            \
   extern "C" __global__ void kiln_take_keys_##iname(long long* keys, const I* ix, long long n, long long dim,  \
                                                     long long padded) {                                        \

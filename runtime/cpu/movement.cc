@@ -265,18 +265,21 @@ int64_t FirstOutside(const I* ix, int64_t n, int64_t lo, int64_t dim) {
 template <class I>
 void CheckIndices(const I* ix, int64_t n, int64_t dim, int axis, const char* op) {
   int64_t j = FirstOutside(ix, n, -dim, dim);
-  if (j == n) return;
+  if (j < n) RaiseBadIndex(op, static_cast<int64_t>(ix[j]), j, axis, dim);
+}
+
+}  // namespace
+
+void RaiseBadIndex(const char* op, int64_t index, int64_t position, int axis, int64_t dim, const char* found_by) {
   std::ostringstream valid;
   if (dim == 0)
     valid << "an axis of size 0 has no valid index";
   else
     valid << "valid indices are " << -dim << " to " << dim - 1;
-  KILN_THROW(ValueError) << op << ": index " << static_cast<int64_t>(ix[j]) << " (at position " << j
+  KILN_THROW(ValueError) << op << ": index " << index << " (at position " << position
                          << " of the indices) is out of range for axis " << axis << " of size " << dim << "; "
-                         << valid.str();
+                         << valid.str() << found_by;
 }
-
-}  // namespace
 
 void RaiseBadLabel(int64_t label, int64_t position, int64_t classes, const char* found_by) {
   std::ostringstream valid;

@@ -197,6 +197,57 @@ def test_on_a_simulated_gpu_the_label_check_waits_for_nothing_and_raises_at_the_
     assert out.stdout.strip().endswith("ok"), out.stdout
 
 
+def test_on_a_simulated_gpu_an_embeddings_index_check_waits_for_nothing_and_raises_at_the_next_sync():
+    # The same for take (an Embedding) and its gradient: a hybridized embedding is captured and
+    # replayed with no host sync; an index out of range raises the CPU's error at the next sync,
+    # once, from the forward's take or from the backward's take_grad.
+    code = textwrap.dedent("""
+        import kiln
+        from kiln import nd, nn, autograd
+        g = kiln.gpu(0)
+        net = nn.HybridSequential()
+        net.add(nn.Embedding(6, 3), nn.Dense(2))
+        net.initialize(ctx=g)
+        net.hybridize()
+        ix = nd.array([0, 5, 2, 1], device=g)
+        for _ in range(4):
+            net(ix).asnumpy()
+        kiln.gpu_step_stats()
+        net(ix)
+        s = kiln.gpu_step_stats()
+        assert s["graph_replays"] == 1 and s["graph_captures"] == 0 and s["host_syncs"] == 0, s
+        ix[2] = 6                                 # the same buffer: the captured graph replays
+        try:
+            net(ix).asnumpy()
+            print("not raised")
+        except kiln.ArgumentError as e:
+            print("refused:", e)
+        ix[2] = 2
+        print(net(ix).asnumpy().shape)            # raised once: the record was cleared
+        w = nd.array([[1.0, 2.0], [3.0, 4.0]], device=g)
+        w.attach_grad()
+        with autograd.record():
+            y = nd.take(w, nd.array([1, -3], device=g, dtype="int64"), axis=0)
+        try:
+            y.backward()
+            w.grad.asnumpy()
+            print("not raised")
+        except kiln.ArgumentError as e:
+            print("backward refused:", e)
+        kiln.waitall()
+        print("ok")
+    """)
+    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "not raised" not in out.stdout, out.stdout
+    assert ("take: index 6 (at position 2 of the indices) is out of range for axis 0 of size 6; valid indices "
+            "are -6 to 5; found by gpu(0)'s check of an earlier take") in out.stdout, out.stdout
+    assert out.stdout.count("refused:") == 2 and "(4, 2)" in out.stdout, out.stdout
+    assert "index -3 (at position 1 of the indices) is out of range for axis 0 of size 2" in out.stdout, out.stdout
+    assert out.stdout.strip().endswith("ok"), out.stdout
+
+
 # ---- Python integers that do not fit the dtype (NumPy 2 raises OverflowError) -----------------
 
 @pytest.mark.parametrize("expr, dtype, value", [

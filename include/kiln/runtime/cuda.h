@@ -45,7 +45,7 @@ void Memset(void* dst, int value, size_t nbytes);
 /// pinned host memory is queued behind it (CUDA-graph capturable: fixed addresses); the host
 /// raises it at its next sync point with the GPU (wait_to_read, asnumpy, waitall, a copy to the
 /// CPU), as CUDA reports a kernel's fault at the next synchronization.
-enum class DeferredCheck : int64_t { kNone = 0, kBadLabel = 1 };
+enum class DeferredCheck : int64_t { kNone = 0, kBadLabel = 1, kBadTakeIndex = 2, kBadTakeGradIndex = 3 };
 /// The record of device `d` (8 int64 on the device, laid out as codegen/cu/index.cu's
 /// RecordLabels writes them), zeroed; allocated on its first use.
 int64_t* DeviceErrorRecord(const Device& d);

@@ -41,5 +41,9 @@ void OneHot(const TensorView& indices, const TensorView& out, double on, double 
 /// Throws the ValueError of a class label outside [0, classes) (CPU and GPU kernels alike);
 /// `found_by` is appended (where a GPU's check found it).
 [[noreturn]] void RaiseBadLabel(int64_t label, int64_t position, int64_t classes, const char* found_by = "");
+/// Throws the ValueError of take's (or take_grad's: `op`) index outside [-dim, dim) at `position`
+/// of the indices, for axis `axis` (CPU and GPU kernels alike); `found_by` is appended.
+[[noreturn]] void RaiseBadIndex(const char* op, int64_t index, int64_t position, int axis, int64_t dim,
+                                const char* found_by = "");
 
 }  // namespace kiln::host
