@@ -203,6 +203,23 @@ def test_a_loss_stays_eager_outside_record_and_over_eager_inputs():
     l_fn.compile_report()
 
 
+def test_a_users_loss_with_a_forward_of_its_own_stays_eager_unless_hybridized():
+    class Branchy(loss.Loss):  # branches on a value: a trace could not follow it
+        def forward(self, pred, label):
+            d = pred - label
+            return (d * d).mean(axis=1) if d.sum().item() > 0 else d.abs().mean(axis=1)
+
+    net = _dense(2)
+    net.hybridize()
+    l_fn = Branchy()
+    with autograd.record():
+        l = l_fn(net(nd.ones((3, 4))), nd.zeros((3, 2)))
+    l.backward()
+    assert l.shape == (3,)
+    with pytest.raises(kiln.StateError):
+        l_fn.compile_report()
+
+
 def test_a_compiled_loss_rejects_a_class_index_out_of_range_as_the_eager_one_does():
     net = _dense(5)
     net.hybridize()
