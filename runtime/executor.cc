@@ -235,11 +235,11 @@ void RunOnGpu(const Plan& p, const CallInfo& call, const void* arena, std::span<
   };
   auto replay = [&](GraphCache::Entry& e) {
     set_state(e);
-    e.next_offset += p.random_draws;
-    void* exec = e.exec;
+    e.state_known = false;  // until the graph is queued: a launch that fails leaves it unknown
     for (size_t i = 0; i < in.size(); ++i)
       if (gc.staged[i]) cuda::CopyAsync(gc.staged[i], in[i].data, Bytes(in[i]), cuda::CopyKind::kDeviceToDevice);
-    cuda::LaunchGraph(exec);
+    cuda::LaunchGraph(e.exec);
+    e.state_known = e.random_state != nullptr, e.next_offset += p.random_draws;
     for (size_t k = 0; k < out.size(); ++k)
       if (void* b = gc.staged[in.size() + k]) cuda::CopyAsync(out[k].data, b, Bytes(out[k]), cuda::CopyKind::kDeviceToDevice);
   };

@@ -29,15 +29,15 @@ class Loss(HybridBlock):
     the output of a hybridized block's call (the d2l loop: `l = loss(net(X), y)` with `net`
     hybridized): its ops then run as one compiled plan, not as a dozen eager tasks, and the
     compiled backward inlines its gradient with the network's. hybridize(False) turns that off.
-    Only kiln's own losses do it: a subclass with a forward() of its own (which may branch on
-    values) runs eagerly unless hybridized."""
+    Only kiln's own loss classes do it: a user's subclass (whose code may branch on values, as a
+    trace cannot) runs eagerly unless hybridized."""
 
     def __init__(self, weight=None, batch_axis=0):
         super().__init__()
         if weight is not None and not isinstance(weight, (int, float)):
             raise ArgumentError(f"loss weight must be a number or None, got {type(weight).__name__}")
         self._weight, self._batch_axis = weight, batch_axis
-        self._auto_compile = getattr(type(self).forward, "__module__", None) == __name__
+        self._auto_compile = type(self).__module__ == __name__  # kiln's classes, not a subclass of one
 
     def hybridize(self, active=True, **kwargs):
         self._auto_compile = bool(active)

@@ -229,7 +229,12 @@ def test_on_a_simulated_gpu_an_embeddings_index_check_waits_for_nothing_and_rais
         with autograd.record():
             y = nd.take(w, nd.array([1, -3], device=g, dtype="int64"), axis=0)
         try:
-            y.backward()
+            y.wait_to_read()                      # the forward's take
+            print("not raised")
+        except kiln.ArgumentError as e:
+            print("forward refused:", e)
+        try:
+            y.backward()                          # take_grad checks the same indices
             w.grad.asnumpy()
             print("not raised")
         except kiln.ArgumentError as e:
@@ -243,8 +248,10 @@ def test_on_a_simulated_gpu_an_embeddings_index_check_waits_for_nothing_and_rais
     assert "not raised" not in out.stdout, out.stdout
     assert ("take: index 6 (at position 2 of the indices) is out of range for axis 0 of size 6; valid indices "
             "are -6 to 5; found by gpu(0)'s check of an earlier take") in out.stdout, out.stdout
-    assert out.stdout.count("refused:") == 2 and "(4, 2)" in out.stdout, out.stdout
-    assert "index -3 (at position 1 of the indices) is out of range for axis 0 of size 2" in out.stdout, out.stdout
+    assert out.stdout.count("refused:") == 3 and "(4, 2)" in out.stdout, out.stdout
+    bad = "index -3 (at position 1 of the indices) is out of range for axis 0 of size 2"
+    assert out.stdout.count(bad) == 2 and "take: " + bad in out.stdout and "take_grad: " + bad in out.stdout, out.stdout
+    assert "an earlier take_grad" in out.stdout, out.stdout
     assert out.stdout.strip().endswith("ok"), out.stdout
 
 

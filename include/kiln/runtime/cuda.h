@@ -47,13 +47,13 @@ void Memset(void* dst, int value, size_t nbytes);
 /// CPU), as CUDA reports a kernel's fault at the next synchronization.
 enum class DeferredCheck : int64_t { kNone = 0, kBadLabel = 1, kBadTakeIndex = 2, kBadTakeGradIndex = 3 };
 /// The record of device `d` (8 int64 on the device, laid out as codegen/cu/index.cu's
-/// RecordLabels writes them), zeroed; allocated on its first use.
+/// RecordFirstBad writes them), zeroed; allocated on its first use.
 int64_t* DeviceErrorRecord(const Device& d);
 /// Queues, on the calling worker's stream, the copy of `d`'s record into host memory.
 void PublishDeviceErrors(const Device& d);
 /// At a sync point: throws an error recorded on a device and not raised yet (DeferredDeviceError,
-/// a ValueError, for a bad label: the first bad label of the first failed check since the last
-/// one raised on that device), and clears it; nothing when no check failed.
+/// a ValueError: the first bad label or index of the first failed check since the last one raised
+/// on that device, with the CPU's message for it), and clears it; nothing when no check failed.
 void RaiseDeferredDeviceErrors();
 
 /// The CUDA version the driver supports (13000 for 13.0); 0 without a driver.
