@@ -151,39 +151,33 @@ void LaunchCheck(const Device& d, const TensorView& ix, int64_t dim, int64_t* fl
   LaunchGridStride(fn, n, args);
 }
 
-/// Records the first index `flag` holds (LaunchCheck) in the device's error record, without
-/// waiting: the host raises the CPU's ValueError for it at its next sync point
-/// (cuda::RaiseDeferredDeviceErrors, host::RaiseBadIndex). No host sync: a plan that gathers
-/// (an embedding) is captured into a CUDA graph like any other. A bad index reads a clipped row
-/// meanwhile, never memory outside the operand.
-void RecordBadIndex(const Device& d, const TensorView& ix, int64_t dim, int axis, const int64_t* flag,
+/// Records the first index `flag` holds (a check against `limit`: LaunchCheck, or one_hot's of
+/// labels) in the device's error record, without waiting: the host raises the CPU's ValueError
+/// for it at its next sync point (cuda::RaiseDeferredDeviceErrors; host::RaiseBadIndex,
+/// RaiseBadLabel). No host sync: a plan that gathers (an embedding) or has a loss in it is
+/// captured into a CUDA graph like any other. A bad index reads a clipped row meanwhile, never
+/// memory outside the operand.
+void RecordFirstBad(const Device& d, const TensorView& ix, int64_t limit, int axis, const int64_t* flag,
                     cuda::DeferredCheck kind, const char* op) {
   int64_t n = ix.numel(), k = static_cast<int64_t>(kind), ax = axis;
   void* p = ix.data;
   void* f = const_cast<int64_t*>(flag);
   void* record = cuda::DeviceErrorRecord(d);
-  void* args[] = {&p, &n, &dim, &f, &record, &k, &ax};
-  LaunchGridStride(CuKernel(d, "index", "kiln_record_indices_" + IndexSuffix(ix, op)), 1, args);
+  void* args[] = {&p, &n, &limit, &f, &record, &k, &ax};
+  LaunchGridStride(CuKernel(d, "index", "kiln_record_first_bad_" + IndexSuffix(ix, op)), 1, args);
   cuda::PublishDeviceErrors(d);
 }
 
-/// Checks the class labels against [0, depth) without waiting: the first bad one goes into the
-/// device's error record, which the host raises at its next sync point as the CPU's ValueError
-/// (cuda::RaiseDeferredDeviceErrors, host::RaiseBadLabel). No host sync: a plan with a loss in it
-/// is captured into a CUDA graph like any other.
+/// Checks the class labels against [0, depth) without waiting (RecordFirstBad).
 void CheckLabelsDeferred(const Device& d, const TensorView& ix, int64_t depth) {
   int64_t n = ix.numel();
   Scratch flag(d, sizeof(int64_t));
   Zero(d, flag.i64(), 1, "8");
-  const std::string suffix = IndexSuffix(ix, "one_hot");
   void* p = ix.data;
   void* f = flag.i64();
-  void* check_args[] = {&p, &n, &depth, &f};
-  LaunchGridStride(CuKernel(d, "index", "kiln_check_labels_" + suffix), n, check_args);
-  void* record = cuda::DeviceErrorRecord(d);
-  void* record_args[] = {&p, &n, &depth, &f, &record};
-  LaunchGridStride(CuKernel(d, "index", "kiln_record_labels_" + suffix), 1, record_args);
-  cuda::PublishDeviceErrors(d);
+  void* args[] = {&p, &n, &depth, &f};
+  LaunchGridStride(CuKernel(d, "index", "kiln_check_labels_" + IndexSuffix(ix, "one_hot")), n, args);
+  RecordFirstBad(d, ix, depth, -1, flag.i64(), cuda::DeferredCheck::kBadLabel, "one_hot");
 }
 
 // ---- concat / stack / split / slice_grad -------------------------------------------------------
@@ -345,7 +339,7 @@ void TakeGpu(const KernelArgs& a) {
     void* args[] = {&o, &p, &q, &outer, &n, &dim, &inner};
     LaunchGridStride(fn, outer * n * inner, args);
   }
-  RecordBadIndex(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeIndex, "take");
+  RecordFirstBad(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeIndex, "take");
 }
 
 /// dx = zeros with dy's rows added at the indices along axis: the (row, position) keys sorted,
@@ -365,7 +359,7 @@ void TakeGradGpu(const KernelArgs& a) {
     if (n > 0) {  // nothing to add, but bad indices are still an error, as on the CPU
       Scratch flag(a.device, sizeof(int64_t));
       LaunchCheck(a.device, ix, dim, flag.i64(), "take_grad");
-      RecordBadIndex(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
+      RecordFirstBad(a.device, ix, dim, axis, flag.i64(), cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
     }
     return;
   }
@@ -396,7 +390,7 @@ void TakeGradGpu(const KernelArgs& a) {
     void* args[] = {&o, &g, &keys, &start, &outer, &n, &dim, &inner};
     LaunchGridStride(fn, total, args);
   }
-  RecordBadIndex(a.device, ix, dim, axis, flag, cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
+  RecordFirstBad(a.device, ix, dim, axis, flag, cuda::DeferredCheck::kBadTakeGradIndex, "take_grad");
 }
 
 void OneHotGpu(const KernelArgs& a) {

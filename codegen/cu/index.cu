@@ -382,11 +382,7 @@ KILN_ARG_BOTH(unsigned char, u8)  // uint8 and bool
   extern "C" __global__ void kiln_check_labels_##iname(const I* ix, long long n, long long depth, long long* flag) { \
     CheckLabels(ix, n, depth, flag);                                                                           \
   }                                                                                                            \
-  extern "C" __global__ void kiln_record_labels_##iname(const I* ix, long long n, long long depth,               \
-                                                        const long long* flag, long long* record) {             \
-    RecordFirstBad(ix, n, depth, flag, record, 1, -1);                                                         \
-  }                                                                                                            \
-  extern "C" __global__ void kiln_record_indices_##iname(const I* ix, long long n, long long dim,               \
+  extern "C" __global__ void kiln_record_first_bad_##iname(const I* ix, long long n, long long dim,               \
                                                          const long long* flag, long long* record,              \
                                                          long long kind, long long axis) {                      \
     RecordFirstBad(ix, n, dim, flag, record, kind, axis);                                                      \

@@ -121,6 +121,16 @@ def test_mxnet_one_hot_keeps_its_all_off_rows():
                                   [[0, 1, 0], [0, 0, 0], [0, 0, 0]])
 
 
+def _on_simulated_gpus(code):
+    """Runs `code` in a fresh interpreter on two simulated GPUs; it must exit cleanly and print no
+    "not raised" (what its snippets print where an expected error did not come)."""
+    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "not raised" not in out.stdout, out.stdout
+    return out
+
+
 def test_bad_labels_on_a_simulated_gpu_raise_the_cpus_error():
     code = ("import kiln\n"
             "from kiln import nd\n"
@@ -130,9 +140,7 @@ def test_bad_labels_on_a_simulated_gpu_raise_the_cpus_error():
             "    nd.softmax_cross_entropy(x, nd.array([0, 1, 3, 2], device=kiln.gpu(0))).asnumpy()\n"
             "except kiln.ArgumentError as e:\n"
             "    print('refused:', e)\n")
-    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = _on_simulated_gpus(code)
     assert "(4,)" in out.stdout
     assert "refused: " in out.stdout, out.stdout
     assert ("one_hot of class labels (softmax_cross_entropy, the losses): label 3 (at position 2 of "
@@ -186,10 +194,7 @@ def test_on_a_simulated_gpu_the_label_check_waits_for_nothing_and_raises_at_the_
         kiln.waitall()
         print("ok")
     """)
-    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "not raised" not in out.stdout, out.stdout
+    out = _on_simulated_gpus(code)
     bad = ("label 7 (at position 3 of the labels) is out of range for 3 classes; labels must be class indices "
            "0 to 2; found by gpu(0)'s check of an earlier one_hot")
     assert out.stdout.count(bad) == 2, out.stdout
@@ -242,10 +247,7 @@ def test_on_a_simulated_gpu_an_embeddings_index_check_waits_for_nothing_and_rais
         kiln.waitall()
         print("ok")
     """)
-    env = dict(os.environ, KILN_GPU_SIM="2", PYTHONPATH=_BUILD_PYTHON)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "not raised" not in out.stdout, out.stdout
+    out = _on_simulated_gpus(code)
     assert ("take: index 6 (at position 2 of the indices) is out of range for axis 0 of size 6; valid indices "
             "are -6 to 5; found by gpu(0)'s check of an earlier take") in out.stdout, out.stdout
     assert out.stdout.count("refused:") == 3 and "(4, 2)" in out.stdout, out.stdout
