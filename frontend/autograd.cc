@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/deferred.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
@@ -580,6 +581,7 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
                          const std::vector<ir::Value*>& grads,
                          const std::vector<std::pair<ir::Value*, Tensor>>& seeds, Tape& tape,
                          const std::unordered_map<const ir::Value*, Tensor>& write_into,
+                         const std::unordered_set<const ir::Value*>& releasable,
                          std::unordered_map<const ir::Value*, Tensor>& local) {
   static const bool on = env::GetInt("KILN_COMPILED_BACKWARD") != 0;
   if (!on) return false;
@@ -590,12 +592,14 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
   auto k = std::make_unique<ir::Graph>();
   ir::ValueMap to_k;
   std::vector<Tensor> inputs;
+  std::vector<bool> spent;  // per input: a saved value this backward spends (the tape drops it after)
   std::optional<Device> device;
   std::unordered_map<const ir::Value*, const Tensor*> seed_of;
   for (const auto& [dv, hg] : seeds) seed_of[dv] = &hg;
   auto place = [&](const ir::Value* v) -> bool {
     if (to_k.count(v)) return true;
     const Tensor* t = nullptr;
+    bool saved = false;  // a value on the tape (not a given head gradient)
     if (auto s = seed_of.find(v); s != seed_of.end()) {
       if (!s->second->defined()) {  // ones: a fill in the graph
         ir::Builder b(*k);
@@ -605,6 +609,7 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
       t = s->second;
     } else if (auto d = tape.data.find(v); d != tape.data.end()) {
       t = &d->second;
+      saved = true;
     } else if (v->node() && v->node()->inputs().empty()) {  // a constant: made in the graph
       const size_t id = static_cast<size_t>(v->node()->id());
       ir::CopyNodes(g, *k, to_k, id, id + 1);
@@ -616,6 +621,7 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
     if (!(t->device() == *device)) return false;  // heads on several devices: one backward each
     to_k[v] = k->AddInput("in" + std::to_string(inputs.size()), v->type());
     inputs.push_back(*t);
+    spent.push_back(saved && releasable.count(v) > 0);
     return true;
   };
   for (size_t i = mark; i < g.nodes().size(); ++i) {
@@ -640,10 +646,8 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
   const ir::Node* first = nullptr;
   for (size_t i = mark; i < g.nodes().size() && !first; ++i)
     if (bodies.count(g.nodes()[i].get())) first = g.nodes()[i].get();
-  std::shared_ptr<CachedGraph> cg;
-  try {
-  cg = CompanionGraph(first->attrs().Int("graph_id"), key, [&] {
-    // The compiled graph: K with each call_graph_backward replaced by its backward graph's nodes.
+  // The compiled graph: K with each call_graph_backward replaced by its backward graph's nodes.
+  auto make = [&] {
     auto c = std::make_unique<ir::Graph>();
     ir::ValueMap to_c;
     for (ir::Value* x : k->inputs()) to_c[x] = c->AddInput(x->name(), x->type());
@@ -662,22 +666,33 @@ bool RunCompiledBackward(const ir::Graph& g, size_t mark, const std::vector<bool
     std::vector<ir::Value*> couts;
     for (ir::Value* o : k->outputs()) couts.push_back(to_c.at(o));
     c->SetOutputs(couts);
-    const int num_inputs = static_cast<int>(c->inputs().size());
-    return CachedGraph::FromGraph(std::move(c), num_inputs, {}, *device);
-  });
-  } catch (const InternalError&) {
-    throw;
-  } catch (const DeferredDeviceError&) {
-    throw;  // the user's bad input from before, raised by a wait while compiling
-  } catch (const Error&) {
-    return false;  // not compilable (an op without a kernel in plans): the nodes run one by one
-  }
+    return c;
+  };
   std::vector<Tensor> out;
   for (size_t j = 0; j < out_values.size(); ++j) {
     const ir::Value* gv = out_values[j];
     auto w = write_into.find(gv);
     out.push_back(w != write_into.end() && w->second.device() == *device ? w->second
                                                                            : Tensor::Empty(gv->shape(), gv->dtype(), *device));
+  }
+  // The forward calls still held (deferred.h) run with it, as one plan: the step's only one.
+  if (deferred::RunJoined(key, *device, inputs, spent, out, make)) {
+    for (size_t j = 0; j < out_values.size(); ++j) local[out_values[j]] = out[j];
+    return true;
+  }
+  std::shared_ptr<CachedGraph> cg;
+  try {
+    cg = CompanionGraph(first->attrs().Int("graph_id"), key, [&] {
+      std::unique_ptr<ir::Graph> c = make();
+      const int num_inputs = static_cast<int>(c->inputs().size());
+      return CachedGraph::FromGraph(std::move(c), num_inputs, {}, *device);
+    });
+  } catch (const InternalError&) {
+    throw;
+  } catch (const DeferredDeviceError&) {
+    throw;  // the user's bad input from before, raised by a wait while compiling
+  } catch (const Error&) {
+    return false;  // not compilable (an op without a kernel in plans): the nodes run one by one
   }
   InvokeInto(op::kCallGraph, inputs,
              {{"graph_id", cg->graph_id()}, {"num_outputs", static_cast<int64_t>(out.size())}}, out);
@@ -812,7 +827,7 @@ std::vector<Tensor> Differentiate(const std::vector<Tensor>& heads, const std::v
       write_into.emplace(gv, into[i]);
     }
   }
-  const bool compiled = RunCompiledBackward(g, mark_nodes, live, grads, seeds, *tape, write_into, local);
+  const bool compiled = RunCompiledBackward(g, mark_nodes, live, grads, seeds, *tape, write_into, releasable, local);
   for (size_t i = 0; i < seeds.size() && !compiled; ++i) {
     auto& [dv, hg] = seeds[i];
     if (hg.defined()) continue;

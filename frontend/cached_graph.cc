@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "kiln/frontend/autograd.h"
+#include "kiln/frontend/deferred.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/ir/call_graph.h"
 #include "kiln/passes/autodiff.h"
@@ -368,7 +369,8 @@ void CachedGraph::RegisterFrozen(std::unique_ptr<ir::Graph> graph) {
 }
 
 std::shared_ptr<CachedGraph> CachedGraph::FromGraph(std::unique_ptr<ir::Graph> graph, int num_data_inputs,
-                                                    std::vector<Tensor> captured, Device device) {
+                                                    std::vector<Tensor> captured, Device device,
+                                                    std::vector<int> late_outputs) {
   const auto& ins = graph->inputs();
   if (num_data_inputs < 0 || static_cast<size_t>(num_data_inputs) + captured.size() != ins.size())
     KILN_THROW(ValueError) << "compiled graph: it has " << ins.size() << " inputs, but " << num_data_inputs
@@ -387,7 +389,7 @@ std::shared_ptr<CachedGraph> CachedGraph::FromGraph(std::unique_ptr<ir::Graph> g
   cg->num_outputs_ = static_cast<int>(graph->outputs().size());
   cg->device_ = device;
   cg->captured_ = std::move(captured);
-  cg->ref_ = Register(std::move(graph), device);
+  cg->ref_ = Register(std::move(graph), device, nullptr, -1, nullptr, nullptr, std::move(late_outputs));
   return cg;
 }
 
@@ -552,21 +554,26 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       block_bytes += b;
     }
     Tensor block;
-    if (block_bytes > 0) block = Tensor::Empty(Shape{static_cast<int64_t>(block_bytes)}, DType::kUInt8, device_);
+    // Saved values are reserved, not allocated: a backward joined with this call (deferred.h)
+    // keeps them in its arena and never allocates them.
+    if (block_bytes > 0) block = Tensor::Reserved(Shape{static_cast<int64_t>(block_bytes)}, DType::kUInt8, device_);
     size_t at = 0;
     for (; k < end; ++k) {
       if (out[k].defined()) continue;  // a captured tensor written in place
       const ir::TensorType& t = sig.outputs[k];
       const size_t bytes = packed_bytes(k);
       if (bytes == 0) {
-        out[k] = Tensor::Empty(t.shape, t.dtype, device_);
+        out[k] = k >= first_saved ? Tensor::Reserved(t.shape, t.dtype, device_) : Tensor::Empty(t.shape, t.dtype, device_);
         continue;
       }
       out[k] = view(block.storage(), static_cast<int64_t>(at / DTypeSize(t.dtype)), t.shape, t.dtype);
       at += bytes;
     }
   }
-  InvokeInto(op::kCallGraph, in, attrs, out);
+  // A training call waits for the next compiled call to join it (deferred.h): the loss, then
+  // the backward, run with it as one plan.
+  const bool held = copy_after.empty() && sig.num_grad_outputs >= 0 && deferred::Hold(id, in, out, LateOutputs());
+  if (!held) InvokeInto(op::kCallGraph, in, attrs, out);
   if (autograd::NeedsRecord(in)) {
     // The tape sees no data where the call wrote a captured tensor: the running statistics stay
     // plain tensors, outside every gradient, and a later write into them (copyto, set_data) is

@@ -17,19 +17,25 @@
 
 namespace kiln {
 
-Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+namespace {
+Tensor MakeEmpty(const Shape& shape, DType dtype, Device device, bool reserve) {
   for (int64_t d : shape)
     if (d < 0)
       KILN_THROW(ShapeError) << "shape " << shape.str() << " has a negative dimension; sizes must be >= 0";
   auto impl = std::make_shared<TensorImpl>();
   // NumBytes refuses a byte count that wraps around 64 bits (ShapeError) before any allocation.
   size_t nbytes = static_cast<size_t>(shape.NumBytes(static_cast<int64_t>(DTypeSize(dtype))));
-  impl->storage = std::make_shared<Storage>(nbytes, device);
+  impl->storage = reserve ? std::make_shared<Storage>(nbytes, device, Storage::Reserve{})
+                          : std::make_shared<Storage>(nbytes, device);
   impl->shape = shape;
   impl->strides = shape.ContiguousStrides();
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
+}  // namespace
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) { return MakeEmpty(shape, dtype, device, false); }
+Tensor Tensor::Reserved(const Shape& shape, DType dtype, Device device) { return MakeEmpty(shape, dtype, device, true); }
 
 Tensor Tensor::FromHost(const void* data, const Shape& shape, DType dtype, Device device) {
   size_t nbytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);

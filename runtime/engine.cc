@@ -516,12 +516,77 @@ std::unique_ptr<Engine> CreateEngine(const std::string& kind) {
   KILN_THROW(ValueError) << "KILN_ENGINE=" << kind << " is not an engine: expected threaded or naive";
 }
 
+// ---- held work ---------------------------------------------------------------------------------
+
+namespace {
+
+std::atomic<int64_t> g_num_held{0};
+std::atomic<void (*)()> g_flush{nullptr};
+
+// The process engine: the chosen one, behind the check for held variables (see HoldVars). The
+// check is one atomic load while nothing is held.
+class HoldingEngine final : public Engine {
+ public:
+  explicit HoldingEngine(Engine* e) : e_(e) {}
+  Var* NewVar() override { return e_->NewVar(); }
+  void ReleaseVar(Var* v) override { e_->ReleaseVar(v); }
+  void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
+            const TaskOptions& opts) override {
+    if (g_num_held.load(std::memory_order_acquire) != 0 && (AnyHeld(reads) || AnyHeld(writes))) Flush();
+    e_->Push(std::move(fn), reads, writes, opts);
+  }
+  void WaitForVar(Var* v) override {
+    if (g_num_held.load(std::memory_order_acquire) != 0 && v->held.load(std::memory_order_acquire)) Flush();
+    e_->WaitForVar(v);
+  }
+  void WaitForAll() override {
+    if (g_num_held.load(std::memory_order_acquire) != 0) Flush();
+    e_->WaitForAll();
+  }
+  bool Drain() override {
+    if (g_num_held.load(std::memory_order_acquire) != 0 && !OnWorkerThread()) Flush();
+    return e_->Drain();
+  }
+  std::exception_ptr VarError(Var* v) override { return e_->VarError(v); }
+  EngineStats Stats() const override { return e_->Stats(); }
+  void ResetPeak() override { e_->ResetPeak(); }
+  bool IsNaive() const override { return e_->IsNaive(); }
+  void SetLimits(int64_t max_pending, int64_t max_pending_bytes) override {
+    e_->SetLimits(max_pending, max_pending_bytes);
+  }
+
+ private:
+  static bool AnyHeld(std::span<Var* const> vars) {
+    for (Var* v : vars)
+      if (v->held.load(std::memory_order_acquire)) return true;
+    return false;
+  }
+  static void Flush() {
+    if (void (*f)() = g_flush.load(std::memory_order_acquire)) f();
+  }
+  Engine* e_;
+};
+
+}  // namespace
+
+void HoldVars(std::span<Var* const> vars) {
+  for (Var* v : vars)
+    if (!v->held.exchange(true, std::memory_order_acq_rel)) g_num_held.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void ReleaseHeldVars(std::span<Var* const> vars) {
+  for (Var* v : vars)
+    if (v->held.exchange(false, std::memory_order_acq_rel)) g_num_held.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void SetFlushHook(void (*flush)()) { g_flush.store(flush, std::memory_order_release); }
+
 Engine& Engine::Get() {
   static Engine* engine = [] {
     env::CheckEnvironment();
     profiler::StartFromEnvironment();  // before the drain below: its trace is written after it
     // Leaked on purpose: worker threads must outlive every static that may push at exit.
-    Engine* e = CreateEngine(env::Get("KILN_ENGINE")).release();
+    Engine* e = new HoldingEngine(CreateEngine(env::Get("KILN_ENGINE")).release());
     DrainBeforeExit();  // statics made before the engine outlive this drain
     return e;
   }();

@@ -88,6 +88,8 @@ class Var {
   // Reads granted without the lock while the variable was idle (see ThreadedEngine::Enter).
   // Written only under the engine's push order; read under mu.
   std::atomic<int64_t> fast_issued{0};
+  // Work touching it is held back by the frontend (HoldVars): the process engine flushes first.
+  std::atomic<bool> held{false};
 
   char pad0_[64];
   detail::SpinLock mu;

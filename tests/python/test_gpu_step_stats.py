@@ -1,10 +1,10 @@
 """The structure of a hybridized training step on a GPU, counted without one (KILN_GPU_SIM=2):
 kiln.gpu_step_stats() reports the launches, library calls, syncs, allocations, copies, graph
 replays and tasks of a step, the same on simulated GPUs as on real ones. A step of d2l's LeNet and
-of a small ResNet-18 (the d2l loop, Trainer.step, the loss not hybridized by the user) runs three
-plans, each replayed as a CUDA graph: the network's forward, the loss (it compiles itself over a
-hybridized block's output), and the backward of both; cuDNN's workspaces come from the plans'
-arenas (capture never allocates), nothing synchronizes with the host (the loss's label check
+of a small ResNet-18 (the d2l loop, Trainer.step, the loss not hybridized by the user) runs one
+plan, replayed as one CUDA graph: the network's forward and the loss (it compiles itself over a
+hybridized block's output) are held back under record() and join the backward of both (see
+frontend/deferred.h); cuDNN's workspaces come from the plan's arena (capture never allocates), nothing synchronizes with the host (the loss's label check
 included), the gradients are written straight into param.grad (no copy), and the parameters are
 those of the eager loop. Each test runs in a fresh interpreter (see test_gpu.py)."""
 import os
@@ -59,11 +59,13 @@ def check(make, image):
         print(s)
         # The network's training forward, the loss (compiled over the network's output) and the
         # backward (the loss's gradients, the network's backward, the gradients written into
-        # param.grad) are three plans, each one graph replay: no capture refused (cuDNN's
-        # workspaces come from the plans' arenas), nothing launched one by one, no cudaMalloc.
-        # Around them: the optimizer's one fused update and the frees of the step's values.
-        assert s["plan_calls"] == 3 and s["graph_replays"] == 3, s
-        assert s["tasks_outside_plans"] <= 5 and s["allocations"] <= 4, s
+        # param.grad) are one plan, one graph replay: no capture refused (cuDNN's workspaces come
+        # from the plan's arena), nothing launched one by one, no cudaMalloc. Around it: the
+        # optimizer's one fused update and the frees of the step's two outputs.
+        assert s["plan_calls"] == 1 and s["graph_replays"] == 1, s
+        # The saved values the backward reads stay in the plan's arena: never allocated, never
+        # freed. Allocated per step: the network's output and the loss (the user may keep both).
+        assert s["tasks_outside_plans"] <= 3 and s["allocations"] <= 2, s
         assert s["graph_captures"] == 0 and s["plain_plan_runs"] == 0, s
         assert s["device_mallocs"] == 0, s
         # No wait for the GPU inside the step: the loss's check of its labels (one_hot) records a
@@ -90,6 +92,13 @@ assert e["allocations"] >= s["allocations"] + 8 and e["kernel_launches"] >= s["k
 print("ok")
 """
     assert "ok" in run_sim(code)
+    # KILN_JOIN_CALLS=0: the forward, the loss and the backward are three plans, three replays.
+    three = run_sim("import os; os.environ['KILN_JOIN_CALLS'] = '0'\n" + STEP % EXAMPLES + """
+s = train(lenet, True, 28)[1][-1]
+assert s["plan_calls"] == 3 and s["graph_replays"] == 3 and s["host_syncs"] == 0, s
+print("ok")
+""")
+    assert "ok" in three
     # An eager loss with KILN_COMPILED_BACKWARD=0: its gradient ops run one by one around the
     # backward plan too; compiled, they are part of it.
     code = STEP % EXAMPLES + """
@@ -108,7 +117,7 @@ def test_small_resnet18_training_step_captures_with_cudnn_workspaces_in_the_aren
 s = check(lambda: resnet18(10, width=4), 16)
 _, lenet_stats, _ = train(lenet, True, 28)
 small = lenet_stats[-1]
-# Around the two plans, nothing per layer: the forward plan writes batch norm's running statistics
+# Around the plan, nothing per layer: it writes batch norm's running statistics
 # (17 layers here) in place, with no copy task per statistic after the call, and the small values
 # the backward reads (the batch statistics) share one block, not an allocation and a free task
 # each. So the 7-layer LeNet without batch norm and this 21-layer network have as many tasks
@@ -151,8 +160,8 @@ def _run_cpu(code, **env):
 
 
 def test_on_the_cpu_a_hybridized_step_runs_the_backward_as_one_plan_with_no_task_per_parameter():
-    # The CPU has no graphs, but the same counters: 3 plans per step (the network's forward; the
-    # loss; the loss's gradients with the network's backward, writing param.grad in place), and
+    # The CPU has no graphs, but the same counters: 1 plan per step (the network's forward, the
+    # loss, the loss's gradients and the network's backward, writing param.grad in place), and
     # around them only the optimizer's one fused update: no task per parameter, no loss op. With
     # an eager loss and KILN_COMPILED_BACKWARD=0 the loss's gradient ops run one by one.
     code = STEP % EXAMPLES + """
@@ -163,7 +172,7 @@ def counts(eager_loss):
     return stats
 if os.environ.get("KILN_COMPILED_BACKWARD") != "0":
     for s in counts(False)[3:]:
-        assert s["plan_calls"] == 3 and s["tasks_outside_plans"] <= 1, s
+        assert s["plan_calls"] == 1 and s["tasks_outside_plans"] <= 1, s
 print("tasks", counts(True)[-1]["tasks_outside_plans"])
 """
     compiled = int(_run_cpu(code).split("tasks ")[1])

@@ -88,8 +88,10 @@ class CachedGraph {
 
   /// A compiled graph from an existing graph (an exported one): inputs are `num_data_inputs`
   /// data inputs followed by one input per tensor of `captured` (the parameters), in order.
+  /// `late_outputs`: outputs a call writes into one of its inputs (see MakePlan).
   static std::shared_ptr<CachedGraph> FromGraph(std::unique_ptr<ir::Graph> graph, int num_data_inputs,
-                                                std::vector<Tensor> captured, Device device);
+                                                std::vector<Tensor> captured, Device device,
+                                                std::vector<int> late_outputs = {});
   /// A compiled graph from a finished trace (TraceScope::Finish); `freeze`: see "Freezing".
   static std::shared_ptr<CachedGraph> FromTrace(trace::TracedGraph traced, bool freeze);
 

@@ -47,6 +47,8 @@ class Tensor {
 
   /// Uninitialized contiguous tensor (its contents are whatever the allocator returned).
   static Tensor Empty(const Shape& shape, DType dtype, Device device = cpu());
+  /// As Empty, but the memory is allocated when first used (Storage::Reserve).
+  static Tensor Reserved(const Shape& shape, DType dtype, Device device);
   /// Copies `nbytes = numel * DTypeSize(dtype)` bytes of host data into a new tensor.
   static Tensor FromHost(const void* data, const Shape& shape, DType dtype, Device device = cpu());
   template <class T>
@@ -72,7 +74,9 @@ class Tensor {
   int rank() const { return impl_->shape.rank(); }
   int64_t numel() const { return impl_->shape.numel(); }
   int64_t offset() const { return impl_->offset; }
-  bool is_contiguous() const { return View().is_contiguous(); }
+  bool is_contiguous() const {  // from the layout alone: a reserved storage stays unallocated
+    return TensorView{nullptr, impl_->dtype, impl_->shape, impl_->strides}.is_contiguous();
+  }
   /// The kernel's view of this tensor (pointer already offset). Inline: every queued op builds
   /// one per operand.
   TensorView View() const {

@@ -102,6 +102,15 @@ class Engine {
   virtual void SetLimits(int64_t max_pending, int64_t max_pending_bytes) = 0;
 };
 
+/// Work the frontend holds back before pushing it (frontend/deferred.h: a compiled call recorded
+/// under autograd.record(), which the next compiled call may join). Its variables are held: the
+/// process engine (Engine::Get) calls the flush hook before a Push that reads or writes a held
+/// variable, before WaitForVar on one, and before WaitForAll and Drain; the hook pushes the held
+/// work and releases its variables. A held variable must stay alive until it is released.
+void HoldVars(std::span<Var* const> vars);
+void ReleaseHeldVars(std::span<Var* const> vars);
+void SetFlushHook(void (*flush)());
+
 /// Creates an engine of the given kind ("threaded" or "naive"); for tests and benchmarks.
 std::unique_ptr<Engine> CreateEngine(const std::string& kind);
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/engine.h"
@@ -16,17 +17,25 @@ class Storage {
   Storage(size_t nbytes, Device device);
   /// Wraps memory owned elsewhere (DLPack, host arrays); `deleter` runs when the storage dies.
   Storage(void* ptr, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  /// Reserves `nbytes` on `device`: the first data() allocates them. A compiled call's saved
+  /// values are made so: when the backward joins the call (frontend/deferred.h) they live in the
+  /// joined plan's arena instead, and their storage is never allocated nor freed.
+  struct Reserve {};
+  Storage(size_t nbytes, Device device, Reserve);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return ptr_; }
+  void* data() const { return reserved_ ? Allocated() : ptr_; }
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   engine::Var* var() const { return var_; }
 
  private:
-  void* ptr_ = nullptr;
+  void* Allocated() const;
+  mutable void* ptr_ = nullptr;
+  bool reserved_ = false;          // allocated by the first data()
+  mutable std::once_flag allocate_once_;
   size_t nbytes_ = 0;
   Device device_;
   engine::Var* var_ = nullptr;

@@ -1,0 +1,351 @@
+// Joined calls (see deferred.h): held training calls, and the one plan they run as.
+#include "kiln/frontend/deferred.h"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+
+#include "kiln/frontend/cached_graph.h"
+#include "kiln/frontend/dispatch.h"
+#include "kiln/ir/call_graph.h"
+#include "kiln/runtime/engine.h"
+#include "kiln/runtime/env.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::deferred {
+
+namespace {
+
+constexpr size_t kMaxHeld = 4;  // calls per device: a longer chain pushes the first ones
+
+struct Call {
+  ir::GraphRef graph;  // kept alive while held
+  std::vector<Tensor> in, out;
+  std::vector<int> late;
+};
+
+// Where a call's input comes from: output `output` of held call `call`, or outside (call -1).
+struct Source {
+  int call = -1, output = -1;
+};
+
+struct Group {
+  Device device;
+  std::vector<Call> calls;
+  std::vector<std::vector<Source>> sources;  // per call, per input
+  std::vector<engine::Var*> vars;            // held in the engine
+};
+
+std::recursive_mutex g_mu;  // recursive: pushing a group goes through the engine's flush hook
+std::vector<Group>& Groups() {
+  static auto* g = new std::vector<Group>();  // leaked: the engine may flush while statics die
+  return *g;
+}
+
+bool Enabled() {
+  static const bool on = env::GetInt("KILN_JOIN_CALLS") != 0;
+  return on;
+}
+
+// Contiguous tensors whose bytes overlap.
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.SharesStorage(b)) return false;
+  const int64_t a0 = a.offset() * static_cast<int64_t>(DTypeSize(a.dtype()));
+  const int64_t b0 = b.offset() * static_cast<int64_t>(DTypeSize(b.dtype()));
+  const int64_t a1 = a0 + a.numel() * static_cast<int64_t>(DTypeSize(a.dtype()));
+  const int64_t b1 = b0 + b.numel() * static_cast<int64_t>(DTypeSize(b.dtype()));
+  return a0 < b1 && b0 < a1;
+}
+
+bool SameView(const Tensor& a, const Tensor& b) {
+  return a.SharesStorage(b) && a.offset() == b.offset() && a.shape() == b.shape() && a.dtype() == b.dtype();
+}
+
+// The sources of `inputs` among the held outputs of `g`; false when an input overlaps a held
+// output without being that very tensor (a view into it: no value of the joined graph).
+bool Resolve(const Group& g, std::span<const Tensor> inputs, std::vector<Source>& src) {
+  src.assign(inputs.size(), Source{});
+  for (size_t j = 0; j < inputs.size(); ++j)
+    for (size_t c = 0; c < g.calls.size(); ++c)
+      for (size_t k = 0; k < g.calls[c].out.size(); ++k) {
+        const Tensor& o = g.calls[c].out[k];
+        if (!Overlaps(inputs[j], o)) continue;
+        if (!SameView(inputs[j], o)) return false;
+        src[j] = {static_cast<int>(c), static_cast<int>(k)};
+      }
+  return true;
+}
+
+// Whether writing `outputs` would change what a held call reads or writes.
+bool WritesHeld(const Group& g, std::span<const Tensor> outputs) {
+  for (const Tensor& o : outputs)
+    for (const Call& c : g.calls) {
+      for (const Tensor& t : c.in)
+        if (Overlaps(o, t)) return true;
+      for (const Tensor& t : c.out)
+        if (Overlaps(o, t)) return true;
+    }
+  return false;
+}
+
+void AddKey(std::string& key, const std::vector<Source>& src) {
+  key += " in";
+  for (const Source& s : src)
+    key += s.call < 0 ? " x" : " " + std::to_string(s.call) + "." + std::to_string(s.output);
+}
+
+// Per held call, per output: not an output of the joined graph (a saved value only the joined
+// backward reads, which the tape then drops: it stays in the arena). Empty: none.
+using Omitted = std::vector<std::vector<bool>>;
+
+bool IsOmitted(const Omitted& omit, size_t c, size_t k) { return !omit.empty() && omit[c][k]; }
+
+// The cache key of the joined graph of `g` (then a graph named `then`, reading `then_src`).
+std::string KeyOf(const Group& g, const Omitted& omit, const std::vector<Source>* then_src, const std::string& then) {
+  std::string key = "joined " + g.device.str();
+  for (size_t c = 0; c < g.calls.size(); ++c) {
+    key += "\ncall " + std::to_string(g.calls[c].graph->id());
+    AddKey(key, g.sources[c]);
+    key += " late";
+    for (int l : g.calls[c].late) key += " " + std::to_string(l);
+    key += " omit";
+    for (size_t k = 0; k < g.calls[c].out.size(); ++k)
+      if (IsOmitted(omit, c, k)) key += " " + std::to_string(k);
+  }
+  if (then_src) {
+    key += "\nthen";
+    AddKey(key, *then_src);
+    key += "\n" + then;
+  }
+  return key;
+}
+
+// The joined graph: each call's graph inlined in order, an input read from an earlier call's
+// output where it is one, a graph input otherwise; outputs: every call's, in order. `late`
+// receives the late outputs' indices.
+std::unique_ptr<ir::Graph> Join(const Group& g, const Omitted& omit, const ir::Graph* then,
+                                const std::vector<Source>* then_src, std::vector<int>& late) {
+  auto m = std::make_unique<ir::Graph>();
+  std::vector<std::vector<ir::Value*>> outs;
+  std::vector<ir::Value*> all;
+  int n_in = 0;
+  auto add = [&](const ir::Graph& body, const std::vector<Source>& src, const std::vector<int>& body_late,
+                 const std::vector<bool>* body_omit) {
+    KILN_CHECK(body.inputs().size() == src.size()) << "joined call: the graph has " << body.inputs().size()
+                                                   << " inputs, the call " << src.size();
+    ir::ValueMap map;
+    for (size_t j = 0; j < src.size(); ++j) {
+      const ir::Value* x = body.inputs()[j];
+      map[x] = src[j].call < 0 ? m->AddInput("in" + std::to_string(n_in++), x->type())
+                               : outs[static_cast<size_t>(src[j].call)][static_cast<size_t>(src[j].output)];
+    }
+    ir::CopyNodes(body, *m, map);
+    outs.emplace_back();
+    for (size_t k = 0; k < body.outputs().size(); ++k) {
+      ir::Value* v = map.at(body.outputs()[k]);
+      outs.back().push_back(v);
+      if (body_omit && (*body_omit)[k]) continue;
+      for (int l : body_late)
+        if (static_cast<size_t>(l) == k) late.push_back(static_cast<int>(all.size()));
+      all.push_back(v);
+    }
+  };
+  for (size_t c = 0; c < g.calls.size(); ++c)
+    add(RegisteredGraphBody(g.calls[c].graph->id()), g.sources[c], g.calls[c].late, omit.empty() ? nullptr : &omit[c]);
+  if (then) add(*then, *then_src, {}, nullptr);
+  m->SetOutputs(all);
+  return m;
+}
+
+// The joined call's inputs (those from outside) and outputs, in the joined graph's order.
+void JoinedOperands(const Group& g, const Omitted& omit, std::span<const Tensor> then_in,
+                    const std::vector<Source>* then_src, std::span<const Tensor> then_out, std::vector<Tensor>& in,
+                    std::vector<Tensor>& out) {
+  for (size_t c = 0; c < g.calls.size(); ++c) {
+    for (size_t j = 0; j < g.calls[c].in.size(); ++j)
+      if (g.sources[c][j].call < 0) in.push_back(g.calls[c].in[j]);
+    for (size_t k = 0; k < g.calls[c].out.size(); ++k)
+      if (!IsOmitted(omit, c, k)) out.push_back(g.calls[c].out[k]);
+  }
+  if (then_src)
+    for (size_t j = 0; j < then_in.size(); ++j)
+      if ((*then_src)[j].call < 0) in.push_back(then_in[j]);
+  out.insert(out.end(), then_out.begin(), then_out.end());
+}
+
+void Run(int64_t graph_id, std::span<const Tensor> in, std::span<const Tensor> out) {
+  InvokeInto(op::kCallGraph, in, {{"graph_id", graph_id}, {"num_outputs", static_cast<int64_t>(out.size())}}, out);
+}
+
+// Releases a taken group's variables once its calls are pushed (or failed to be).
+struct ReleaseOnExit {
+  std::vector<engine::Var*>& vars;
+  ~ReleaseOnExit() { engine::ReleaseHeldVars(vars); }
+};
+
+// The compiled joined graph; null when it does not compile (the calls then run one by one).
+std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key,
+                                     const std::function<std::unique_ptr<ir::Graph>(std::vector<int>&)>& join) {
+  try {
+    return CompanionGraph(g.calls[0].graph->id(), key, [&] {
+      std::vector<int> late;
+      std::unique_ptr<ir::Graph> m = join(late);
+      const int n = static_cast<int>(m->inputs().size());
+      return CachedGraph::FromGraph(std::move(m), n, {}, g.device, std::move(late));
+    });
+  } catch (const InternalError&) {
+    throw;
+  } catch (const DeferredDeviceError&) {
+    throw;  // the user's bad input from before, raised by a wait while compiling
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+// Pushes the calls of a group taken out of Groups().
+void PushGroup(Group& g) {
+  ReleaseOnExit release{g.vars};
+  if (g.calls.size() > 1) {
+    auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), [&](std::vector<int>& late) { return Join(g, {}, nullptr, nullptr, late); });
+    if (cg) {
+      std::vector<Tensor> in, out;
+      JoinedOperands(g, {}, {}, nullptr, {}, in, out);
+      Run(cg->graph_id(), in, out);
+      return;
+    }
+  }
+  for (const Call& c : g.calls) Run(c.graph->id(), c.in, c.out);
+}
+
+Group* Find(Device device) {
+  for (Group& g : Groups())
+    if (g.device == device) return &g;
+  return nullptr;
+}
+
+Group Take(Device device) {
+  auto& groups = Groups();
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i].device == device) {
+      Group g = std::move(groups[i]);
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(i));
+      return g;
+    }
+  return Group{device, {}, {}, {}};
+}
+
+[[maybe_unused]] const bool kHookSet = (engine::SetFlushHook(&Flush), true);
+
+}  // namespace
+
+bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tensor> outputs, std::vector<int> late) {
+  if (!Enabled() || outputs.empty()) return false;
+  ir::GraphRef graph = ir::FindGraph(graph_id);
+  if (!graph) return false;
+  const ir::GraphSignature& sig = graph->signature();
+  if (sig.random_numel != 0 || sig.inputs.size() != inputs.size() || sig.outputs.size() != outputs.size())
+    return false;
+  const Device device = outputs[0].device();
+  for (size_t j = 0; j < inputs.size(); ++j) {  // anything InvokeInto would copy or refuse runs now
+    const Tensor& t = inputs[j];
+    if (!t.defined() || t.impl()->symbol || !t.is_contiguous() || !(t.device() == device) ||
+        !(t.shape() == sig.inputs[j].shape) || t.dtype() != sig.inputs[j].dtype)
+      return false;
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& t = outputs[k];
+    if (!t.defined() || !t.is_contiguous() || !(t.device() == device) || !(t.shape() == sig.outputs[k].shape) ||
+        t.dtype() != sig.outputs[k].dtype)
+      return false;
+  }
+  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  std::vector<Source> src(inputs.size());
+  if (Group* g = Find(device)) {
+    if (g->calls.size() >= kMaxHeld || !Resolve(*g, inputs, src) || WritesHeld(*g, outputs)) {
+      Group taken = Take(device);
+      PushGroup(taken);
+      src.assign(inputs.size(), Source{});
+    }
+  }
+  Group* g = Find(device);
+  if (!g) {
+    Groups().push_back(Group{device, {}, {}, {}});
+    g = &Groups().back();
+  }
+  std::vector<engine::Var*> vars;
+  for (const Tensor& t : inputs) vars.push_back(t.storage()->var());
+  for (const Tensor& t : outputs) vars.push_back(t.storage()->var());
+  g->calls.push_back(Call{std::move(graph), {inputs.begin(), inputs.end()}, {outputs.begin(), outputs.end()},
+                          std::move(late)});
+  g->sources.push_back(std::move(src));
+  g->vars.insert(g->vars.end(), vars.begin(), vars.end());
+  engine::HoldVars(vars);
+  return true;
+}
+
+bool RunJoined(const std::string& key, Device device, std::span<const Tensor> inputs, const std::vector<bool>& spent,
+               std::span<const Tensor> outputs, const std::function<std::unique_ptr<ir::Graph>()>& make) {
+  if (!Enabled()) return false;
+  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  Group* g = Find(device);
+  if (!g) return false;
+  std::vector<Source> src;
+  bool reads = false, contiguous = true;
+  for (const Tensor& t : inputs) contiguous &= t.is_contiguous();
+  for (const Tensor& t : outputs) contiguous &= t.is_contiguous();
+  const bool joinable = contiguous && Resolve(*g, inputs, src) && !WritesHeld(*g, outputs);
+  for (const Source& s : src) reads |= s.call >= 0;
+  if (joinable && !reads) return false;  // independent: the held calls wait on
+  Group taken = Take(device);
+  if (!joinable) {
+    PushGroup(taken);
+    return false;
+  }
+  // A saved value (after a training call's gradient outputs) that only this graph reads, and only
+  // where the caller drops it after: never written (nor allocated: reserved, cached_graph.cc).
+  Omitted omit(taken.calls.size());
+  for (size_t c = 0; c < taken.calls.size(); ++c) {
+    const Call& call = taken.calls[c];
+    omit[c].assign(call.out.size(), false);
+    for (size_t k = static_cast<size_t>(std::max(0, call.graph->signature().num_grad_outputs)); k < call.out.size(); ++k)
+      omit[c][k] = call.graph->signature().num_grad_outputs >= 0;
+    for (int l : call.late) omit[c][static_cast<size_t>(l)] = false;
+  }
+  for (size_t c = 0; c < taken.calls.size(); ++c)  // read by a held call
+    for (const Source& s : taken.sources[c])
+      if (s.call >= 0) omit[static_cast<size_t>(s.call)][static_cast<size_t>(s.output)] = false;
+  std::vector<std::vector<bool>> read(taken.calls.size());
+  for (size_t c = 0; c < taken.calls.size(); ++c) read[c].assign(taken.calls[c].out.size(), false);
+  for (size_t j = 0; j < src.size(); ++j) {
+    if (src[j].call < 0) continue;
+    const auto c = static_cast<size_t>(src[j].call), k = static_cast<size_t>(src[j].output);
+    read[c][k] = true;
+    if (j >= spent.size() || !spent[j]) omit[c][k] = false;
+  }
+  for (size_t c = 0; c < taken.calls.size(); ++c)
+    for (size_t k = 0; k < omit[c].size(); ++k) omit[c][k] = omit[c][k] && read[c][k];
+  auto cg = Compile(taken, KeyOf(taken, omit, &src, key), [&](std::vector<int>& late) {
+    std::unique_ptr<ir::Graph> then = make();
+    return Join(taken, omit, then.get(), &src, late);
+  });
+  if (!cg) {
+    PushGroup(taken);
+    return false;
+  }
+  ReleaseOnExit release{taken.vars};
+  std::vector<Tensor> in, out;
+  JoinedOperands(taken, omit, inputs, &src, outputs, in, out);
+  Run(cg->graph_id(), in, out);
+  return true;
+}
+
+void Flush() {
+  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  while (!Groups().empty()) {
+    Group g = std::move(Groups().back());
+    Groups().pop_back();
+    PushGroup(g);
+  }
+}
+
+}  // namespace kiln::deferred

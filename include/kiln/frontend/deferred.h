@@ -1,0 +1,48 @@
+// Joined calls: the compiled calls of one training step run as one plan.
+//
+// In the d2l loop (`with autograd.record(): l = loss(net(X), y)`, then `l.backward()`) the
+// network, the loss and the backward are three compiled graphs. Under autograd.record() a
+// compiled call is held back instead of pushed: its outputs exist (allocated, on the tape) but
+// nothing computes them yet. The next compiled call on the device joins it, and the compiled
+// backward that reads what they saved runs them all as one plan, compiled once per combination
+// (cached with the first call's graph): on a GPU one CUDA graph replays the whole step.
+//
+// Held calls behave as if pushed when they were made: their variables are held in the engine
+// (engine::HoldVars), and anything that touches one (an op reading an output or writing an
+// input, a wait, asnumpy, waitall) pushes the held calls first, one plan for all of them. What
+// is held: training calls (autograd recording, a training variant) whose inputs and outputs are
+// contiguous, that draw no random numbers, and write no tensor another held call reads or
+// writes; at most four calls per device. KILN_JOIN_CALLS=0 pushes every call at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/frontend/tensor.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::deferred {
+
+/// Holds the training call of registered graph `graph_id` on `inputs` writing `outputs`, of
+/// which `late` are written after the call read its inputs (batch norm's running statistics,
+/// written into captured inputs); false when the call must be pushed now (nothing was held).
+bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+          std::vector<int> late);
+
+/// Runs a graph now, joined with the calls held on `device` when it reads one of their outputs:
+/// `make` builds the graph (inputs and outputs as `inputs` and `outputs`); `key` names it, for the
+/// cache. `spent[j]`: the caller drops input j right after, and nothing else reads it (a saved
+/// value a backward spends): when it is a held call's saved value, the joined plan keeps it in
+/// its arena and never writes (nor allocates) it. False when nothing held is read: nothing ran,
+/// and the caller runs it alone.
+bool RunJoined(const std::string& key, Device device, std::span<const Tensor> inputs, const std::vector<bool>& spent,
+               std::span<const Tensor> outputs, const std::function<std::unique_ptr<ir::Graph>()>& make);
+
+/// Pushes every held call (the engine's flush hook calls it).
+void Flush();
+
+}  // namespace kiln::deferred

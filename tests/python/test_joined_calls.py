@@ -1,0 +1,153 @@
+"""Joined calls (frontend/deferred.h): under autograd.record() a hybridized block's call is held
+back, the loss joins it, and the backward runs them all as one plan. Held calls must behave as
+if they had run when made: whatever touches their tensors first (a read of an output, a write
+into an input or a parameter, a wait, a second backward) sees the values of the calls in the
+order the user made them. Each scenario runs in two fresh interpreters, KILN_JOIN_CALLS=1 (the
+default) and =0 (every call pushed at once), and must give the same numbers."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+PRELUDE = """
+import numpy as np, kiln
+from kiln import nd, nn, autograd
+out = {}
+def net_of(bn=False):
+    net = nn.HybridSequential()
+    net.add(nn.Dense(16, activation="relu"))
+    if bn:
+        net.add(nn.BatchNorm())
+    net.add(nn.Dense(5))
+    net.initialize(init=kiln.init.Xavier())
+    net.hybridize()
+    return net
+rng = np.random.default_rng(0)
+X = nd.array(rng.standard_normal((6, 8)).astype(np.float32))
+y = nd.array(rng.integers(0, 5, 6).astype(np.float32))
+nd.random.seed(3)
+loss = kiln.loss.SoftmaxCrossEntropyLoss()
+def grads(net):
+    return [p.grad().asnumpy() for p in net.collect_params().values() if p.grad_req != "null"]
+"""
+
+
+def run(scenario, join):
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kiln_joined_%d_%s.npz" % (os.getpid(), join))
+    code = PRELUDE + textwrap.dedent(scenario) + "\nnp.savez(%r, **{k: np.asarray(v) for k, v in out.items()})\n" % path
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_GPU_SIM")}
+    env["KILN_JOIN_CALLS"] = join
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with np.load(path) as f:
+        result = {k: f[k] for k in f.files}
+    os.remove(path)
+    return result, r.stdout
+
+
+def same(scenario):
+    joined, out1 = run(scenario, "1")
+    alone, _ = run(scenario, "0")
+    assert sorted(joined) == sorted(alone)
+    for k in joined:  # "_name": a count that differs by design
+        if k.startswith("_"):
+            continue
+        np.testing.assert_allclose(joined[k], alone[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    return joined, out1
+
+
+def test_the_d2l_step_is_one_plan_with_the_numbers_of_three():
+    joined, _ = same("""
+    net = net_of(bn=True)
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    plans = []
+    for step in range(4):
+        kiln.gpu_step_stats()
+        with autograd.record():
+            l = loss(net(X), y)
+        l.backward()
+        trainer.step(6)
+        plans.append(kiln.gpu_step_stats()["plan_calls"])
+        out["loss%d" % step] = l.asnumpy()
+    out["_plans"] = plans
+    for i, p in enumerate(net.collect_params().values()):
+        out["param%d" % i] = p.data().asnumpy()   # batch norm's running statistics too
+    """)
+    assert list(joined["_plans"][1:]) == [1, 1, 1], joined["_plans"]
+
+
+def test_reading_the_output_before_backward_runs_the_held_call_first():
+    same("""
+    net = net_of()
+    with autograd.record():
+        h = net(X)
+        out["h"] = h.asnumpy()          # a read: the held forward runs now, alone
+        l = loss(h, y)
+    l.backward()
+    out["grads"] = np.concatenate([g.ravel() for g in grads(net)])
+    """)
+
+
+def test_writing_an_input_or_a_parameter_while_a_call_is_held_keeps_the_old_values_for_it():
+    same("""
+    net = net_of()
+    X2 = X.copy()
+    with autograd.record():
+        h = net(X2)
+        X2[:] = 7.0                      # a write into the held call's input
+        w = list(net.collect_params().values())[0]
+        w.set_data(w.data() * 0.5)       # and into one of its parameters
+        l = loss(h, y)
+    l.backward()
+    out["h"] = h.asnumpy()
+    out["grads"] = np.concatenate([g.ravel() for g in grads(net)])
+    out["h_after"] = net(X2).asnumpy()   # the new input and parameter
+    """)
+
+
+def test_two_calls_then_a_backward_that_keeps_the_graph():
+    same("""
+    net = net_of(bn=True)
+    X2 = X * 2
+    with autograd.record():
+        l = loss(net(X), y) + loss(net(X2), y)   # two forwards of one net, each with a loss
+    l.backward(retain_graph=True)
+    first = np.concatenate([g.ravel() for g in grads(net)])
+    l.backward()                                  # reads the saved values again
+    out["first"] = first
+    out["second"] = np.concatenate([g.ravel() for g in grads(net)])
+    out["l"] = l.asnumpy()
+    out["stats"] = [p.data().asnumpy().sum() for p in net.collect_params().values()]
+    """)
+
+
+def test_a_held_call_nobody_reads_still_runs_by_the_next_wait():
+    same("""
+    net = net_of(bn=True)
+    with autograd.record():
+        h = net(X)                       # held; then dropped
+    del h
+    kiln.waitall()                       # pushes it: batch norm's statistics moved
+    out["stats"] = [p.data().asnumpy() for p in net.collect_params().values()][-2]
+    w = list(net.collect_params().values())[0].data()
+    with autograd.record():
+        s = (net(X) * 3).sum()           # held, then read by an eager op: runs alone
+    out["grad_of_sum"] = autograd.grad(s, [w])[0].asnumpy()
+    """)
+
+
+@pytest.mark.parametrize("what", ["eager op", "second device"])
+def test_calls_on_other_devices_and_eager_ops_between(what):
+    same("""
+    net = net_of()
+    with autograd.record():
+        h = net(X)
+        %s
+        l = loss(h, y)
+    l.backward()
+    out["l"] = l.asnumpy()
+    out["grads"] = np.concatenate([g.ravel() for g in grads(net)])
+    """ % ("h = h * 1.5" if what == "eager op" else "_ = nd.array(np.ones(3, np.float32), ctx=kiln.cpu(1)) * 2"))
