@@ -465,6 +465,30 @@ std::vector<int> CachedGraph::LateOutputs() const {
   return late;
 }
 
+Tensor CachedGraph::OutputTensor(int64_t id, size_t k, const ir::TensorType& t) const {
+  // A small output (a prediction, a loss) reuses the storage of the same output of an earlier
+  // call once the user dropped it (only this cache still holds it): in the d2l loop, no
+  // allocation and no free task per step. Its engine variable orders the new call's writes after
+  // every read of the old value. At most two per output (this step's and the previous one's).
+  constexpr size_t kMaxRecycled = size_t{1} << 20, kPerOutput = 2;
+  const size_t nbytes = static_cast<size_t>(t.shape.numel()) * DTypeSize(t.dtype);
+  if (nbytes == 0 || nbytes > kMaxRecycled) return Tensor::Empty(t.shape, t.dtype, device_);
+  std::lock_guard<std::mutex> g(recycle_mu_);
+  std::vector<StoragePtr>& slot = recycled_[{id, k}];
+  for (const StoragePtr& s : slot)
+    if (s.use_count() == 1 && s->nbytes() == nbytes) {
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = s;
+      impl->shape = t.shape;
+      impl->strides = t.shape.ContiguousStrides();
+      impl->dtype = t.dtype;
+      return Tensor(std::move(impl));
+    }
+  Tensor fresh = Tensor::Empty(t.shape, t.dtype, device_);
+  if (slot.size() < kPerOutput) slot.push_back(fresh.storage());
+  return fresh;
+}
+
 std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) const {
   if (static_cast<int>(data_inputs.size()) != num_data_)
     KILN_THROW(ValueError) << "hybridized call: expected " << num_data_ << " inputs, found " << data_inputs.size();
@@ -563,7 +587,7 @@ std::vector<Tensor> CachedGraph::Call(const std::vector<Tensor>& data_inputs) co
       const ir::TensorType& t = sig.outputs[k];
       const size_t bytes = packed_bytes(k);
       if (bytes == 0) {
-        out[k] = k >= first_saved ? Tensor::Reserved(t.shape, t.dtype, device_) : Tensor::Empty(t.shape, t.dtype, device_);
+        out[k] = k >= first_saved ? Tensor::Reserved(t.shape, t.dtype, device_) : OutputTensor(id, k, t);
         continue;
       }
       out[k] = view(block.storage(), static_cast<int64_t>(at / DTypeSize(t.dtype)), t.shape, t.dtype);

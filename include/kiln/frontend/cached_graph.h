@@ -28,7 +28,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -119,6 +121,11 @@ class CachedGraph {
   std::vector<Assign> assigns_;
   /// A storage of no bytes: what the tape holds for the outputs a call wrote into assigns_' tensors.
   Tensor no_data_;
+  /// Output `k` of a call of registered graph `id`: a fresh tensor, or one on the storage of an
+  /// earlier call's output nobody holds any more (see Call).
+  Tensor OutputTensor(int64_t id, size_t k, const ir::TensorType& t) const;
+  mutable std::mutex recycle_mu_;
+  mutable std::map<std::pair<int64_t, size_t>, std::vector<StoragePtr>> recycled_;
 };
 
 /// The graph a registered id runs (the forward of a CachedGraph, or a training variant), as
