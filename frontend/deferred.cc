@@ -11,6 +11,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/interrupt.h"
 
 namespace kiln::deferred {
 
@@ -177,11 +178,56 @@ void Run(int64_t graph_id, std::span<const Tensor> in, std::span<const Tensor> o
   InvokeInto(op::kCallGraph, in, {{"graph_id", graph_id}, {"num_outputs", static_cast<int64_t>(out.size())}}, out);
 }
 
-// Releases a taken group's variables once its calls are pushed (or failed to be).
-struct ReleaseOnExit {
-  std::vector<engine::Var*>& vars;
-  ~ReleaseOnExit() { engine::ReleaseHeldVars(vars); }
+// Held in every entry point. Waiting for it lets go of the host language's lock (the GIL): the
+// holder may wait for that lock while it pushes (the engine's backpressure lets go of it too).
+class Lock {
+ public:
+  Lock() {
+    if (!g_mu.try_lock()) {
+      BlockingRegion blocking;
+      g_mu.lock();
+    }
+  }
+  ~Lock() { g_mu.unlock(); }
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
 };
+
+// Set while this thread pushes a taken group: the engine's flush hook, which the group's own held
+// variables call, returns at once (other devices' groups wait on).
+thread_local int tls_pushing = 0;
+struct PushingScope {
+  PushingScope() { ++tls_pushing; }
+  ~PushingScope() { --tls_pushing; }
+};
+
+void HoldCall(std::vector<engine::Var*>& vars, const Call& c) {
+  std::vector<engine::Var*> reads, writes;
+  for (const Tensor& t : c.in) reads.push_back(t.storage()->var());
+  for (const Tensor& t : c.out) writes.push_back(t.storage()->var());
+  engine::HoldVars(reads, /*written=*/false);
+  engine::HoldVars(writes, /*written=*/true);
+  vars.insert(vars.end(), reads.begin(), reads.end());
+  vars.insert(vars.end(), writes.begin(), writes.end());
+}
+
+// After a push of taken group `g` failed having pushed its first `pushed` calls: the others are
+// held again (their sources renumbered), so that the next flush pushes them, and whatever reads
+// their outputs waits for them as before; the error goes on to the caller.
+void Restore(Group& g, size_t pushed) {
+  Group rest{g.device, {}, {}, {}};
+  for (size_t c = pushed; c < g.calls.size(); ++c) {
+    std::vector<Source> src = g.sources[c];
+    for (Source& s : src)
+      s = s.call < static_cast<int>(pushed) ? Source{} : Source{s.call - static_cast<int>(pushed), s.output};
+    rest.calls.push_back(std::move(g.calls[c]));
+    rest.sources.push_back(std::move(src));
+  }
+  engine::ReleaseHeldVars(g.vars);
+  if (rest.calls.empty()) return;
+  for (const Call& c : rest.calls) HoldCall(rest.vars, c);
+  Groups().insert(Groups().begin(), std::move(rest));
+}
 
 // The compiled joined graph; null when it does not compile (the calls then run one by one).
 std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key,
@@ -202,19 +248,26 @@ std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key,
   }
 }
 
-// Pushes the calls of a group taken out of Groups().
+// Pushes the calls of a group taken out of Groups(), whose variables are still held.
 void PushGroup(Group& g) {
-  ReleaseOnExit release{g.vars};
-  if (g.calls.size() > 1) {
-    auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), [&](std::vector<int>& late) { return Join(g, {}, nullptr, nullptr, late); });
-    if (cg) {
-      std::vector<Tensor> in, out;
-      JoinedOperands(g, {}, {}, nullptr, {}, in, out);
-      Run(cg->graph_id(), in, out);
-      return;
+  PushingScope pushing;
+  size_t pushed = 0;
+  try {
+    if (g.calls.size() > 1) {
+      auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), [&](std::vector<int>& late) { return Join(g, {}, nullptr, nullptr, late); });
+      if (cg) {
+        std::vector<Tensor> in, out;
+        JoinedOperands(g, {}, {}, nullptr, {}, in, out);
+        Run(cg->graph_id(), in, out);
+        pushed = g.calls.size();
+      }
     }
+    for (; pushed < g.calls.size(); ++pushed) Run(g.calls[pushed].graph->id(), g.calls[pushed].in, g.calls[pushed].out);
+  } catch (...) {
+    Restore(g, pushed);
+    throw;
   }
-  for (const Call& c : g.calls) Run(c.graph->id(), c.in, c.out);
+  engine::ReleaseHeldVars(g.vars);
 }
 
 Group* Find(Device device) {
@@ -258,7 +311,7 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
         t.dtype() != sig.outputs[k].dtype)
       return false;
   }
-  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  Lock lock;
   std::vector<Source> src(inputs.size());
   if (Group* g = Find(device)) {
     if (g->calls.size() >= kMaxHeld || !Resolve(*g, inputs, src) || WritesHeld(*g, outputs)) {
@@ -272,21 +325,17 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
     Groups().push_back(Group{device, {}, {}, {}});
     g = &Groups().back();
   }
-  std::vector<engine::Var*> vars;
-  for (const Tensor& t : inputs) vars.push_back(t.storage()->var());
-  for (const Tensor& t : outputs) vars.push_back(t.storage()->var());
   g->calls.push_back(Call{std::move(graph), {inputs.begin(), inputs.end()}, {outputs.begin(), outputs.end()},
                           std::move(late)});
   g->sources.push_back(std::move(src));
-  g->vars.insert(g->vars.end(), vars.begin(), vars.end());
-  engine::HoldVars(vars);
+  HoldCall(g->vars, g->calls.back());
   return true;
 }
 
 bool RunJoined(const std::string& key, Device device, std::span<const Tensor> inputs, const std::vector<bool>& spent,
                std::span<const Tensor> outputs, const std::function<std::unique_ptr<ir::Graph>()>& make) {
   if (!Enabled()) return false;
-  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  Lock lock;
   Group* g = Find(device);
   if (!g) return false;
   std::vector<Source> src;
@@ -324,23 +373,35 @@ bool RunJoined(const std::string& key, Device device, std::span<const Tensor> in
   }
   for (size_t c = 0; c < taken.calls.size(); ++c)
     for (size_t k = 0; k < omit[c].size(); ++k) omit[c][k] = omit[c][k] && read[c][k];
-  auto cg = Compile(taken, KeyOf(taken, omit, &src, key), [&](std::vector<int>& late) {
-    std::unique_ptr<ir::Graph> then = make();
-    return Join(taken, omit, then.get(), &src, late);
-  });
+  std::shared_ptr<CachedGraph> cg;
+  {
+    PushingScope pushing;
+    try {
+      cg = Compile(taken, KeyOf(taken, omit, &src, key), [&](std::vector<int>& late) {
+        std::unique_ptr<ir::Graph> then = make();
+        return Join(taken, omit, then.get(), &src, late);
+      });
+      if (cg) {
+        std::vector<Tensor> in, out;
+        JoinedOperands(taken, omit, inputs, &src, outputs, in, out);
+        Run(cg->graph_id(), in, out);
+      }
+    } catch (...) {
+      Restore(taken, 0);  // held again: the caller's error leaves the calls as they were
+      throw;
+    }
+  }
   if (!cg) {
     PushGroup(taken);
     return false;
   }
-  ReleaseOnExit release{taken.vars};
-  std::vector<Tensor> in, out;
-  JoinedOperands(taken, omit, inputs, &src, outputs, in, out);
-  Run(cg->graph_id(), in, out);
+  engine::ReleaseHeldVars(taken.vars);
   return true;
 }
 
 void Flush() {
-  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  if (tls_pushing) return;  // this thread is pushing a group: its own variables call here
+  Lock lock;
   while (!Groups().empty()) {
     Group g = std::move(Groups().back());
     Groups().pop_back();

@@ -532,21 +532,18 @@ class HoldingEngine final : public Engine {
   void ReleaseVar(Var* v) override { e_->ReleaseVar(v); }
   void Push(std::function<void()> fn, std::span<Var* const> reads, std::span<Var* const> writes,
             const TaskOptions& opts) override {
-    if (g_num_held.load(std::memory_order_acquire) != 0 && (AnyHeld(reads) || AnyHeld(writes))) Flush();
+    if (g_num_held.load(std::memory_order_acquire) != 0 && (AnyHeld(reads, kWritten) || AnyHeld(writes, kAny))) Flush();
     e_->Push(std::move(fn), reads, writes, opts);
   }
   void WaitForVar(Var* v) override {
-    if (g_num_held.load(std::memory_order_acquire) != 0 && v->held.load(std::memory_order_acquire)) Flush();
+    if (g_num_held.load(std::memory_order_acquire) != 0 && (v->held.load(std::memory_order_acquire) & kWritten)) Flush();
     e_->WaitForVar(v);
   }
   void WaitForAll() override {
     if (g_num_held.load(std::memory_order_acquire) != 0) Flush();
     e_->WaitForAll();
   }
-  bool Drain() override {
-    if (g_num_held.load(std::memory_order_acquire) != 0 && !OnWorkerThread()) Flush();
-    return e_->Drain();
-  }
+  bool Drain() override { return e_->Drain(); }
   std::exception_ptr VarError(Var* v) override { return e_->VarError(v); }
   EngineStats Stats() const override { return e_->Stats(); }
   void ResetPeak() override { e_->ResetPeak(); }
@@ -556,9 +553,10 @@ class HoldingEngine final : public Engine {
   }
 
  private:
-  static bool AnyHeld(std::span<Var* const> vars) {
+  static constexpr uint8_t kWritten = 2, kAny = 3;
+  static bool AnyHeld(std::span<Var* const> vars, uint8_t how) {
     for (Var* v : vars)
-      if (v->held.load(std::memory_order_acquire)) return true;
+      if (v->held.load(std::memory_order_acquire) & how) return true;
     return false;
   }
   static void Flush() {
@@ -569,14 +567,15 @@ class HoldingEngine final : public Engine {
 
 }  // namespace
 
-void HoldVars(std::span<Var* const> vars) {
+void HoldVars(std::span<Var* const> vars, bool written) {
+  const uint8_t bit = written ? 2 : 1;
   for (Var* v : vars)
-    if (!v->held.exchange(true, std::memory_order_acq_rel)) g_num_held.fetch_add(1, std::memory_order_acq_rel);
+    if (v->held.fetch_or(bit, std::memory_order_acq_rel) == 0) g_num_held.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void ReleaseHeldVars(std::span<Var* const> vars) {
   for (Var* v : vars)
-    if (v->held.exchange(false, std::memory_order_acq_rel)) g_num_held.fetch_sub(1, std::memory_order_acq_rel);
+    if (v->held.exchange(0, std::memory_order_acq_rel) != 0) g_num_held.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void SetFlushHook(void (*flush)()) { g_flush.store(flush, std::memory_order_release); }

@@ -89,7 +89,7 @@ class Var {
   // Written only under the engine's push order; read under mu.
   std::atomic<int64_t> fast_issued{0};
   // Work touching it is held back by the frontend (HoldVars): the process engine flushes first.
-  std::atomic<bool> held{false};
+  std::atomic<uint8_t> held{0};  // 1: read by held work, 2: written by it
 
   char pad0_[64];
   detail::SpinLock mu;

@@ -108,20 +108,63 @@ def test_writing_an_input_or_a_parameter_while_a_call_is_held_keeps_the_old_valu
     """)
 
 
-def test_two_calls_then_a_backward_that_keeps_the_graph():
-    same("""
+def test_two_forwards_and_losses_join_one_backward_that_keeps_the_graph():
+    joined, _ = same("""
     net = net_of(bn=True)
     X2 = X * 2
+    kiln.waitall()
     with autograd.record():
-        l = loss(net(X), y) + loss(net(X2), y)   # two forwards of one net, each with a loss
-    l.backward(retain_graph=True)
-    first = np.concatenate([g.ravel() for g in grads(net)])
-    l.backward()                                  # reads the saved values again
-    out["first"] = first
+        l1 = loss(net(X), y)             # four held calls: two forwards, two losses
+        l2 = loss(net(X2), y)
+    kiln.gpu_step_stats()
+    autograd.backward([l1, l2], retain_graph=True)
+    out["_plans"] = kiln.gpu_step_stats()["plan_calls"]
+    out["first"] = np.concatenate([g.ravel() for g in grads(net)])
+    autograd.backward([l1, l2])          # reads the saved values again: they were written
     out["second"] = np.concatenate([g.ravel() for g in grads(net)])
-    out["l"] = l.asnumpy()
+    out["l"] = np.concatenate([l1.asnumpy(), l2.asnumpy()])
     out["stats"] = [p.data().asnumpy().sum() for p in net.collect_params().values()]
     """)
+    assert joined["_plans"] == 1, joined["_plans"]
+
+
+def test_two_losses_of_one_output_and_a_backward_each():
+    joined, _ = same("""
+    net = net_of()
+    with autograd.record():
+        h = net(X)
+        l1 = loss(h, y)
+        l2 = kiln.loss.L2Loss()(h, nd.zeros((6, 5)))
+    kiln.gpu_step_stats()
+    l1.backward()                        # joins all three; h's saved values stay for l2
+    out["_plans"] = kiln.gpu_step_stats()["plan_calls"]
+    out["g1"] = np.concatenate([g.ravel() for g in grads(net)])
+    l2.backward()
+    out["g2"] = np.concatenate([g.ravel() for g in grads(net)])
+    out["l"] = np.concatenate([l1.asnumpy(), l2.asnumpy()])
+    """)
+    assert joined["_plans"] == 1, joined["_plans"]
+
+
+def test_autograd_grad_joins_the_held_calls_and_spends_the_graph():
+    joined, _ = same("""
+    net = net_of(bn=True)
+    net(X)                               # parameters take their shapes
+    w = list(net.collect_params().values())[0].data()
+    kiln.waitall()
+    with autograd.record():
+        l = loss(net(X), y)
+    kiln.gpu_step_stats()
+    out["g"] = autograd.grad(l, [w])[0].asnumpy()
+    out["_plans"] = kiln.gpu_step_stats()["plan_calls"]
+    out["stats"] = [p.data().asnumpy() for p in net.collect_params().values()][-2]
+    try:
+        l.backward()                     # spent: refused, as without joining
+        out["second"] = 1
+    except kiln.StateError:
+        out["second"] = 0
+    """)
+    assert joined["_plans"] == 1 and joined["second"] == 0, joined
 
 
 def test_a_held_call_nobody_reads_still_runs_by_the_next_wait():
@@ -132,11 +175,83 @@ def test_a_held_call_nobody_reads_still_runs_by_the_next_wait():
     del h
     kiln.waitall()                       # pushes it: batch norm's statistics moved
     out["stats"] = [p.data().asnumpy() for p in net.collect_params().values()][-2]
-    w = list(net.collect_params().values())[0].data()
-    with autograd.record():
-        s = (net(X) * 3).sum()           # held, then read by an eager op: runs alone
-    out["grad_of_sum"] = autograd.grad(s, [w])[0].asnumpy()
     """)
+
+
+def test_each_device_keeps_its_own_held_calls():
+    joined, _ = same("""
+    nets, Xs = [], []
+    for i, c in enumerate([kiln.cpu(0), kiln.cpu(1)]):
+        n = net_of()
+        n.collect_params().reset_ctx(c)
+        nets.append(n)
+        Xs.append((X.as_in_context(c), y.as_in_context(c)))
+    kiln.waitall()
+    plans = []
+    for step in range(3):
+        kiln.gpu_step_stats()
+        with autograd.record():
+            ls = [loss(n(x), t) for n, (x, t) in zip(nets, Xs)]   # both devices held at once
+        for l in ls:
+            l.backward()
+        plans.append(kiln.gpu_step_stats()["plan_calls"])
+        out["l%d" % step] = np.concatenate([l.asnumpy() for l in ls])
+    out["_plans"] = plans
+    out["grads"] = np.concatenate([g.ravel() for n in nets for g in grads(n)])
+    """)
+    assert list(joined["_plans"][1:]) == [2, 2], joined["_plans"]
+
+
+def test_a_join_that_runs_out_of_memory_leaves_the_calls_held_and_a_retry_gives_the_numbers():
+    # On a simulated GPU of 512 MiB filled up: the joined plan's backward cannot get its memory
+    # and raises; the held calls are not lost (they are held again): once memory is freed,
+    # reading the loss runs them, and a second backward gives the gradients.
+    from test_gpu import run_sim
+    out = run_sim("""
+    import numpy as np, kiln
+    from kiln import nd, nn, autograd
+    ctx = kiln.gpu(0)
+    rng = np.random.default_rng(0)
+    net = nn.HybridSequential()
+    net.add(nn.Dense(2048, activation="relu"), nn.Dense(2048, activation="relu"), nn.Dense(5))
+    net.initialize(init=kiln.init.Xavier(), ctx=ctx)
+    net.hybridize()
+    X = nd.array(rng.standard_normal((2048, 64)).astype(np.float32), ctx=ctx)
+    y = nd.array(rng.integers(0, 5, 2048).astype(np.float32), ctx=ctx)
+    loss = kiln.loss.SoftmaxCrossEntropyLoss()
+    for _ in range(2):                   # compiles the joined step
+        with autograd.record():
+            l = loss(net(X), y)
+        l.backward()
+    with autograd.record():              # the reference (the read runs the calls before backward)
+        l = loss(net(X), y)
+    ref = l.asnumpy().copy()
+    l.backward()
+    ref_grad = net[0].weight.grad().asnumpy().copy()
+    kiln.waitall()
+    fill = []
+    try:
+        while True:
+            fill.append(nd.zeros((1 << 20,), ctx=ctx))
+    except kiln.OutOfMemoryError:
+        pass
+    del fill[-2:]
+    kiln.waitall()
+    with autograd.record():
+        l = loss(net(X), y)
+    try:
+        l.backward(retain_graph=True)
+        raise AssertionError("expected the joined backward to run out of memory")
+    except kiln.OutOfMemoryError:
+        pass
+    fill.clear()
+    kiln.waitall()
+    np.testing.assert_allclose(l.asnumpy(), ref, rtol=1e-5)
+    l.backward()
+    np.testing.assert_allclose(net[0].weight.grad().asnumpy(), ref_grad, rtol=1e-4, atol=1e-6)
+    print("ok")
+    """, mem="512M")
+    assert "ok" in out
 
 
 @pytest.mark.parametrize("what", ["eager op", "second device"])

@@ -103,11 +103,12 @@ class Engine {
 };
 
 /// Work the frontend holds back before pushing it (frontend/deferred.h: a compiled call recorded
-/// under autograd.record(), which the next compiled call may join). Its variables are held: the
-/// process engine (Engine::Get) calls the flush hook before a Push that reads or writes a held
-/// variable, before WaitForVar on one, and before WaitForAll and Drain; the hook pushes the held
-/// work and releases its variables. A held variable must stay alive until it is released.
-void HoldVars(std::span<Var* const> vars);
+/// under autograd.record(), which the next compiled call may join). Its variables are held, as
+/// read or `written` by it: the process engine (Engine::Get) calls the flush hook before a Push
+/// that writes a held variable or reads one held as written, before WaitForVar on one held as
+/// written, and before WaitForAll (not Drain: pushing more frees nothing); the hook pushes the
+/// held work and releases its variables. A held variable must stay alive until it is released.
+void HoldVars(std::span<Var* const> vars, bool written);
 void ReleaseHeldVars(std::span<Var* const> vars);
 void SetFlushHook(void (*flush)());
 
