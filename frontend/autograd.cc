@@ -422,6 +422,7 @@ void RecordOn(const std::shared_ptr<Tape>& tape, ir::OpId op, const ir::Attrs& a
       auto view = std::make_shared<TensorImpl>(*outputs[i].impl());
       view->autograd.reset();
       std::weak_ptr<Storage> storage = view->storage;
+      view->storage->KeepIdentity();  // known weakly from here on: never reused while alive
       view->storage.reset();
       tape->unsaved.emplace(v, Tape::Unsaved{std::move(view), std::move(storage)});
     } else {
@@ -464,6 +465,7 @@ bool WriteIntoLeaf(const std::shared_ptr<Tape>& tape, const Tensor& dst) {
   if (leaf.offset() == 0 && leaf.is_contiguous() && leaf.numel() == n && IsFloat(leaf.dtype())) {
     Tensor flat = OpOn(tape, op::kReshape, {leaf}, {{"shape", std::vector<int64_t>{n}}});
     tape->written[s] = Tape::Written{flat.impl()->autograd->value, ++tape->writes, dst.storage()};
+    dst.storage()->KeepIdentity();  // known by address from here on: never reused while alive
   }
   return true;
 }
@@ -547,6 +549,7 @@ void RecordWrite(const Tensor& src, const Tensor& dst) {
     new_flat = OpOn(tape, op::kWhere, {cond, scattered, old_flat}, {});
   }
   tape->written[s] = Tape::Written{new_flat.impl()->autograd->value, ++tape->writes, dst.storage()};
+  dst.storage()->KeepIdentity();  // known by address from here on: never reused while alive
   PreserveSaved(tape, dst);
 }
 

@@ -473,18 +473,26 @@ Tensor CachedGraph::OutputTensor(int64_t id, size_t k, const ir::TensorType& t) 
   constexpr size_t kMaxRecycled = size_t{1} << 20, kPerOutput = 2;
   const size_t nbytes = static_cast<size_t>(t.shape.numel()) * DTypeSize(t.dtype);
   if (nbytes == 0 || nbytes > kMaxRecycled) return Tensor::Empty(t.shape, t.dtype, device_);
+  {
+    std::lock_guard<std::mutex> g(recycle_mu_);
+    std::vector<StoragePtr>& slot = recycled_[{id, k}];
+    // One autograd knows by address (written in place while recording) is never handed out again.
+    std::erase_if(slot, [](const StoragePtr& s) { return s->keeps_identity(); });
+    for (const StoragePtr& s : slot)
+      if (s.use_count() == 1 && s->nbytes() == nbytes) {
+        // The last holder's reads on its thread happen before this reuse.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        auto impl = std::make_shared<TensorImpl>();
+        impl->storage = s;
+        impl->shape = t.shape;
+        impl->strides = t.shape.ContiguousStrides();
+        impl->dtype = t.dtype;
+        return Tensor(std::move(impl));
+      }
+  }
+  Tensor fresh = Tensor::Empty(t.shape, t.dtype, device_);  // not under the lock: it may wait
   std::lock_guard<std::mutex> g(recycle_mu_);
   std::vector<StoragePtr>& slot = recycled_[{id, k}];
-  for (const StoragePtr& s : slot)
-    if (s.use_count() == 1 && s->nbytes() == nbytes) {
-      auto impl = std::make_shared<TensorImpl>();
-      impl->storage = s;
-      impl->shape = t.shape;
-      impl->strides = t.shape.ContiguousStrides();
-      impl->dtype = t.dtype;
-      return Tensor(std::move(impl));
-    }
-  Tensor fresh = Tensor::Empty(t.shape, t.dtype, device_);
   if (slot.size() < kPerOutput) slot.push_back(fresh.storage());
   return fresh;
 }

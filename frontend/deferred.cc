@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <unordered_set>
 #include <utility>
 
 #include "kiln/frontend/cached_graph.h"
@@ -223,10 +224,14 @@ void Restore(Group& g, size_t pushed) {
     rest.calls.push_back(std::move(g.calls[c]));
     rest.sources.push_back(std::move(src));
   }
-  engine::ReleaseHeldVars(g.vars);
-  if (rest.calls.empty()) return;
+  // Held again before the pushed calls' variables are let go: no other thread's push slips by.
   for (const Call& c : rest.calls) HoldCall(rest.vars, c);
-  Groups().insert(Groups().begin(), std::move(rest));
+  std::unordered_set<engine::Var*> still(rest.vars.begin(), rest.vars.end());
+  std::vector<engine::Var*> done;
+  for (engine::Var* v : g.vars)
+    if (!still.count(v)) done.push_back(v);
+  engine::ReleaseHeldVars(done);
+  if (!rest.calls.empty()) Groups().insert(Groups().begin(), std::move(rest));
 }
 
 // The compiled joined graph; null when it does not compile (the calls then run one by one).

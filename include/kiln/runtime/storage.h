@@ -2,6 +2,7 @@
 // read and write of it. Tensors (frontend/) are views into a Storage.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -30,12 +31,18 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   engine::Var* var() const { return var_; }
+  /// Something knows this storage by address or weak reference (autograd's record of in-place
+  /// writes): it must not be handed out again as a new tensor's storage while alive (see
+  /// CachedGraph's reuse of outputs).
+  void KeepIdentity() const { keep_identity_.store(true, std::memory_order_relaxed); }
+  bool keeps_identity() const { return keep_identity_.load(std::memory_order_relaxed); }
 
  private:
   void* Allocated() const;
   mutable void* ptr_ = nullptr;
   bool reserved_ = false;          // allocated by the first data()
   mutable std::once_flag allocate_once_;
+  mutable std::atomic<bool> keep_identity_{false};
   size_t nbytes_ = 0;
   Device device_;
   engine::Var* var_ = nullptr;
