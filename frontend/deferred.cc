@@ -36,6 +36,7 @@ struct Group {
   std::vector<Call> calls;
   std::vector<std::vector<Source>> sources;  // per call, per input
   std::vector<engine::Var*> vars;            // held in the engine
+  bool step = false;  // one joined step (forward, loss, backward) awaiting its update (RunUpdate)
 };
 
 std::recursive_mutex g_mu;  // recursive: pushing a group goes through the engine's flush hook
@@ -92,8 +93,16 @@ bool WritesHeld(const Group& g, std::span<const Tensor> outputs) {
 
 void AddKey(std::string& key, const std::vector<Source>& src) {
   key += " in";
-  for (const Source& s : src)
-    key += s.call < 0 ? " x" : " " + std::to_string(s.call) + "." + std::to_string(s.output);
+  for (const Source& s : src) {
+    if (s.call < 0) {
+      key += " x";
+      continue;
+    }
+    key += ' ';
+    key += std::to_string(s.call);
+    key += '.';
+    key += std::to_string(s.output);
+  }
 }
 
 // Per held call, per output: not an output of the joined graph (a saved value only the joined
@@ -106,13 +115,20 @@ bool IsOmitted(const Omitted& omit, size_t c, size_t k) { return !omit.empty() &
 std::string KeyOf(const Group& g, const Omitted& omit, const std::vector<Source>* then_src, const std::string& then) {
   std::string key = "joined " + g.device.str();
   for (size_t c = 0; c < g.calls.size(); ++c) {
-    key += "\ncall " + std::to_string(g.calls[c].graph->id());
+    key += "\ncall ";
+    key += std::to_string(g.calls[c].graph->id());
     AddKey(key, g.sources[c]);
     key += " late";
-    for (int l : g.calls[c].late) key += " " + std::to_string(l);
+    for (int l : g.calls[c].late) {
+      key += ' ';
+      key += std::to_string(l);
+    }
     key += " omit";
     for (size_t k = 0; k < g.calls[c].out.size(); ++k)
-      if (IsOmitted(omit, c, k)) key += " " + std::to_string(k);
+      if (IsOmitted(omit, c, k)) {
+        key += ' ';
+        key += std::to_string(k);
+      }
   }
   if (then_src) {
     key += "\nthen";
@@ -122,17 +138,32 @@ std::string KeyOf(const Group& g, const Omitted& omit, const std::vector<Source>
   return key;
 }
 
+// The late outputs of the joined graph of `g` (see Join): each call's late outputs that stay
+// outputs, then `then_late` (indices into the outputs of the graph after the calls).
+std::vector<int> JoinedLate(const Group& g, const Omitted& omit, std::span<const int> then_late) {
+  std::vector<int> late;
+  int n = 0;
+  for (size_t c = 0; c < g.calls.size(); ++c)
+    for (size_t k = 0; k < g.calls[c].out.size(); ++k) {
+      if (IsOmitted(omit, c, k)) continue;
+      if (std::find(g.calls[c].late.begin(), g.calls[c].late.end(), static_cast<int>(k)) != g.calls[c].late.end())
+        late.push_back(n);
+      ++n;
+    }
+  for (int l : then_late) late.push_back(n + l);
+  return late;
+}
+
 // The joined graph: each call's graph inlined in order, an input read from an earlier call's
-// output where it is one, a graph input otherwise; outputs: every call's, in order. `late`
-// receives the late outputs' indices.
+// output where it is one, a graph input otherwise; outputs: every call's that is not omitted, in
+// order, then those of `then`.
 std::unique_ptr<ir::Graph> Join(const Group& g, const Omitted& omit, const ir::Graph* then,
-                                const std::vector<Source>* then_src, std::vector<int>& late) {
+                                const std::vector<Source>* then_src) {
   auto m = std::make_unique<ir::Graph>();
   std::vector<std::vector<ir::Value*>> outs;
   std::vector<ir::Value*> all;
   int n_in = 0;
-  auto add = [&](const ir::Graph& body, const std::vector<Source>& src, const std::vector<int>& body_late,
-                 const std::vector<bool>* body_omit) {
+  auto add = [&](const ir::Graph& body, const std::vector<Source>& src, const std::vector<bool>* body_omit) {
     KILN_CHECK(body.inputs().size() == src.size()) << "joined call: the graph has " << body.inputs().size()
                                                    << " inputs, the call " << src.size();
     ir::ValueMap map;
@@ -147,14 +178,12 @@ std::unique_ptr<ir::Graph> Join(const Group& g, const Omitted& omit, const ir::G
       ir::Value* v = map.at(body.outputs()[k]);
       outs.back().push_back(v);
       if (body_omit && (*body_omit)[k]) continue;
-      for (int l : body_late)
-        if (static_cast<size_t>(l) == k) late.push_back(static_cast<int>(all.size()));
       all.push_back(v);
     }
   };
   for (size_t c = 0; c < g.calls.size(); ++c)
-    add(RegisteredGraphBody(g.calls[c].graph->id()), g.sources[c], g.calls[c].late, omit.empty() ? nullptr : &omit[c]);
-  if (then) add(*then, *then_src, {}, nullptr);
+    add(RegisteredGraphBody(g.calls[c].graph->id()), g.sources[c], omit.empty() ? nullptr : &omit[c]);
+  if (then) add(*then, *then_src, nullptr);
   m->SetOutputs(all);
   return m;
 }
@@ -216,7 +245,7 @@ void HoldCall(std::vector<engine::Var*>& vars, const Call& c) {
 // held again (their sources renumbered), so that the next flush pushes them, and whatever reads
 // their outputs waits for them as before; the error goes on to the caller.
 void Restore(Group& g, size_t pushed) {
-  Group rest{g.device, {}, {}, {}};
+  Group rest{g.device, {}, {}, {}, g.step && pushed == 0};
   for (size_t c = pushed; c < g.calls.size(); ++c) {
     std::vector<Source> src = g.sources[c];
     for (Source& s : src)
@@ -235,12 +264,11 @@ void Restore(Group& g, size_t pushed) {
 }
 
 // The compiled joined graph; null when it does not compile (the calls then run one by one).
-std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key,
-                                     const std::function<std::unique_ptr<ir::Graph>(std::vector<int>&)>& join) {
+std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key, std::vector<int> late,
+                                     const std::function<std::unique_ptr<ir::Graph>()>& join) {
   try {
     return CompanionGraph(g.calls[0].graph->id(), key, [&] {
-      std::vector<int> late;
-      std::unique_ptr<ir::Graph> m = join(late);
+      std::unique_ptr<ir::Graph> m = join();
       const int n = static_cast<int>(m->inputs().size());
       return CachedGraph::FromGraph(std::move(m), n, {}, g.device, std::move(late));
     });
@@ -259,7 +287,7 @@ void PushGroup(Group& g) {
   size_t pushed = 0;
   try {
     if (g.calls.size() > 1) {
-      auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), [&](std::vector<int>& late) { return Join(g, {}, nullptr, nullptr, late); });
+      auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), JoinedLate(g, {}, {}), [&] { return Join(g, {}, nullptr, nullptr); });
       if (cg) {
         std::vector<Tensor> in, out;
         JoinedOperands(g, {}, {}, nullptr, {}, in, out);
@@ -289,7 +317,62 @@ Group Take(Device device) {
       groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(i));
       return g;
     }
-  return Group{device, {}, {}, {}};
+  return Group{device, {}, {}, {}, false};
+}
+
+// Holds joined call `cg` of taken group `g` (operands `in`, `out`) as the device's step, which an
+// update may join (RunUpdate); the taken calls' variables are let go once the step's are held.
+void HoldStep(Group& g, const CachedGraph& cg, std::vector<Tensor> in, std::vector<Tensor> out, std::vector<int> late) {
+  ir::GraphRef graph = ir::FindGraph(cg.graph_id());
+  KILN_CHECK(graph) << "joined step: graph " << cg.graph_id() << " is not registered";
+  Group step{g.device, {}, {}, {}, /*step=*/true};
+  step.calls.push_back(Call{std::move(graph), std::move(in), std::move(out), std::move(late)});
+  step.sources.emplace_back(step.calls[0].in.size());
+  HoldCall(step.vars, step.calls[0]);
+  std::unordered_set<engine::Var*> still(step.vars.begin(), step.vars.end());
+  std::vector<engine::Var*> done;
+  for (engine::Var* v : g.vars)
+    if (!still.count(v)) done.push_back(v);
+  engine::ReleaseHeldVars(done);
+  Groups().push_back(std::move(step));
+}
+
+// Runs the calls of taken group `g` joined with the graph `make` builds (reading `src`, writing
+// `outputs`, of which `then_late` late), omitting `omit`; with `hold`, holds the joined call as the
+// device's step instead of pushing it. False when the joined graph does not compile: the calls
+// were pushed one by one and the caller runs its graph alone.
+bool RunTaken(Group& g, const Omitted& omit, const std::vector<Source>& src, const std::string& key,
+              const std::vector<int>& then_late, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+              const std::function<std::unique_ptr<ir::Graph>()>& make, bool hold) {
+  std::shared_ptr<CachedGraph> cg;
+  {
+    PushingScope pushing;
+    try {
+      std::vector<int> late = JoinedLate(g, omit, then_late);
+      cg = Compile(g, KeyOf(g, omit, &src, key), late, [&] {
+        std::unique_ptr<ir::Graph> then = make();
+        return Join(g, omit, then.get(), &src);
+      });
+      if (cg) {
+        std::vector<Tensor> in, out;
+        JoinedOperands(g, omit, inputs, &src, outputs, in, out);
+        if (hold) {
+          HoldStep(g, *cg, std::move(in), std::move(out), std::move(late));
+          return true;
+        }
+        Run(cg->graph_id(), in, out);
+      }
+    } catch (...) {
+      Restore(g, 0);  // held again: the caller's error leaves the calls as they were
+      throw;
+    }
+  }
+  if (!cg) {
+    PushGroup(g);
+    return false;
+  }
+  engine::ReleaseHeldVars(g.vars);
+  return true;
 }
 
 [[maybe_unused]] const bool kHookSet = (engine::SetFlushHook(&Flush), true);
@@ -319,7 +402,7 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
   Lock lock;
   std::vector<Source> src(inputs.size());
   if (Group* g = Find(device)) {
-    if (g->calls.size() >= kMaxHeld || !Resolve(*g, inputs, src) || WritesHeld(*g, outputs)) {
+    if (g->step || g->calls.size() >= kMaxHeld || !Resolve(*g, inputs, src) || WritesHeld(*g, outputs)) {
       Group taken = Take(device);
       PushGroup(taken);
       src.assign(inputs.size(), Source{});
@@ -327,7 +410,7 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
   }
   Group* g = Find(device);
   if (!g) {
-    Groups().push_back(Group{device, {}, {}, {}});
+    Groups().push_back(Group{device, {}, {}, {}, false});
     g = &Groups().back();
   }
   g->calls.push_back(Call{std::move(graph), {inputs.begin(), inputs.end()}, {outputs.begin(), outputs.end()},
@@ -343,6 +426,11 @@ bool RunJoined(const std::string& key, Device device, std::span<const Tensor> in
   Lock lock;
   Group* g = Find(device);
   if (!g) return false;
+  if (g->step) {  // a step awaiting its update: this graph runs after it, alone
+    Group taken = Take(device);
+    PushGroup(taken);
+    return false;
+  }
   std::vector<Source> src;
   bool reads = false, contiguous = true;
   for (const Tensor& t : inputs) contiguous &= t.is_contiguous();
@@ -378,30 +466,39 @@ bool RunJoined(const std::string& key, Device device, std::span<const Tensor> in
   }
   for (size_t c = 0; c < taken.calls.size(); ++c)
     for (size_t k = 0; k < omit[c].size(); ++k) omit[c][k] = omit[c][k] && read[c][k];
-  std::shared_ptr<CachedGraph> cg;
-  {
-    PushingScope pushing;
-    try {
-      cg = Compile(taken, KeyOf(taken, omit, &src, key), [&](std::vector<int>& late) {
-        std::unique_ptr<ir::Graph> then = make();
-        return Join(taken, omit, then.get(), &src, late);
-      });
-      if (cg) {
-        std::vector<Tensor> in, out;
-        JoinedOperands(taken, omit, inputs, &src, outputs, in, out);
-        Run(cg->graph_id(), in, out);
-      }
-    } catch (...) {
-      Restore(taken, 0);  // held again: the caller's error leaves the calls as they were
-      throw;
-    }
-  }
-  if (!cg) {
+  return RunTaken(taken, omit, src, key, {}, inputs, outputs, make, /*hold=*/true);
+}
+
+bool RunUpdate(const std::string& key, Device device, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+               const std::function<std::unique_ptr<ir::Graph>()>& make) {
+  if (!Enabled()) return false;
+  Lock lock;
+  Group* g = Find(device);
+  if (!g || !g->step) return false;
+  std::vector<Source> src;
+  bool contiguous = true, reads = false;
+  for (const Tensor& t : inputs) contiguous &= t.is_contiguous();
+  for (const Tensor& t : outputs) contiguous &= t.is_contiguous();
+  bool joinable = contiguous && Resolve(*g, inputs, src);
+  for (const Tensor& o : outputs)  // written last (late): what the step reads, never what it writes
+    for (const Tensor& t : g->calls[0].out) joinable &= !Overlaps(o, t);
+  for (const Source& s : src) reads |= s.call >= 0;
+  if (joinable && !reads) return false;  // independent: the step waits on
+  Group taken = Take(device);
+  if (!joinable) {
     PushGroup(taken);
     return false;
   }
-  engine::ReleaseHeldVars(taken.vars);
-  return true;
+  std::vector<int> late(outputs.size());
+  for (size_t k = 0; k < late.size(); ++k) late[k] = static_cast<int>(k);
+  return RunTaken(taken, {}, src, key, late, inputs, outputs, make, /*hold=*/false);
+}
+
+bool HoldsStep(Device device) {
+  if (!Enabled()) return false;
+  Lock lock;
+  const Group* g = Find(device);
+  return g && g->step;
 }
 
 void Flush() {
@@ -412,6 +509,12 @@ void Flush() {
     Groups().pop_back();
     PushGroup(g);
   }
+}
+
+void Drop() {
+  Lock lock;
+  for (Group& g : Groups()) engine::ReleaseHeldVars(g.vars);
+  Groups().clear();
 }
 
 }  // namespace kiln::deferred

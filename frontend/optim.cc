@@ -11,13 +11,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/gpu_kernels.h"
 #endif
 #include "kiln/frontend/call_site.h"
+#include "kiln/frontend/deferred.h"
+#include "kiln/frontend/ops.h"
+#include "kiln/ir/graph.h"
 #include "kiln/runtime/cpu/loops.h"
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/error.h"
@@ -295,6 +301,100 @@ void PushAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, st
   PushTask(name, weights[0].device(), grads, {weights, means, vars}, std::move(run));
 }
 
+// ---- joined with the step ----------------------------------------------------------------------
+//
+// When the gradients are still being computed by a held training step (deferred.h), the update
+// runs as graph ops joined into the step's plan, so that the whole step is one plan (one CUDA
+// graph replay) with nothing outside it. The learning rate is an input (a 0-d tensor on the
+// device), so a schedule replays the same plan; the other hyperparameters are constants of the
+// graph (the cache key names them).
+
+// The learning rate `lr` as a 0-d tensor of `dt` on `device`, made anew only when it changes.
+Tensor RateTensor(Device device, DType dt, double lr) {
+  static std::mutex mu;
+  static auto* rates = new std::map<std::pair<std::string, int>, std::pair<double, Tensor>>();  // leaked
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*rates)[{device.str(), static_cast<int>(dt)}];
+  if (!slot.second.defined() || slot.first != lr) slot = {lr, nd::full(Shape{}, lr, dt, device)};
+  return slot.second;
+}
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// "w3": input names. (Not `"w" + std::to_string(i)`, which g++ 12 warns about wrongly, -Wrestrict.)
+std::string InputName(char what, size_t i) {
+  std::string name(1, what);
+  name += std::to_string(i);
+  return name;
+}
+
+// The SGD update of SGDKernel as graph ops: inputs the weights, the gradients, the momenta (with
+// momentum) and the rate; outputs the new weights, then the new momenta.
+std::unique_ptr<ir::Graph> SGDGraph(std::span<const Tensor> weights, const SGDOptions& o, bool mom, DType dt,
+                                    const std::vector<double>& lr_mult, const std::vector<double>& wd_mult) {
+  auto g = std::make_unique<ir::Graph>();
+  ir::Builder b(*g);
+  const size_t n = weights.size();
+  std::vector<ir::Value*> w(n), gr(n), m(n), outs;
+  for (size_t i = 0; i < n; ++i) w[i] = g->AddInput(InputName('w', i), {weights[i].shape(), dt});
+  for (size_t i = 0; i < n; ++i) gr[i] = g->AddInput(InputName('g', i), {weights[i].shape(), dt});
+  if (mom)
+    for (size_t i = 0; i < n; ++i) m[i] = g->AddInput(InputName('m', i), {weights[i].shape(), dt});
+  ir::Value* lr = g->AddInput("lr", {Shape{}, dt});
+  std::vector<ir::Value*> new_m;
+  for (size_t i = 0; i < n; ++i) {
+    ir::Value* gk = gr[i];
+    if (o.rescale_grad != 1) gk = b.Mul(b.Scalar(o.rescale_grad, dt), gk);
+    if (o.clip_gradient > 0)
+      gk = b.Op(op::kMinimum, {b.Op(op::kMaximum, {gk, b.Scalar(-o.clip_gradient, dt)}), b.Scalar(o.clip_gradient, dt)});
+    const double wd = o.wd * wd_mult[i];
+    if (wd != 0) gk = b.Add(gk, b.Mul(b.Scalar(wd, dt), w[i]));
+    ir::Value* rate = lr_mult[i] == 1 ? lr : b.Mul(lr, b.Scalar(lr_mult[i], dt));
+    if (mom) {
+      ir::Value* mk = b.Sub(b.Mul(b.Scalar(o.momentum, dt), m[i]), b.Mul(rate, gk));
+      new_m.push_back(mk);
+      outs.push_back(b.Add(w[i], mk));
+    } else {
+      outs.push_back(b.Sub(w[i], b.Mul(rate, gk)));
+    }
+  }
+  outs.insert(outs.end(), new_m.begin(), new_m.end());
+  g->SetOutputs(std::move(outs));
+  return g;
+}
+
+// The update joined with the held step whose gradients it reads; false when none is held (the
+// caller pushes its task).
+bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> moms,
+             const SGDOptions& o, bool mom, DType dt) {
+  const Device device = weights[0].device();
+  if (!deferred::HoldsStep(device)) return false;  // (the rate tensor would be a task for nothing)
+  std::vector<double> lr = Mults("sgd_update", "lr_mult", o.lr_mult, weights.size());
+  std::vector<double> wd = Mults("sgd_update", "wd_mult", o.wd_mult, weights.size());
+  std::string key = "sgd_update " + std::string(DTypeName(dt)) + " momentum " + Num(o.momentum) + " wd " +
+                    Num(o.wd) + " rescale " + Num(o.rescale_grad) + " clip " + Num(o.clip_gradient);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    key += ' ';
+    key += weights[i].shape().str();
+    key += '*';
+    key += Num(lr[i]);
+    key += ',';
+    key += Num(wd[i]);
+  }
+  std::vector<Tensor> in(weights.begin(), weights.end()), out(weights.begin(), weights.end());
+  in.insert(in.end(), grads.begin(), grads.end());
+  if (mom) {
+    in.insert(in.end(), moms.begin(), moms.end());
+    out.insert(out.end(), moms.begin(), moms.end());
+  }
+  in.push_back(RateTensor(device, dt, o.lr));
+  return deferred::RunUpdate(key, device, in, out, [&] { return SGDGraph(weights, o, mom, dt, lr, wd); });
+}
+
 }  // namespace
 
 void SGDUpdate(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> moms,
@@ -306,6 +406,7 @@ void SGDUpdate(std::span<const Tensor> weights, std::span<const Tensor> grads, s
   DType dt = mom ? Check("sgd_update", weights, {{"gradient", grads}, {"momentum", moms}})
                  : Check("sgd_update", weights, {{"gradient", grads}});
   if (weights.empty()) return;
+  if (JoinSGD(weights, grads, moms, o, mom, dt)) return;
   if (dt == DType::kFloat32) PushSGD<float>(weights, grads, moms, o, mom);
   else PushSGD<double>(weights, grads, moms, o, mom);
 }

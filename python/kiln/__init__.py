@@ -31,7 +31,13 @@ def _drain_at_exit():
     try:
         waitall()
     except Exception:
-        pass
+        # Calls held back to be joined that could not run (out of memory) are held again; they
+        # are dropped here, or a tensor freed while the interpreter ends would run them then.
+        _C._drop_held_calls()
+        try:
+            waitall()
+        except Exception:
+            pass
 
 
 import atexit as _atexit

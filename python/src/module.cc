@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bind.h"
+#include "kiln/frontend/deferred.h"
 #include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/runtime/allocator.h"
@@ -253,6 +254,9 @@ KILN_PY_BIND(0) {
     pyb::gil_scoped_release nogil;
     engine::Engine::Get().WaitForAll();
   }, "Blocks until all queued work is done; raises the first error a task stored since the last waitall.");
+  m.def("_drop_held_calls", [] { deferred::Drop(); },
+        "Drops the compiled calls held back to be joined (frontend/deferred.h) without running them: at exit, "
+        "after a wait that could not run them (out of memory).");
   m.def("seed", [](uint64_t s, bool this_thread) { ManualSeed(s, this_thread); }, pyb::arg("seed"),
         pyb::arg("this_thread") = false);
   m.def("env_switch", [](const std::string& name) { return env::Get(name.c_str()); }, pyb::arg("name"),

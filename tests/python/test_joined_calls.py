@@ -203,9 +203,9 @@ def test_each_device_keeps_its_own_held_calls():
 
 
 def test_a_join_that_runs_out_of_memory_leaves_the_calls_held_and_a_retry_gives_the_numbers():
-    # On a simulated GPU of 512 MiB filled up: the joined plan's backward cannot get its memory
-    # and raises; the held calls are not lost (they are held again): once memory is freed,
-    # reading the loss runs them, and a second backward gives the gradients.
+    # On a simulated GPU of 512 MiB filled up: the joined step (held after backward until its
+    # update) cannot get its memory when a wait runs it, and raises; it is not lost (held again):
+    # once memory is freed, the next wait runs it, and a second backward gives the gradients.
     from test_gpu import run_sim
     out = run_sim("""
     import numpy as np, kiln
@@ -240,8 +240,9 @@ def test_a_join_that_runs_out_of_memory_leaves_the_calls_held_and_a_retry_gives_
     with autograd.record():
         l = loss(net(X), y)
     try:
-        l.backward(retain_graph=True)
-        raise AssertionError("expected the joined backward to run out of memory")
+        l.backward(retain_graph=True)    # held as the step, awaiting its update
+        kiln.waitall()                   # which a wait runs instead: out of memory
+        raise AssertionError("expected the joined step to run out of memory")
     except kiln.OutOfMemoryError:
         pass
     fill.clear()
@@ -316,3 +317,95 @@ def test_an_output_written_in_place_while_recording_is_never_reused_for_a_later_
     out["eager"] = grads_of(False)
     """, "1")
     np.testing.assert_allclose(out["hybrid"], out["eager"], rtol=1e-5, atol=1e-6)
+
+
+# ---- the optimizer's update joins the step --------------------------------------------------------
+# The joined step (forward, loss, backward) is held in turn until Trainer.step: an SGD update that
+# reads its gradients joins it as graph ops (frontend/optim.cc), so the whole step, update
+# included, is one plan with nothing around it. Its numbers are those of the fused update task.
+
+UPDATE = """
+net = net_of(bn=True)
+params = list(net.collect_params().values())
+params[0].lr_mult = 0.5
+params[1].wd_mult = 0.0
+trainer = kiln.Trainer(net.collect_params(), %s)
+plans, tasks, allocs = [], [], []
+for step in range(5):
+    if %r:
+        trainer.set_learning_rate(0.1 / (1 + step))    # a schedule: the same plan, a new rate
+    kiln.gpu_step_stats()
+    with autograd.record():
+        l = loss(net(X), y)
+    l.backward()
+    trainer.step(6)
+    s = kiln.gpu_step_stats()
+    plans.append(s["plan_calls"])
+    tasks.append(s["tasks_outside_plans"])
+    allocs.append(s["allocations"])
+    out["loss%%d" %% step] = l.asnumpy()
+out["_plans"], out["_tasks"], out["_allocs"] = plans, tasks, allocs
+for i, p in enumerate(params):
+    out["param%%d" %% i] = p.data().asnumpy()   # batch norm's running statistics too
+for k, st in enumerate(trainer._states.values()):
+    for j, a in enumerate(st):
+        out["state%%d_%%d" %% (k, j)] = a.asnumpy()
+"""
+
+
+@pytest.mark.parametrize("opt,schedule", [
+    ('"sgd", {"learning_rate": 0.1}', False),
+    ('"sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3, "clip_gradient": 0.05}', False),
+    ('"sgd", {"learning_rate": 0.1, "momentum": 0.5}', True),
+    ('"adam", {"learning_rate": 0.01}', False),
+])
+def test_the_update_joins_the_step_with_the_numbers_of_the_fused_update(opt, schedule):
+    joined, _ = same(UPDATE % (opt, schedule))
+    assert list(joined["_plans"][1:]) == [1] * 4, joined["_plans"]
+    if '"sgd"' in opt and not schedule:
+        # the update is part of the plan: nothing runs around it, nothing is allocated
+        assert list(joined["_tasks"][2:]) == [0] * 3, joined["_tasks"]
+        assert list(joined["_allocs"][2:]) == [0] * 3, joined["_allocs"]
+    elif '"sgd"' in opt:
+        # a new rate is one small tensor (a task, an allocation); the plan is the same one
+        assert max(joined["_tasks"][2:]) <= 1, joined["_tasks"]
+    else:
+        assert list(joined["_tasks"][2:]) == [1] * 3, joined["_tasks"]   # Adam's own fused task
+
+
+def test_reading_or_clipping_the_gradients_before_the_update_sees_the_steps_gradients():
+    same("""
+    net = net_of()
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5, "momentum": 0.9})
+    for step in range(3):
+        with autograd.record():
+            l = loss(net(X), y)
+        l.backward()
+        g = [p.grad() for p in net.collect_params().values()]
+        norm = float(np.sqrt(sum(float((x * x).sum().asnumpy()) for x in g)))
+        out["norm%d" % step] = norm
+        for x in g:                      # clipping by the global norm, in place
+            x[:] = x * min(1.0, 0.1 / norm)
+        trainer.step(6)
+    out["params"] = np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
+    """)
+
+
+def test_a_call_between_backward_and_the_update_runs_after_the_step_and_before_the_update():
+    same("""
+    net = net_of()
+    for p in net.collect_params().values():
+        p.grad_req = "add"               # two batches per update
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    for step in range(3):
+        for half in (X[:3], X[3:]):
+            with autograd.record():
+                l = loss(net(half), y[:3])
+            l.backward()
+        out["eval%d" % step] = net(X).asnumpy()    # inference with the old weights
+        trainer.step(6)
+        out["after%d" % step] = net(X).asnumpy()
+        for p in net.collect_params().values():
+            p.zero_grad()
+    out["params"] = np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
+    """)

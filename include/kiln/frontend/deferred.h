@@ -4,8 +4,10 @@
 // network, the loss and the backward are three compiled graphs. Under autograd.record() a
 // compiled call is held back instead of pushed: its outputs exist (allocated, on the tape) but
 // nothing computes them yet. The next compiled call on the device joins it, and the compiled
-// backward that reads what they saved runs them all as one plan, compiled once per combination
-// (cached with the first call's graph): on a GPU one CUDA graph replays the whole step.
+// backward that reads what they saved joins them into one plan, compiled once per combination
+// (cached with the first call's graph). That plan is held in turn, as the device's step, until
+// the optimizer's update (optim.h) joins it: on a GPU one CUDA graph replays the whole step,
+// update included. Anything else that comes first pushes the step alone.
 //
 // Held calls behave as if pushed when they were made: their variables are held in the engine
 // (engine::HoldVars), and anything that touches one (an op reading an output or writing an
@@ -42,7 +44,23 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
 bool RunJoined(const std::string& key, Device device, std::span<const Tensor> inputs, const std::vector<bool>& spent,
                std::span<const Tensor> outputs, const std::function<std::unique_ptr<ir::Graph>()>& make);
 
+/// Runs a parameter update joined with the device's held step (the plan RunJoined made of a
+/// training step, held until its update comes) when it reads the step's outputs (the gradients):
+/// one plan for the step and its update. `make` builds the update's graph (inputs and outputs as
+/// `inputs` and `outputs`); every output is written after everything read its old value (the
+/// weights the step read). `key` names the graph, for the cache. False when nothing ran: the
+/// caller runs the update alone.
+bool RunUpdate(const std::string& key, Device device, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+               const std::function<std::unique_ptr<ir::Graph>()>& make);
+
+/// Whether a step is held on `device` (RunUpdate may join it).
+bool HoldsStep(Device device);
+
 /// Pushes every held call (the engine's flush hook calls it).
 void Flush();
+
+/// Drops every held call without running it (at exit, after a flush that failed): their
+/// outputs keep whatever they held.
+void Drop();
 
 }  // namespace kiln::deferred
