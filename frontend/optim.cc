@@ -305,17 +305,27 @@ void PushAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, st
 //
 // When the gradients are still being computed by a held training step (deferred.h), the update
 // runs as graph ops joined into the step's plan, so that the whole step is one plan (one CUDA
-// graph replay) with nothing outside it. The learning rate is an input (a 0-d tensor on the
-// device), so a schedule replays the same plan; the other hyperparameters are constants of the
-// graph (the cache key names them).
+// graph replay) with nothing outside it. The learning rate and rescale_grad (1 / batch size,
+// which changes with the batch, or the token count) are inputs (0-d tensors on the device), so
+// a schedule or another batch size replays the same plan; momentum, wd, clip_gradient and the
+// multipliers are constants of the graph (the cache key names them). A rate with lr_mult != 1 is
+// lr * lr_mult in the weights' dtype, where the fused task rounds the product once from double:
+// they may differ by one unit in the last place.
 
-// The learning rate `lr` as a 0-d tensor of `dt` on `device`, made anew only when it changes.
-Tensor RateTensor(Device device, DType dt, double lr) {
+constexpr int64_t kMaxJoinedUpdateBytes = int64_t{128} << 20;  // ResNet-18's weights and momenta fit
+
+// `value` as a 0-d tensor of `dt` on `device` (`what`: "lr", "rescale_grad"), made anew only
+// when it changes.
+Tensor ScalarInput(const char* what, Device device, DType dt, double value) {
   static std::mutex mu;
-  static auto* rates = new std::map<std::pair<std::string, int>, std::pair<double, Tensor>>();  // leaked
+  static auto* held = new std::map<std::string, std::pair<double, Tensor>>();  // leaked: read at exit
+  std::string key = what;
+  key += ' ';
+  key += device.str();
+  key += DTypeName(dt);
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = (*rates)[{device.str(), static_cast<int>(dt)}];
-  if (!slot.second.defined() || slot.first != lr) slot = {lr, nd::full(Shape{}, lr, dt, device)};
+  auto& slot = (*held)[key];
+  if (!slot.second.defined() || slot.first != value) slot = {value, nd::full(Shape{}, value, dt, device)};
   return slot.second;
 }
 
@@ -333,7 +343,7 @@ std::string InputName(char what, size_t i) {
 }
 
 // The SGD update of SGDKernel as graph ops: inputs the weights, the gradients, the momenta (with
-// momentum) and the rate; outputs the new weights, then the new momenta.
+// momentum), the rate and rescale_grad; outputs the new weights, then the new momenta.
 std::unique_ptr<ir::Graph> SGDGraph(std::span<const Tensor> weights, const SGDOptions& o, bool mom, DType dt,
                                     const std::vector<double>& lr_mult, const std::vector<double>& wd_mult) {
   auto g = std::make_unique<ir::Graph>();
@@ -345,10 +355,10 @@ std::unique_ptr<ir::Graph> SGDGraph(std::span<const Tensor> weights, const SGDOp
   if (mom)
     for (size_t i = 0; i < n; ++i) m[i] = g->AddInput(InputName('m', i), {weights[i].shape(), dt});
   ir::Value* lr = g->AddInput("lr", {Shape{}, dt});
+  ir::Value* rescale = g->AddInput("rescale_grad", {Shape{}, dt});
   std::vector<ir::Value*> new_m;
   for (size_t i = 0; i < n; ++i) {
-    ir::Value* gk = gr[i];
-    if (o.rescale_grad != 1) gk = b.Mul(b.Scalar(o.rescale_grad, dt), gk);
+    ir::Value* gk = b.Mul(rescale, gr[i]);
     if (o.clip_gradient > 0)
       gk = b.Op(op::kMinimum, {b.Op(op::kMaximum, {gk, b.Scalar(-o.clip_gradient, dt)}), b.Scalar(o.clip_gradient, dt)});
     const double wd = o.wd * wd_mult[i];
@@ -372,11 +382,17 @@ std::unique_ptr<ir::Graph> SGDGraph(std::span<const Tensor> weights, const SGDOp
 bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> moms,
              const SGDOptions& o, bool mom, DType dt) {
   const Device device = weights[0].device();
-  if (!deferred::HoldsStep(device)) return false;  // (the rate tensor would be a task for nothing)
+  if (!deferred::HoldsStep(device)) return false;  // (the scalar inputs would be tasks for nothing)
+  // Joined, the new weights and momenta are late outputs: in the plan's arena until it ends, a
+  // second copy where the planner cannot reuse the activations' memory for them (a model whose
+  // parameters outweigh its activations). A larger update runs in place after the step.
+  int64_t late_bytes = 0;
+  for (const Tensor& w : weights) late_bytes += w.numel() * static_cast<int64_t>(DTypeSize(dt)) * (mom ? 2 : 1);
+  if (late_bytes > kMaxJoinedUpdateBytes) return false;
   std::vector<double> lr = Mults("sgd_update", "lr_mult", o.lr_mult, weights.size());
   std::vector<double> wd = Mults("sgd_update", "wd_mult", o.wd_mult, weights.size());
   std::string key = "sgd_update " + std::string(DTypeName(dt)) + " momentum " + Num(o.momentum) + " wd " +
-                    Num(o.wd) + " rescale " + Num(o.rescale_grad) + " clip " + Num(o.clip_gradient);
+                    Num(o.wd) + " clip " + Num(o.clip_gradient);
   for (size_t i = 0; i < weights.size(); ++i) {
     key += ' ';
     key += weights[i].shape().str();
@@ -391,7 +407,8 @@ bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std
     in.insert(in.end(), moms.begin(), moms.end());
     out.insert(out.end(), moms.begin(), moms.end());
   }
-  in.push_back(RateTensor(device, dt, o.lr));
+  in.push_back(ScalarInput("lr", device, dt, o.lr));
+  in.push_back(ScalarInput("rescale_grad", device, dt, o.rescale_grad));
   return deferred::RunUpdate(key, device, in, out, [&] { return SGDGraph(weights, o, mom, dt, lr, wd); });
 }
 

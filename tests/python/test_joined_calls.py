@@ -327,24 +327,28 @@ def test_an_output_written_in_place_while_recording_is_never_reused_for_a_later_
 UPDATE = """
 net = net_of(bn=True)
 params = list(net.collect_params().values())
-params[0].lr_mult = 0.5
+params[0].lr_mult = 0.3
 params[1].wd_mult = 0.0
 trainer = kiln.Trainer(net.collect_params(), %s)
-plans, tasks, allocs = [], [], []
+schedule = %r
+plans, tasks, allocs, lookups = [], [], [], []
 for step in range(5):
-    if %r:
+    if schedule:
         trainer.set_learning_rate(0.1 / (1 + step))    # a schedule: the same plan, a new rate
     kiln.gpu_step_stats()
+    c = kiln.codegen_stats()
     with autograd.record():
         l = loss(net(X), y)
     l.backward()
-    trainer.step(6)
+    trainer.step(6 + step if schedule else 6)           # and a new rescale_grad
     s = kiln.gpu_step_stats()
     plans.append(s["plan_calls"])
     tasks.append(s["tasks_outside_plans"])
     allocs.append(s["allocations"])
+    c2 = kiln.codegen_stats()
+    lookups.append(c2["compiles"] + c2["cache_hits"] - c["compiles"] - c["cache_hits"])  # a plan built
     out["loss%%d" %% step] = l.asnumpy()
-out["_plans"], out["_tasks"], out["_allocs"] = plans, tasks, allocs
+out["_plans"], out["_tasks"], out["_allocs"], out["_lookups"] = plans, tasks, allocs, lookups
 for i, p in enumerate(params):
     out["param%%d" %% i] = p.data().asnumpy()   # batch norm's running statistics too
 for k, st in enumerate(trainer._states.values()):
@@ -362,13 +366,15 @@ for k, st in enumerate(trainer._states.values()):
 def test_the_update_joins_the_step_with_the_numbers_of_the_fused_update(opt, schedule):
     joined, _ = same(UPDATE % (opt, schedule))
     assert list(joined["_plans"][1:]) == [1] * 4, joined["_plans"]
+    assert list(joined["_lookups"][1:]) == [0] * 4, joined["_lookups"]   # no plan built again
     if '"sgd"' in opt and not schedule:
         # the update is part of the plan: nothing runs around it, nothing is allocated
         assert list(joined["_tasks"][2:]) == [0] * 3, joined["_tasks"]
         assert list(joined["_allocs"][2:]) == [0] * 3, joined["_allocs"]
     elif '"sgd"' in opt:
-        # a new rate is one small tensor (a task, an allocation); the plan is the same one
-        assert max(joined["_tasks"][2:]) <= 1, joined["_tasks"]
+        # a new rate and rescale_grad are two small tensors (a task and an allocation each); the
+        # plan is the same one, not built again
+        assert max(joined["_tasks"][2:]) <= 2 and joined["_tasks"][-1] >= 1, joined["_tasks"]
     else:
         assert list(joined["_tasks"][2:]) == [1] * 3, joined["_tasks"]   # Adam's own fused task
 
@@ -409,3 +415,43 @@ def test_a_call_between_backward_and_the_update_runs_after_the_step_and_before_t
             p.zero_grad()
     out["params"] = np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
     """)
+
+
+def test_a_large_update_runs_in_place_after_the_step_and_trains_where_it_did():
+    # Joined, the new weights are late outputs: a second copy of the weights in the plan's arena.
+    # An update of more than 128 MiB (here 128 MiB of weights and their momenta) is not joined:
+    # it runs in place after the step, so a model whose parameters fill the GPU trains as before,
+    # with the step's gradients, once.
+    from test_gpu import run_sim
+    out = run_sim("""
+    import numpy as np, kiln
+    from kiln import nd, nn, autograd
+    ctx = kiln.gpu(0)
+    rng = np.random.default_rng(0)
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4096, in_units=2048, activation="relu"), nn.Dense(4096, in_units=4096), nn.Dense(5, in_units=4096))
+    net.initialize(init=kiln.init.Xavier(), ctx=ctx)
+    net.hybridize()
+    X = nd.array(rng.standard_normal((8, 2048)).astype(np.float32), ctx=ctx)
+    y = nd.array(rng.integers(0, 5, 8).astype(np.float32), ctx=ctx)
+    loss = kiln.loss.SoftmaxCrossEntropyLoss()
+    trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    for _ in range(3):
+        with autograd.record():
+            l = loss(net(X), y)
+        l.backward()
+        trainer.step(8)
+    w = net[0].weight
+    before = w.data().asnumpy().copy()
+    kiln.gpu_step_stats()
+    with autograd.record():
+        l = loss(net(X), y)
+    l.backward()
+    trainer.step(8)
+    s = kiln.gpu_step_stats()
+    assert s["plan_calls"] == 1 and s["tasks_outside_plans"] == 1, s   # the step, then the update
+    assert np.isfinite(l.asnumpy()).all()
+    assert not np.allclose(w.data().asnumpy(), before)
+    print("ok")
+    """, mem="512M")
+    assert "ok" in out
