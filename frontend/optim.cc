@@ -323,10 +323,16 @@ Tensor ScalarInput(const char* what, Device device, DType dt, double value) {
   key += ' ';
   key += device.str();
   key += DTypeName(dt);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = held->find(key);
+    if (it != held->end() && it->second.first == value) return it->second.second;
+  }
+  // Made outside the lock: a push may wait for room in the engine's queue, letting go of the GIL.
+  Tensor t = nd::full(Shape{}, value, dt, device);
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = (*held)[key];
-  if (!slot.second.defined() || slot.first != value) slot = {value, nd::full(Shape{}, value, dt, device)};
-  return slot.second;
+  (*held)[key] = {value, t};
+  return t;
 }
 
 std::string Num(double v) {
