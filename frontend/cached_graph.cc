@@ -252,6 +252,8 @@ void AddCallees(const ir::Graph& g, std::vector<ir::GraphRef>& out) {
 
 CachedGraph::~CachedGraph() { Retire(std::move(ref_)); }
 
+void RetireGraph(ir::GraphRef ref) { Retire(std::move(ref)); }
+
 size_t NumLiveGraphs() {
   FreeRetiredIfIdle();
   return ir::NumRegisteredGraphs();

@@ -281,6 +281,12 @@ std::shared_ptr<CachedGraph> Compile(const Group& g, const std::string& key, std
   }
 }
 
+// Lets go of the graphs of calls `begin`..`end` of `g` once the engine is idle: a pushed call's
+// task finds its graph by id when it runs, and a held call may have kept the last reference.
+void RetireCalls(Group& g, size_t begin, size_t end) {
+  for (size_t c = begin; c < end && c < g.calls.size(); ++c) RetireGraph(std::move(g.calls[c].graph));
+}
+
 // Pushes the calls of a group taken out of Groups(), whose variables are still held.
 void PushGroup(Group& g) {
   PushingScope pushing;
@@ -298,9 +304,11 @@ void PushGroup(Group& g) {
     for (; pushed < g.calls.size(); ++pushed) Run(g.calls[pushed].graph->id(), g.calls[pushed].in, g.calls[pushed].out);
   } catch (...) {
     Restore(g, pushed);
+    RetireCalls(g, 0, pushed);
     throw;
   }
   engine::ReleaseHeldVars(g.vars);
+  RetireCalls(g, 0, g.calls.size());
 }
 
 Group* Find(Device device) {
@@ -358,6 +366,7 @@ bool RunTaken(Group& g, const Omitted& omit, const std::vector<Source>& src, con
         JoinedOperands(g, omit, inputs, &src, outputs, in, out);
         if (hold) {
           HoldStep(g, *cg, std::move(in), std::move(out), std::move(late));
+          RetireCalls(g, 0, g.calls.size());
           return true;
         }
         Run(cg->graph_id(), in, out);
@@ -372,6 +381,7 @@ bool RunTaken(Group& g, const Omitted& omit, const std::vector<Source>& src, con
     return false;
   }
   engine::ReleaseHeldVars(g.vars);
+  RetireCalls(g, 0, g.calls.size());
   return true;
 }
 

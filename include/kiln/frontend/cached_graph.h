@@ -144,6 +144,10 @@ const ir::Graph* TrainingBackwardBody(int64_t graph_id);
 std::shared_ptr<CachedGraph> CompanionGraph(int64_t graph_id, const std::string& key,
                                             const std::function<std::shared_ptr<CachedGraph>()>& make);
 
+/// Lets go of `ref` once the engine is idle, as a CachedGraph lets go of its own: a queued
+/// call_graph task finds its graph by id when it runs.
+void RetireGraph(ir::GraphRef ref);
+
 /// Compiled graphs alive in the registry (forward graphs and training variants), after freeing
 /// those released while the engine was busy if it is idle now. For tests and leak checks.
 size_t NumLiveGraphs();
