@@ -241,6 +241,15 @@ void HoldCall(std::vector<engine::Var*>& vars, const Call& c) {
   vars.insert(vars.end(), writes.begin(), writes.end());
 }
 
+// Lets go of the held variables `old` that `kept` (held again by now) does not hold.
+void ReleaseAllBut(const std::vector<engine::Var*>& old, const std::vector<engine::Var*>& kept) {
+  std::unordered_set<engine::Var*> still(kept.begin(), kept.end());
+  std::vector<engine::Var*> done;
+  for (engine::Var* v : old)
+    if (!still.count(v)) done.push_back(v);
+  engine::ReleaseHeldVars(done);
+}
+
 // After a push of taken group `g` failed having pushed its first `pushed` calls: the others are
 // held again (their sources renumbered), so that the next flush pushes them, and whatever reads
 // their outputs waits for them as before; the error goes on to the caller.
@@ -255,11 +264,7 @@ void Restore(Group& g, size_t pushed) {
   }
   // Held again before the pushed calls' variables are let go: no other thread's push slips by.
   for (const Call& c : rest.calls) HoldCall(rest.vars, c);
-  std::unordered_set<engine::Var*> still(rest.vars.begin(), rest.vars.end());
-  std::vector<engine::Var*> done;
-  for (engine::Var* v : g.vars)
-    if (!still.count(v)) done.push_back(v);
-  engine::ReleaseHeldVars(done);
+  ReleaseAllBut(g.vars, rest.vars);
   if (!rest.calls.empty()) Groups().insert(Groups().begin(), std::move(rest));
 }
 
@@ -337,11 +342,7 @@ void HoldStep(Group& g, const CachedGraph& cg, std::vector<Tensor> in, std::vect
   step.calls.push_back(Call{std::move(graph), std::move(in), std::move(out), std::move(late)});
   step.sources.emplace_back(step.calls[0].in.size());
   HoldCall(step.vars, step.calls[0]);
-  std::unordered_set<engine::Var*> still(step.vars.begin(), step.vars.end());
-  std::vector<engine::Var*> done;
-  for (engine::Var* v : g.vars)
-    if (!still.count(v)) done.push_back(v);
-  engine::ReleaseHeldVars(done);
+  ReleaseAllBut(g.vars, step.vars);
   Groups().push_back(std::move(step));
 }
 
