@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -24,6 +25,9 @@ struct Call {
   ir::GraphRef graph;  // kept alive while held
   std::vector<Tensor> in, out;
   std::vector<int> late;
+  // A random call's numbers, reserved when it was held (where it would have been pushed).
+  uint64_t draws = 0;
+  RandomReservation random;
 };
 
 // Where a call's input comes from: output `output` of held call `call`, or outside (call -1).
@@ -204,8 +208,43 @@ void JoinedOperands(const Group& g, const Omitted& omit, std::span<const Tensor>
   out.insert(out.end(), then_out.begin(), then_out.end());
 }
 
-void Run(int64_t graph_id, std::span<const Tensor> in, std::span<const Tensor> out) {
+void Run(int64_t graph_id, std::span<const Tensor> in, std::span<const Tensor> out,
+         const RandomReservation* random = nullptr) {
+  RandomReservationScope scope(random);
   InvokeInto(op::kCallGraph, in, {{"graph_id", graph_id}, {"num_outputs", static_cast<int64_t>(out.size())}}, out);
+}
+
+// The numbers of the calls of `g` joined: those of the first random call, when each random call
+// draws right after the one before (nothing else drew in between); nullopt when they do not.
+struct JoinedRandom {
+  uint64_t draws = 0;
+  RandomReservation at;
+};
+std::optional<JoinedRandom> RandomOf(const Group& g) {
+  JoinedRandom j;
+  for (const Call& c : g.calls) {
+    if (c.draws == 0) continue;
+    if (j.draws == 0)
+      j.at = c.random;
+    else if (c.random.seed != j.at.seed || c.random.offset != j.at.offset + j.draws)
+      return std::nullopt;
+    j.draws += c.draws;
+  }
+  return j;
+}
+
+// The numbers compiled joined call `cg` of the calls of `g` draws: the held calls' reservations,
+// when it draws just what they reserved (the plan numbers random ops in node order, and the
+// calls' nodes are inlined in call order); a new reservation when they reserved none. Nullopt when
+// the calls cannot run as one: the reservations are not contiguous, or the graph after the calls
+// draws too (its numbers would come after others drawn since).
+std::optional<JoinedRandom> JoinedDraws(const Group& g, const CachedGraph& cg) {
+  std::optional<JoinedRandom> r = RandomOf(g);
+  if (!r) return std::nullopt;
+  const auto n = static_cast<uint64_t>(ir::GetGraphSignature(cg.graph_id()).random_numel);
+  if (r->draws == 0 && n > 0) return JoinedRandom{n, ReserveRandom(n)};
+  if (r->draws != n) return std::nullopt;
+  return r;
 }
 
 // Held in every entry point. Waiting for it lets go of the host language's lock (the GIL): the
@@ -297,16 +336,21 @@ void PushGroup(Group& g) {
   PushingScope pushing;
   size_t pushed = 0;
   try {
-    if (g.calls.size() > 1) {
+    if (g.calls.size() > 1 && RandomOf(g)) {
       auto cg = Compile(g, KeyOf(g, {}, nullptr, ""), JoinedLate(g, {}, {}), [&] { return Join(g, {}, nullptr, nullptr); });
-      if (cg) {
+      std::optional<JoinedRandom> r;
+      if (cg) r = JoinedDraws(g, *cg);
+      if (r) {
         std::vector<Tensor> in, out;
         JoinedOperands(g, {}, {}, nullptr, {}, in, out);
-        Run(cg->graph_id(), in, out);
+        Run(cg->graph_id(), in, out, r->draws ? &r->at : nullptr);
         pushed = g.calls.size();
       }
     }
-    for (; pushed < g.calls.size(); ++pushed) Run(g.calls[pushed].graph->id(), g.calls[pushed].in, g.calls[pushed].out);
+    for (; pushed < g.calls.size(); ++pushed) {
+      const Call& c = g.calls[pushed];
+      Run(c.graph->id(), c.in, c.out, c.draws ? &c.random : nullptr);
+    }
   } catch (...) {
     Restore(g, pushed);
     RetireCalls(g, 0, pushed);
@@ -333,13 +377,15 @@ Group Take(Device device) {
   return Group{device, {}, {}, {}, false};
 }
 
-// Holds joined call `cg` of taken group `g` (operands `in`, `out`) as the device's step, which an
+// Holds joined call `cg` of taken group `g` (operands `in`, `out`, drawing `random`) as the device's step, which an
 // update may join (RunUpdate); the taken calls' variables are let go once the step's are held.
-void HoldStep(Group& g, const CachedGraph& cg, std::vector<Tensor> in, std::vector<Tensor> out, std::vector<int> late) {
+void HoldStep(Group& g, const CachedGraph& cg, std::vector<Tensor> in, std::vector<Tensor> out, std::vector<int> late,
+              const JoinedRandom& random) {
   ir::GraphRef graph = ir::FindGraph(cg.graph_id());
   KILN_CHECK(graph) << "joined step: graph " << cg.graph_id() << " is not registered";
   Group step{g.device, {}, {}, {}, /*step=*/true};
-  step.calls.push_back(Call{std::move(graph), std::move(in), std::move(out), std::move(late)});
+  step.calls.push_back(
+      Call{std::move(graph), std::move(in), std::move(out), std::move(late), random.draws, random.at});
   step.sources.emplace_back(step.calls[0].in.size());
   HoldCall(step.vars, step.calls[0]);
   ReleaseAllBut(g.vars, step.vars);
@@ -358,19 +404,23 @@ bool RunTaken(Group& g, const Omitted& omit, const std::vector<Source>& src, con
     PushingScope pushing;
     try {
       std::vector<int> late = JoinedLate(g, omit, then_late);
-      cg = Compile(g, KeyOf(g, omit, &src, key), late, [&] {
-        std::unique_ptr<ir::Graph> then = make();
-        return Join(g, omit, then.get(), &src);
-      });
+      if (RandomOf(g))
+        cg = Compile(g, KeyOf(g, omit, &src, key), late, [&] {
+          std::unique_ptr<ir::Graph> then = make();
+          return Join(g, omit, then.get(), &src);
+        });
+      std::optional<JoinedRandom> r;
+      if (cg) r = JoinedDraws(g, *cg);
+      if (!r) cg = nullptr;
       if (cg) {
         std::vector<Tensor> in, out;
         JoinedOperands(g, omit, inputs, &src, outputs, in, out);
         if (hold) {
-          HoldStep(g, *cg, std::move(in), std::move(out), std::move(late));
+          HoldStep(g, *cg, std::move(in), std::move(out), std::move(late), *r);
           RetireCalls(g, 0, g.calls.size());
           return true;
         }
-        Run(cg->graph_id(), in, out);
+        Run(cg->graph_id(), in, out, r->draws ? &r->at : nullptr);
       }
     } catch (...) {
       Restore(g, 0);  // held again: the caller's error leaves the calls as they were
@@ -395,8 +445,7 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
   ir::GraphRef graph = ir::FindGraph(graph_id);
   if (!graph) return false;
   const ir::GraphSignature& sig = graph->signature();
-  if (sig.random_numel != 0 || sig.inputs.size() != inputs.size() || sig.outputs.size() != outputs.size())
-    return false;
+  if (sig.inputs.size() != inputs.size() || sig.outputs.size() != outputs.size()) return false;
   const Device device = outputs[0].device();
   for (size_t j = 0; j < inputs.size(); ++j) {  // anything InvokeInto would copy or refuse runs now
     const Tensor& t = inputs[j];
@@ -424,8 +473,12 @@ bool Hold(int64_t graph_id, std::span<const Tensor> inputs, std::span<const Tens
     Groups().push_back(Group{device, {}, {}, {}, false});
     g = &Groups().back();
   }
+  // A random call's numbers are reserved now, where it would have been pushed: what draws after
+  // it draws what it would have, however long the call is held.
+  const auto draws = static_cast<uint64_t>(sig.random_numel);
+  const RandomReservation random = draws ? ReserveRandom(draws) : RandomReservation{};
   g->calls.push_back(Call{std::move(graph), {inputs.begin(), inputs.end()}, {outputs.begin(), outputs.end()},
-                          std::move(late)});
+                          std::move(late), (draws + 3) / 4 * 4, random});
   g->sources.push_back(std::move(src));
   HoldCall(g->vars, g->calls.back());
   return true;

@@ -92,6 +92,26 @@ std::atomic<size_t>& InlineLimit() {
 
 size_t SetInlineLimit(size_t bytes) { return InlineLimit().exchange(bytes); }
 
+namespace {
+// Set by RandomReservationScope: the next random op this thread pushes draws from it.
+thread_local const RandomReservation* tls_reserved = nullptr;
+}  // namespace
+
+RandomReservation ReserveRandom(uint64_t draws) {
+  draws = (draws + 3) / 4 * 4;
+  if (tls_generator.own) {
+    RandomReservation r{tls_generator.seed, tls_generator.offset};
+    tls_generator.offset += draws;
+    return r;
+  }
+  return {g_seed.load(), g_offset.fetch_add(draws)};
+}
+
+RandomReservationScope::RandomReservationScope(const RandomReservation* r) : old_(tls_reserved) {
+  tls_reserved = r;
+}
+RandomReservationScope::~RandomReservationScope() { tls_reserved = old_; }
+
 void ManualSeed(uint64_t seed, bool this_thread) {
   if (this_thread) {
     tls_generator = {true, seed, 0};
@@ -222,14 +242,9 @@ void Push(const ir::OpDef& def, const KernelBinding& kb, Device device, const ir
     if (def.random_numel) n = def.random_numel(attrs);
     else
       for (const Tensor* t : outputs) n += t->numel();
-    const auto draws = static_cast<uint64_t>((n + 3) / 4 * 4);
-    if (tls_generator.own) {
-      seed = tls_generator.seed, offset = tls_generator.offset;
-      tls_generator.offset += draws;
-    } else {
-      seed = g_seed.load();
-      offset = g_offset.fetch_add(draws);
-    }
+    RandomReservation r = tls_reserved ? *tls_reserved : ReserveRandom(static_cast<uint64_t>(n));
+    tls_reserved = nullptr;  // one op's
+    seed = r.seed, offset = r.offset;
   }
   engine::TaskOptions opts;
   opts.device = device;

@@ -418,6 +418,55 @@ def test_a_call_between_backward_and_the_update_runs_after_the_step_and_before_t
     """)
 
 
+DROPOUT = """
+net = nn.HybridSequential()
+net.add(nn.Dense(32, activation="relu"), nn.Dropout(0.5), nn.Dense(16, activation="relu"), nn.Dropout(0.3),
+        nn.Dense(5))
+net.initialize(init=kiln.init.Xavier())
+net.hybridize()
+trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+plans, tasks = [], []
+for step in range(5):
+    kiln.gpu_step_stats()
+    with autograd.record():
+        l = loss(net(X), y)
+        heads = [l]
+        %s
+    autograd.backward(heads)
+    trainer.step(6)
+    s = kiln.gpu_step_stats()
+    plans.append(s["plan_calls"])
+    tasks.append(s["tasks_outside_plans"])
+    out["loss%%d" %% step] = l.asnumpy()
+    out["noise%%d" %% step] = nd.random.uniform(shape=(7,)).asnumpy()   # what draws after the step
+out["_plans"], out["_tasks"] = plans, tasks
+for i, p in enumerate(net.collect_params().values()):
+    out["param%%d" %% i] = p.data().asnumpy()
+"""
+
+
+def test_a_dropout_step_is_one_plan_drawing_the_numbers_of_the_calls_one_by_one():
+    # The held forward's numbers are reserved where it was made: its masks, and what draws after
+    # it, are those of the calls run one by one; the whole step is one plan.
+    joined, _ = same(DROPOUT % "")
+    assert list(joined["_plans"][1:]) == [1] * 4, joined["_plans"]
+    assert list(joined["_tasks"][2:]) == [0] * 3, joined["_tasks"]   # the update joined as well
+
+
+@pytest.mark.parametrize("between,plans", [
+    ("noise = nd.random.uniform(shape=(3,))   # drawn after the forward, before the backward", 1),
+    ("kiln.random.seed(5)                    # a new seed after the forward", 1),
+    ("heads.append(loss(net(X * 2), y))      # a second forward: two held calls' masks", 1),
+    # a draw between two held random calls: their numbers are not contiguous, so the four held
+    # calls run one by one, then the backward and the update
+    ("nd.random.uniform(shape=(6,)); heads.append(loss(net(X * 2), y))", 5),
+    ("kiln.random.seed(5); heads.append(loss(net(X * 2), y))", 5),
+])
+def test_draws_between_held_random_calls_keep_their_order(between, plans):
+    joined, _ = same(DROPOUT % between)
+    assert list(joined["_plans"][1:]) == [plans] * 4, joined["_plans"]
+
+
 def test_a_large_update_runs_in_place_after_the_step_and_trains_where_it_did():
     # Joined, the new weights are late outputs: a second copy of the weights in the plan's arena.
     # An update of more than 128 MiB (here 96 MiB of weights and as much of momenta) is not joined:

@@ -46,6 +46,29 @@ size_t SetInlineLimit(size_t bytes);
 /// process-wide generator given it, whatever other threads draw meanwhile).
 void ManualSeed(uint64_t seed, bool this_thread = false);
 
+/// Where a random op's numbers come from: the generator's seed and its counter's offset.
+struct RandomReservation {
+  uint64_t seed = 0, offset = 0;
+};
+
+/// Reserves `draws` numbers (rounded up to a multiple of 4, as every random op's are) of the
+/// generator a random op queued now by this thread would draw from.
+RandomReservation ReserveRandom(uint64_t draws);
+
+/// While alive, the next random op this thread queues draws from `r` (reserved earlier, by
+/// ReserveRandom) rather than reserving anew: a call held back (deferred.h) keeps the numbers
+/// of the place it was made at.
+class RandomReservationScope {
+ public:
+  explicit RandomReservationScope(const RandomReservation* r);
+  ~RandomReservationScope();
+  RandomReservationScope(const RandomReservationScope&) = delete;
+  RandomReservationScope& operator=(const RandomReservationScope&) = delete;
+
+ private:
+  const RandomReservation* old_;
+};
+
 /// The call site the Python layer reports for the ops it is about to queue ("file.py:12").
 /// Engine errors name it. Thread-local; nullptr when unknown.
 void SetCallSite(const char* site);
