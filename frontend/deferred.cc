@@ -216,9 +216,13 @@ void Run(int64_t graph_id, std::span<const Tensor> in, std::span<const Tensor> o
 
 // The numbers of the calls of `g` joined: those of the first random call, when each random call
 // draws right after the one before (nothing else drew in between); nullopt when they do not.
+// `fresh`: none of the calls draws but the graph after them does, from numbers reserved where
+// it runs (the call is pushed or held), as a call of its own would.
 struct JoinedRandom {
   uint64_t draws = 0;
   RandomReservation at;
+  bool fresh = false;
+  const RandomReservation* held() const { return draws && !fresh ? &at : nullptr; }
 };
 std::optional<JoinedRandom> RandomOf(const Group& g) {
   JoinedRandom j;
@@ -234,15 +238,16 @@ std::optional<JoinedRandom> RandomOf(const Group& g) {
 }
 
 // The numbers compiled joined call `cg` of the calls of `g` draws: the held calls' reservations,
-// when it draws just what they reserved (the plan numbers random ops in node order, and the
-// calls' nodes are inlined in call order); a new reservation when they reserved none. Nullopt when
-// the calls cannot run as one: the reservations are not contiguous, or the graph after the calls
-// draws too (its numbers would come after others drawn since).
+// when it draws just what they reserved (the plan numbers random ops in node order, the passes
+// keep them in order and never merge them, and the calls' nodes are inlined in call order); fresh
+// numbers when they reserved none. Nullopt when the calls cannot run as one: the reservations are
+// not contiguous, or the graph after the calls draws too (its numbers would come after others
+// drawn since).
 std::optional<JoinedRandom> JoinedDraws(const Group& g, const CachedGraph& cg) {
   std::optional<JoinedRandom> r = RandomOf(g);
   if (!r) return std::nullopt;
   const auto n = static_cast<uint64_t>(ir::GetGraphSignature(cg.graph_id()).random_numel);
-  if (r->draws == 0 && n > 0) return JoinedRandom{n, ReserveRandom(n)};
+  if (r->draws == 0 && n > 0) return JoinedRandom{n, {}, /*fresh=*/true};
   if (r->draws != n) return std::nullopt;
   return r;
 }
@@ -343,7 +348,7 @@ void PushGroup(Group& g) {
       if (r) {
         std::vector<Tensor> in, out;
         JoinedOperands(g, {}, {}, nullptr, {}, in, out);
-        Run(cg->graph_id(), in, out, r->draws ? &r->at : nullptr);
+        Run(cg->graph_id(), in, out, r->held());
         pushed = g.calls.size();
       }
     }
@@ -384,8 +389,9 @@ void HoldStep(Group& g, const CachedGraph& cg, std::vector<Tensor> in, std::vect
   ir::GraphRef graph = ir::FindGraph(cg.graph_id());
   KILN_CHECK(graph) << "joined step: graph " << cg.graph_id() << " is not registered";
   Group step{g.device, {}, {}, {}, /*step=*/true};
-  step.calls.push_back(
-      Call{std::move(graph), std::move(in), std::move(out), std::move(late), random.draws, random.at});
+  // Fresh numbers are reserved now, where the step would have been pushed.
+  const RandomReservation at = random.fresh ? ReserveRandom(random.draws) : random.at;
+  step.calls.push_back(Call{std::move(graph), std::move(in), std::move(out), std::move(late), random.draws, at});
   step.sources.emplace_back(step.calls[0].in.size());
   HoldCall(step.vars, step.calls[0]);
   ReleaseAllBut(g.vars, step.vars);
@@ -420,7 +426,7 @@ bool RunTaken(Group& g, const Omitted& omit, const std::vector<Source>& src, con
           RetireCalls(g, 0, g.calls.size());
           return true;
         }
-        Run(cg->graph_id(), in, out, r->draws ? &r->at : nullptr);
+        Run(cg->graph_id(), in, out, r->held());
       }
     } catch (...) {
       Restore(g, 0);  // held again: the caller's error leaves the calls as they were

@@ -341,6 +341,19 @@ std::string Num(double v) {
   return buf;
 }
 
+// Each weight's shape, lr_mult and wd_mult, for a joined update's cache key.
+void AddShapes(std::string& key, std::span<const Tensor> weights, const std::vector<double>& lr,
+               const std::vector<double>& wd) {
+  for (size_t i = 0; i < weights.size(); ++i) {
+    key += ' ';
+    key += weights[i].shape().str();
+    key += '*';
+    key += Num(lr[i]);
+    key += ',';
+    key += Num(wd[i]);
+  }
+}
+
 // "w3": input names. (Not `"w" + std::to_string(i)`, which g++ 12 warns about wrongly, -Wrestrict.)
 std::string InputName(char what, size_t i) {
   std::string name(1, what);
@@ -399,14 +412,7 @@ bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std
   std::vector<double> wd = Mults("sgd_update", "wd_mult", o.wd_mult, weights.size());
   std::string key = "sgd_update " + std::string(DTypeName(dt)) + " momentum " + Num(o.momentum) + " wd " +
                     Num(o.wd) + " clip " + Num(o.clip_gradient);
-  for (size_t i = 0; i < weights.size(); ++i) {
-    key += ' ';
-    key += weights[i].shape().str();
-    key += '*';
-    key += Num(lr[i]);
-    key += ',';
-    key += Num(wd[i]);
-  }
+  AddShapes(key, weights, lr, wd);
   std::vector<Tensor> in(weights.begin(), weights.end()), out(weights.begin(), weights.end());
   in.insert(in.end(), grads.begin(), grads.end());
   if (mom) {
@@ -416,6 +422,133 @@ bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std
   in.push_back(ScalarInput("lr", device, dt, o.lr));
   in.push_back(ScalarInput("rescale_grad", device, dt, o.rescale_grad));
   return deferred::RunUpdate(key, device, in, out, [&] { return SGDGraph(weights, o, mom, dt, lr, wd); });
+}
+
+// Adam's step count t on the device (a 0-d float64 tensor) per device and parameter set: the
+// joined update computes its bias corrections from it and writes t + 1 back, so a step passes no
+// new value from the host. `held` is the count it holds once the updates queued so far have run.
+// A joined update that fails fails the weights' task too: what reads them next (the next step
+// included) raises, so the count never drifts from the weights.
+struct StepCount {
+  int64_t held = 0;
+  Tensor t;
+};
+
+std::mutex g_counts_mu;
+std::map<std::string, StepCount>& StepCounts() {
+  static auto* counts = new std::map<std::string, StepCount>();  // leaked: read at exit
+  return *counts;
+}
+
+std::string StepCountKey(std::span<const Tensor> weights) {
+  std::string key = weights[0].device().str();
+  key += ' ';
+  key += std::to_string(reinterpret_cast<uintptr_t>(weights[0].storage().get()));
+  key += ' ';
+  key += std::to_string(weights.size());
+  return key;
+}
+
+// The step count tensor holding t - 1 for the update of step `t` of `weights`: the one the last
+// joined update of these weights advanced, or a new one (a task) where it holds another count
+// (the first joined step, a step run apart, a count the caller set).
+Tensor StepCountBefore(std::span<const Tensor> weights, int64_t t) {
+  const std::string key = StepCountKey(weights);
+  {
+    std::lock_guard<std::mutex> lock(g_counts_mu);
+    auto it = StepCounts().find(key);
+    if (it != StepCounts().end() && it->second.held == t - 1) return it->second.t;
+  }
+  // Made outside the lock: a push may wait for room in the engine's queue, letting go of the GIL.
+  Tensor fresh = nd::full(Shape{}, static_cast<double>(t - 1), DType::kFloat64, weights[0].device());
+  std::lock_guard<std::mutex> lock(g_counts_mu);
+  StepCounts()[key] = {t - 1, fresh};
+  return fresh;
+}
+
+// Once the update of step `t` joined: `count` will hold t.
+void Advanced(std::span<const Tensor> weights, const Tensor& count, int64_t t) {
+  std::lock_guard<std::mutex> lock(g_counts_mu);
+  StepCounts()[StepCountKey(weights)] = {t, count};
+}
+
+// The Adam update of AdamKernel as graph ops, in its order and its roundings: inputs the weights,
+// gradients, means and variances, then the rate (float64), rescale_grad and the step count before
+// this step (float64); outputs the new weights, means, variances and step count.
+std::unique_ptr<ir::Graph> AdamGraph(std::span<const Tensor> weights, const AdamOptions& o, DType dt,
+                                     const std::vector<double>& lr_mult, const std::vector<double>& wd_mult) {
+  auto g = std::make_unique<ir::Graph>();
+  ir::Builder b(*g);
+  const DType f64 = DType::kFloat64;
+  const size_t n = weights.size();
+  std::vector<ir::Value*> w(n), gr(n), m(n), v(n), new_w, new_m, new_v;
+  for (size_t i = 0; i < n; ++i) w[i] = g->AddInput(InputName('w', i), {weights[i].shape(), dt});
+  for (size_t i = 0; i < n; ++i) gr[i] = g->AddInput(InputName('g', i), {weights[i].shape(), dt});
+  for (size_t i = 0; i < n; ++i) m[i] = g->AddInput(InputName('m', i), {weights[i].shape(), dt});
+  for (size_t i = 0; i < n; ++i) v[i] = g->AddInput(InputName('v', i), {weights[i].shape(), dt});
+  ir::Value* lr = g->AddInput("lr", {Shape{}, f64});
+  ir::Value* rescale = g->AddInput("rescale_grad", {Shape{}, dt});
+  ir::Value* t_before = g->AddInput("t", {Shape{}, f64});
+  // The bias corrections, in double as PushAdam computes them on the host.
+  ir::Value* t = b.Add(t_before, b.Scalar(1, f64));
+  ir::Value* one = b.Scalar(1, f64);
+  ir::Value* step_scale = b.Div(one, b.Sub(one, b.Op(op::kPow, {b.Scalar(o.beta1, f64), t})));
+  ir::Value* bc2_sqrt = b.Op(op::kSqrt, {b.Sub(one, b.Op(op::kPow, {b.Scalar(o.beta2, f64), t}))});
+  ir::Value* inv_bc2 = b.Cast(b.Div(one, bc2_sqrt), dt);
+  // The constants in the weights' dtype, as AdamKernel rounds them.
+  auto in_dt = [&](double x) { return dt == DType::kFloat32 ? static_cast<double>(static_cast<float>(x)) : x; };
+  const double b1 = in_dt(o.beta1), b2 = in_dt(o.beta2);
+  const double c1 = in_dt(in_dt(1) - b1), c2 = in_dt(in_dt(1) - b2);
+  for (size_t i = 0; i < n; ++i) {
+    ir::Value* rate = b.Cast(b.Mul(lr, b.Scalar(lr_mult[i], f64)), dt);  // T(lr * lr_mult)
+    ir::Value* step = b.Cast(b.Mul(b.Cast(rate, f64), step_scale), dt);  // T(p.lr * step_scale)
+    const double wd = in_dt(o.wd * wd_mult[i]);
+    ir::Value* gk = b.Mul(rescale, gr[i]);
+    if (!o.decoupled && wd != 0) gk = b.Add(gk, b.Mul(b.Scalar(wd, dt), w[i]));
+    if (o.clip_gradient > 0)
+      gk = b.Op(op::kMinimum, {b.Op(op::kMaximum, {gk, b.Scalar(-o.clip_gradient, dt)}), b.Scalar(o.clip_gradient, dt)});
+    ir::Value* mk = b.Add(b.Mul(b.Scalar(b1, dt), m[i]), b.Mul(b.Scalar(c1, dt), gk));
+    ir::Value* vk = b.Add(b.Mul(b.Scalar(b2, dt), v[i]), b.Mul(b.Mul(b.Scalar(c2, dt), gk), gk));
+    ir::Value* wk = w[i];
+    if (o.decoupled && wd != 0) wk = b.Sub(wk, b.Mul(b.Mul(rate, b.Scalar(wd, dt)), wk));
+    ir::Value* denom = b.Add(b.Mul(b.Op(op::kSqrt, {vk}), inv_bc2), b.Scalar(o.epsilon, dt));
+    new_w.push_back(b.Sub(wk, b.Div(b.Mul(step, mk), denom)));
+    new_m.push_back(mk);
+    new_v.push_back(vk);
+  }
+  std::vector<ir::Value*> outs = new_w;
+  outs.insert(outs.end(), new_m.begin(), new_m.end());
+  outs.insert(outs.end(), new_v.begin(), new_v.end());
+  outs.push_back(t);
+  g->SetOutputs(std::move(outs));
+  return g;
+}
+
+// The Adam update joined with the held step whose gradients it reads (as JoinSGD).
+bool JoinAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, std::span<const Tensor> means,
+              std::span<const Tensor> vars, const AdamOptions& o, DType dt) {
+  const Device device = weights[0].device();
+  if (!deferred::HoldsStep(device)) return false;
+  int64_t late_bytes = 0;
+  for (const Tensor& w : weights) late_bytes += w.numel() * static_cast<int64_t>(DTypeSize(dt)) * 3;
+  if (late_bytes > kMaxJoinedUpdateBytes) return false;
+  const char* name = o.decoupled ? "adamw_update" : "adam_update";
+  std::vector<double> lr = Mults(name, "lr_mult", o.lr_mult, weights.size());
+  std::vector<double> wd = Mults(name, "wd_mult", o.wd_mult, weights.size());
+  std::string key = std::string(name) + " " + DTypeName(dt) + " beta1 " + Num(o.beta1) + " beta2 " + Num(o.beta2) +
+                    " eps " + Num(o.epsilon) + " wd " + Num(o.wd) + " clip " + Num(o.clip_gradient);
+  AddShapes(key, weights, lr, wd);
+  Tensor count = StepCountBefore(weights, o.t);
+  std::vector<Tensor> in(weights.begin(), weights.end()), out(weights.begin(), weights.end());
+  for (auto group : {grads, means, vars}) in.insert(in.end(), group.begin(), group.end());
+  for (auto group : {means, vars}) out.insert(out.end(), group.begin(), group.end());
+  in.push_back(ScalarInput("adam lr", device, DType::kFloat64, o.lr));
+  in.push_back(ScalarInput("rescale_grad", device, dt, o.rescale_grad));
+  in.push_back(count);
+  out.push_back(count);
+  if (!deferred::RunUpdate(key, device, in, out, [&] { return AdamGraph(weights, o, dt, lr, wd); })) return false;
+  Advanced(weights, count, o.t);
+  return true;
 }
 
 }  // namespace
@@ -443,6 +576,7 @@ void AdamUpdate(std::span<const Tensor> weights, std::span<const Tensor> grads, 
                            << o.beta2;
   DType dt = Check(name, weights, {{"gradient", grads}, {"mean", means}, {"variance", vars}});
   if (weights.empty()) return;
+  if (JoinAdam(weights, grads, means, vars, o, dt)) return;
   if (dt == DType::kFloat32) PushAdam<float>(weights, grads, means, vars, o);
   else PushAdam<double>(weights, grads, means, vars, o);
 }

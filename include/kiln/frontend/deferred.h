@@ -13,8 +13,10 @@
 // (engine::HoldVars), and anything that touches one (an op reading an output or writing an
 // input, a wait, asnumpy, waitall) pushes the held calls first, one plan for all of them. What
 // is held: training calls (autograd recording, a training variant) whose inputs and outputs are
-// contiguous, that draw no random numbers, and write no tensor another held call reads or
-// writes; at most four calls per device. KILN_JOIN_CALLS=0 pushes every call at once.
+// contiguous and write no tensor another held call reads or writes; at most four calls per
+// device. A held call that draws random numbers (dropout) reserves them when it is made
+// (ReserveRandom): calls join when their reservations follow one another, and run one by one
+// when something drew in between. KILN_JOIN_CALLS=0 pushes every call at once.
 #pragma once
 
 #include <cstdint>
