@@ -428,7 +428,8 @@ bool JoinSGD(std::span<const Tensor> weights, std::span<const Tensor> grads, std
 // joined update computes its bias corrections from it and writes t + 1 back, so a step passes no
 // new value from the host. `held` is the count it holds once the updates queued so far have run.
 // A joined update that fails fails the weights' task too: what reads them next (the next step
-// included) raises, so the count never drifts from the weights.
+// included) raises, so the count never drifts from the weights (and a failed count is replaced,
+// StepCountBefore).
 struct StepCount {
   int64_t held = 0;
   Tensor t;
@@ -457,7 +458,11 @@ Tensor StepCountBefore(std::span<const Tensor> weights, int64_t t) {
   {
     std::lock_guard<std::mutex> lock(g_counts_mu);
     auto it = StepCounts().find(key);
-    if (it != StepCounts().end() && it->second.held == t - 1) return it->second.t;
+    // A count whose update failed carries the failure (an error on its variable) into every
+    // plan that reads it: a fresh one lets training go on once the user restored the weights.
+    if (it != StepCounts().end() && it->second.held == t - 1 &&
+        !engine::Engine::Get().VarError(it->second.t.storage()->var()))
+      return it->second.t;
   }
   // Made outside the lock: a push may wait for room in the engine's queue, letting go of the GIL.
   Tensor fresh = nd::full(Shape{}, static_cast<double>(t - 1), DType::kFloat64, weights[0].device());
@@ -472,7 +477,8 @@ void Advanced(std::span<const Tensor> weights, const Tensor& count, int64_t t) {
   StepCounts()[StepCountKey(weights)] = {t, count};
 }
 
-// The Adam update of AdamKernel as graph ops, in its order and its roundings: inputs the weights,
+// The Adam update of AdamKernel as graph ops, in its order and its roundings (up to the fused
+// multiply-adds either compiler may form, and the device's pow on a GPU): inputs the weights,
 // gradients, means and variances, then the rate (float64), rescale_grad and the step count before
 // this step (float64); outputs the new weights, means, variances and step count.
 std::unique_ptr<ir::Graph> AdamGraph(std::span<const Tensor> weights, const AdamOptions& o, DType dt,

@@ -391,7 +391,9 @@ def test_adams_step_count_on_the_device_follows_steps_run_apart():
     joined, _ = same("""
     net = net_of()
     trainer = kiln.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01})
+    tasks = []
     for step in range(7):
+        kiln.gpu_step_stats()
         with autograd.record():
             l = loss(net(X), y)
         l.backward()
@@ -401,10 +403,15 @@ def test_adams_step_count_on_the_device_follows_steps_run_apart():
             trainer._optimizer.num_update = 1                  # as a restart from a checkpoint
             trainer._optimizer._index_update_count.clear()
         trainer.step(6)
+        tasks.append(kiln.gpu_step_stats()["tasks_outside_plans"])
         out["loss%d" % step] = l.asnumpy()
+    out["_tasks"] = tasks
     for i, p in enumerate(net.collect_params().values()):
         out["param%d" % i] = p.data().asnumpy()
     """)
+    # joined with the count on the device: no task (step 1, 6); the update apart (steps 2, 3):
+    # its fused task; a new count after those and after the reset (steps 4, 5): one small task
+    assert list(joined["_tasks"][1:]) == [0, 1, 1, 1, 1, 0], joined["_tasks"]
 
 
 def test_reading_or_clipping_the_gradients_before_the_update_sees_the_steps_gradients():
