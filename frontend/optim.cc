@@ -15,13 +15,16 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #if KILN_WITH_CODEGEN
 #include "kiln/codegen/gpu_kernels.h"
 #endif
 #include "kiln/frontend/call_site.h"
 #include "kiln/frontend/deferred.h"
+#include "kiln/frontend/dispatch.h"
 #include "kiln/frontend/ops.h"
 #include "kiln/ir/graph.h"
 #include "kiln/runtime/cpu/loops.h"
@@ -314,24 +317,34 @@ void PushAdam(std::span<const Tensor> weights, std::span<const Tensor> grads, st
 
 constexpr int64_t kMaxJoinedUpdateBytes = int64_t{128} << 20;  // ResNet-18's weights and momenta fit
 
-// `value` as a 0-d tensor of `dt` on `device` (`what`: "lr", "rescale_grad"), made anew only
-// when it changes.
+// `value` as a 0-d tensor of `dt` on `device` (`what`: "lr", "rescale_grad"). A new value is
+// written into the same tensor (one small task, no allocation; its address, which a captured
+// CUDA graph reads, stays), after the plans that read the old one (the engine orders the write).
 Tensor ScalarInput(const char* what, Device device, DType dt, double value) {
   static std::mutex mu;
   static auto* held = new std::map<std::string, std::pair<double, Tensor>>();  // leaked: read at exit
-  std::string key = what;
-  key += ' ';
-  key += device.str();
-  key += DTypeName(dt);
+  // One per thread: a value is written, then the update that reads it is pushed, in this
+  // thread's order (another thread's write could come in between).
+  std::ostringstream key;
+  key << what << ' ' << device.str() << DTypeName(dt) << ' ' << std::this_thread::get_id();
+  Tensor t;
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = held->find(key);
-    if (it != held->end() && it->second.first == value) return it->second.second;
+    auto it = held->find(key.str());
+    if (it != held->end()) {
+      if (it->second.first == value) return it->second.second;
+      t = it->second.second;
+    }
   }
-  // Made outside the lock: a push may wait for room in the engine's queue, letting go of the GIL.
-  Tensor t = nd::full(Shape{}, value, dt, device);
+  // Written outside the lock: a push may wait for room in the engine's queue, letting go of the GIL.
+  if (t.defined()) {
+    Tensor outs[1] = {t};
+    InvokeInto(op::kFull, {}, {{"shape", std::vector<int64_t>{}}, {"value", value}, {"dtype", dt}}, outs);
+  } else {
+    t = nd::full(Shape{}, value, dt, device);
+  }
   std::lock_guard<std::mutex> lock(mu);
-  (*held)[key] = {value, t};
+  (*held)[key.str()] = {value, t};
   return t;
 }
 

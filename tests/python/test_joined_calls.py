@@ -373,15 +373,11 @@ def test_the_update_joins_the_step_with_the_numbers_of_the_fused_update(opt, sch
     joined, _ = same(UPDATE % ('"sgd"' in opt, opt, schedule))
     assert list(joined["_plans"][1:]) == [1] * 4, joined["_plans"]
     assert list(joined["_lookups"][1:]) == [0] * 4, joined["_lookups"]   # no plan built again
-    if not schedule:
-        # the update is part of the plan: nothing runs around it, nothing is allocated (Adam's
-        # step count, for its bias corrections, lives on the device and the plan advances it)
-        assert list(joined["_tasks"][2:]) == [0] * 3, joined["_tasks"]
-        assert list(joined["_allocs"][2:]) == [0] * 3, joined["_allocs"]
-    else:
-        # a new rate and rescale_grad are two small tensors (a task and an allocation each); the
-        # plan is the same one, not built again
-        assert max(joined["_tasks"][2:]) <= 2 and joined["_tasks"][-1] >= 1, joined["_tasks"]
+    # the update is part of the plan: nothing runs around it, nothing is allocated (Adam's step
+    # count, for its bias corrections, lives on the device and the plan advances it); a new rate
+    # and rescale_grad are written into the plan's two 0-d inputs in place, a small task each
+    assert list(joined["_tasks"][2:]) == [2 if schedule else 0] * 3, joined["_tasks"]
+    assert list(joined["_allocs"][2:]) == [0] * 3, joined["_allocs"]
 
 
 def test_adams_step_count_on_the_device_follows_steps_run_apart():
@@ -539,3 +535,41 @@ def test_a_large_update_runs_in_place_after_the_step_and_trains_where_it_did():
     print("ok")
     """, mem="512M")
     assert "ok" in out
+
+
+
+def test_two_threads_training_their_own_nets_with_their_own_schedules():
+    # Two threads' steps share the device's held calls and its joined plans; each thread's rate
+    # is written into its own 0-d tensor. Each net gets the numbers it gets trained alone.
+    joined, _ = same("""
+    import threading
+    def make(seed):
+        nd.random.seed(seed)
+        net = nn.HybridSequential()
+        net.add(nn.Dense(16, activation="relu", in_units=8), nn.Dense(5, in_units=16))
+        net.initialize(init=kiln.init.Xavier())   # shapes given: drawn here, in this thread
+        net.hybridize()
+        return net
+    def train(net, lr, results, key):
+        trainer = kiln.Trainer(net.collect_params(), "sgd", {"learning_rate": lr, "momentum": 0.5})
+        for step in range(6):
+            trainer.set_learning_rate(lr / (1 + step))
+            with autograd.record():
+                l = loss(net(X), y)
+            l.backward()
+            trainer.step(6)
+        results[key] = np.concatenate([p.data().asnumpy().ravel() for p in net.collect_params().values()])
+    rates = (0.1, 0.03)
+    alone, together = {}, {}
+    for k, lr in enumerate(rates):
+        train(make(10 + k), lr, alone, k)
+    nets = [make(10 + k) for k in range(2)]
+    threads = [threading.Thread(target=train, args=(nets[k], rates[k], together, k)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):
+        np.testing.assert_array_equal(together[k], alone[k])
+        out["net%d" % k] = together[k]
+    """)
