@@ -42,6 +42,8 @@ constexpr Switch kSwitches[] = {
     {"KILN_CUDA_GRAPHS", "1", "0: compiled graphs on GPUs launch their kernels one by one instead of replaying a captured CUDA graph"},
     {"KILN_COMPILED_BACKWARD", "1", "0: a backward through a hybridized block runs the loss's gradient ops one by one instead of in one compiled plan with the block's backward"},
     {"KILN_JOIN_CALLS", "1", "0: a hybridized call under autograd.record() runs at once instead of waiting for the loss, the backward and the SGD or Adam update to join it in one plan"},
+    {"KILN_CUDNN_AUTOTUNE", "1", "0: convolutions on GPUs take cuDNN's heuristic algorithm instead of the one measured fastest (once per problem, kept in KILN_CACHE_DIR/dnn)"},
+    {"KILN_CUDNN_WORKSPACE_MB", "256", "the most workspace a measured convolution algorithm may use, in MiB"},
     {"KILN_GPU_TF32", "0", "1: float32 matmuls and convolutions on GPUs use TF32 tensor cores (inputs rounded to 10 mantissa bits, relative error ~1e-3)"},
     {"KILN_GPU_LOG", "0", "1: print the GPU platform, driver version and devices on first contact"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},

@@ -9,6 +9,7 @@
 
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
+#include "kiln/runtime/gpu_dnn.h"
 
 namespace kiln::gpurt {
 
@@ -227,6 +228,21 @@ class CountingPlatform final : public Platform {
   size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardFilterArgs& a) override {
     return p_.DnnConvolutionWorkspaceSize(dnn, s, a);
   }
+  // A measurement waits for the stream: a host sync.
+  std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s, const ConvForwardArgs& a) override {
+    Sync();
+    return p_.DnnFindConvolutionAlgorithms(dnn, s, a);
+  }
+  std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s, const ConvBackwardDataArgs& a) override {
+    Sync();
+    return p_.DnnFindConvolutionAlgorithms(dnn, s, a);
+  }
+  std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s,
+                                                        const ConvBackwardFilterArgs& a) override {
+    Sync();
+    return p_.DnnFindConvolutionAlgorithms(dnn, s, a);
+  }
+  std::string DnnLibraryKey(int device) override { return p_.DnnLibraryKey(device); }
   void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a) override {
     Add(c_.library_calls), p_.DnnPoolingForward(dnn, s, a);
   }

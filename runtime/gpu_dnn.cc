@@ -49,6 +49,14 @@ void Platform::DnnConvolutionBackwardFilter(void*, Stream, const ConvBackwardFil
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvForwardArgs&) { return 0; }
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvBackwardDataArgs&) { return 0; }
 size_t Platform::DnnConvolutionWorkspaceSize(void*, Stream, const ConvBackwardFilterArgs&) { return 0; }
+std::vector<DnnAlgoPerf> Platform::DnnFindConvolutionAlgorithms(void*, Stream, const ConvForwardArgs&) { return {}; }
+std::vector<DnnAlgoPerf> Platform::DnnFindConvolutionAlgorithms(void*, Stream, const ConvBackwardDataArgs&) {
+  return {};
+}
+std::vector<DnnAlgoPerf> Platform::DnnFindConvolutionAlgorithms(void*, Stream, const ConvBackwardFilterArgs&) {
+  return {};
+}
+std::string Platform::DnnLibraryKey(int) { return ""; }
 void Platform::DnnPoolingForward(void*, Stream, const PoolingForwardArgs&) {
   FailDnn(kDnnNotInitialized, "cudnnPoolingForward", std::string("the ") + Name() + " platform has no cuDNN");
 }

@@ -45,6 +45,7 @@
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
 #include "kiln/runtime/gpu_dnn.h"
+#include "kiln/runtime/gpu_dnn_autotune.h"
 #include "kiln/runtime/kernel.h"
 
 namespace kiln {
@@ -164,6 +165,7 @@ void Zero(Dnn& d, const TensorView& t) {
 // cuDNN's workspace for the convolution call of `a` (Conv*Args): scratch memory (the running plan's
 // region, else the device's cache) of the bytes the platform's chosen algorithm needs, set in `a`.
 template <class Args> std::unique_ptr<KernelScratch> Workspace(Dnn& d, const KernelArgs& k, Args& a) {
+  gpurt::ChooseAlgorithm(d.p, d.h, d.s, k.device.index, a);  // measured once per problem
   a.workspace = nullptr, a.workspace_bytes = 0;
   const size_t bytes = d.p.DnnConvolutionWorkspaceSize(d.h, d.s, a);
   if (bytes == 0) return nullptr;

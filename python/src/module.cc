@@ -15,6 +15,7 @@
 #include "kiln/runtime/engine.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/executor.h"
+#include "kiln/runtime/gpu_dnn_autotune.h"
 #include "kiln/runtime/step_counters.h"
 #include "kiln/runtime/error.h"
 
@@ -232,6 +233,15 @@ KILN_PY_BIND(0) {
     return d;
   }, "Counters of the CUDA graphs of compiled graphs on GPUs, process-wide: graphs captured, calls replayed "
      "from one, calls launched kernel by kernel, plans that stopped capturing (KILN_CUDA_GRAPHS).");
+  m.def("dnn_algo_stats", [] {
+    gpurt::AutotuneStats s = gpurt::GetAutotuneStats();
+    pyb::dict d;
+    d["measured"] = s.measured, d["memory_hits"] = s.memory_hits, d["disk_hits"] = s.disk_hits;
+    d["disk_writes"] = s.disk_writes, d["heuristic"] = s.heuristic;
+    return d;
+  }, "How this process chose its GPU convolutions' cuDNN algorithms: problems measured, calls answered "
+     "from memory, problems read from the disk cache (KILN_CACHE_DIR/dnn), choices written there, calls "
+     "left to cuDNN's heuristics (while capturing, KILN_CUDNN_AUTOTUNE=0, nothing measurable).");
   m.def("step_counters", [] {
     StepCounters c;
     {

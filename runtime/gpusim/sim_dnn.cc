@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kiln/runtime/cpu/onednn.h"
@@ -89,12 +90,13 @@ void Issue(StreamImpl* s, const std::string& call, const std::string& fault, std
 }
 
 // The workspace a convolution call was given (null: the platform's own): device memory of the
-// stream's device, at least kConvWorkspaceBytes (what DnnConvolutionWorkspaceSize says).
-template <class Args> std::string WorkspaceFault(const Memory& m, int device, const Args& a) {
+// stream's device, at least what its algorithm needs (what DnnConvolutionWorkspaceSize says).
+template <class Args> std::string WorkspaceFault(const Memory& m, int device, const Args& a, const char* call) {
+  const size_t need = AlgorithmWorkspace(ProblemOf(a), a.algo, call);
   if (!a.workspace) return "";
-  if (a.workspace_bytes < kConvWorkspaceBytes)
+  if (a.workspace_bytes < need)
     return "the workspace is " + std::to_string(a.workspace_bytes) + " bytes, less than the " +
-           std::to_string(kConvWorkspaceBytes) + " the algorithm needs";
+           std::to_string(need) + " the algorithm needs";
   return Fault(m, device, a.workspace, static_cast<int64_t>(a.workspace_bytes / sizeof(float)), "the workspace");
 }
 // The call's kernels write their workspace, so two calls sharing one at once would show.
@@ -216,7 +218,7 @@ void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl*
   if (fault.empty())
     fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
   if (fault.empty()) fault = Fault(m, dev, a.y_data, a.y.Span(), "y (the output)");
-  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a, call);
   float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* w = static_cast<const float*>(m.Alias(a.w_data));
@@ -243,7 +245,7 @@ void DnnConvolutionBackwardData(Memory& m, void* handle, gpurt::Stream h, Stream
   std::string fault = Fault(m, dev, a.w_data, int64_t{a.w.k} * a.w.c * a.w.h * a.w.w, "w (the filter)");
   if (fault.empty()) fault = Fault(m, dev, a.dy_data, a.dy.Span(), "dy (the output's gradient)");
   if (fault.empty()) fault = Fault(m, dev, a.dx_data, a.dx.Span(), "dx (the input's gradient)");
-  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a, call);
   float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* w = static_cast<const float*>(m.Alias(a.w_data));
   auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
@@ -272,7 +274,7 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
   if (fault.empty())
     fault =
         Fault(m, dev, a.dw_data, int64_t{a.dw.k} * a.dw.c * a.dw.h * a.dw.w, "dw (the filter's gradient)");
-  if (fault.empty()) fault = WorkspaceFault(m, dev, a);
+  if (fault.empty()) fault = WorkspaceFault(m, dev, a, call);
   float* ws_data = a.workspace ? static_cast<float*>(m.Alias(a.workspace)) : nullptr;
   auto* x = static_cast<const float*>(m.Alias(a.x_data));
   auto* dy = static_cast<const float*>(m.Alias(a.dy_data));
@@ -486,6 +488,108 @@ void DnnBatchNormBackward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* 
       dbias[j] = a.beta_param == 0.0f ? a.alpha_param * db : a.alpha_param * db + a.beta_param * dbias[j];
     }
   });
+}
+
+
+// ---- the algorithms' model ----
+
+namespace {
+
+struct AlgoModel {
+  double fixed_us, macs_per_ns;  // a fixed cost, and the rate of multiply-adds
+  enum Kind { kGemm, kPrecomp, kIm2col, kFft, kFftTiling, kWinograd, kWinogradNonfused, kNone } kind;
+  bool deterministic = true;
+};
+
+// cuDNN's enums, in order: cudnnConvolutionFwdAlgo_t, cudnnConvolutionBwdDataAlgo_t,
+// cudnnConvolutionBwdFilterAlgo_t.
+const std::vector<AlgoModel>& Algorithms(ConvCall c) {
+  using K = AlgoModel;
+  static const std::vector<AlgoModel> fwd = {{8, 4, K::kGemm},     {6, 6, K::kPrecomp},   {10, 5, K::kIm2col},
+                                             {0, 0, K::kNone},     {30, 9, K::kFft},      {25, 8, K::kFftTiling},
+                                             {5, 12, K::kWinograd}, {12, 14, K::kWinogradNonfused}};
+  static const std::vector<AlgoModel> data = {{8, 4, K::kGemm},      {6, 6, K::kPrecomp},
+                                              {30, 9, K::kFft},      {25, 8, K::kFftTiling},
+                                              {5, 12, K::kWinograd}, {12, 14, K::kWinogradNonfused}};
+  static const std::vector<AlgoModel> filter = {{8, 3, K::kGemm, false}, {6, 6, K::kPrecomp},
+                                                {30, 9, K::kFft},        {7, 5, K::kPrecomp, false},
+                                                {0, 0, K::kNone},        {12, 14, K::kWinogradNonfused},
+                                                {25, 8, K::kFftTiling}};
+  return c == ConvCall::kForward ? fwd : c == ConvCall::kBackwardData ? data : filter;
+}
+
+bool Plain(const ConvProblem& p) {  // unstrided, undilated, ungrouped
+  const gpurt::DnnConvDesc& v = p.conv;
+  return v.stride_h == 1 && v.stride_w == 1 && v.dilation_h == 1 && v.dilation_w == 1 && v.groups == 1;
+}
+
+// The workspace of algorithm model `m` on `p`; nullopt: it cannot run `p`.
+std::optional<size_t> ModelWorkspace(const AlgoModel& m, const ConvProblem& p) {
+  const auto f = sizeof(float);
+  switch (m.kind) {
+    case AlgoModel::kGemm: return size_t{0};
+    case AlgoModel::kPrecomp: return kConvWorkspaceBytes;
+    case AlgoModel::kIm2col:
+      return static_cast<size_t>(p.c / std::max(1, p.conv.groups) * p.r * p.s * p.oh * p.ow) * f;
+    case AlgoModel::kFft:
+      if (!Plain(p)) return std::nullopt;
+      return static_cast<size_t>(p.n * (p.c + p.k) * (p.h + p.r) * (p.w + p.s)) * 2 * f;
+    case AlgoModel::kFftTiling:
+      if (!Plain(p) || p.r > 32 || p.s > 32) return std::nullopt;
+      return static_cast<size_t>((p.c + p.k) * 32 * 32) * 2 * f;
+    case AlgoModel::kWinograd:
+      if (!Plain(p) || p.r != 3 || p.s != 3) return std::nullopt;
+      return size_t{0};
+    case AlgoModel::kWinogradNonfused:
+      if (!Plain(p) || p.r != p.s || (p.r != 3 && p.r != 5)) return std::nullopt;
+      return static_cast<size_t>(p.n * (p.c + p.k) * ((p.oh + 3) / 4) * ((p.ow + 3) / 4)) * 36 * f;
+    case AlgoModel::kNone: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ConvProblem ProblemOf(const gpurt::ConvForwardArgs& a) {
+  return {ConvCall::kForward, a.x.n, a.x.c, a.x.h, a.x.w, a.w.k, a.w.h, a.w.w, a.y.h, a.y.w, a.conv};
+}
+ConvProblem ProblemOf(const gpurt::ConvBackwardDataArgs& a) {
+  return {ConvCall::kBackwardData, a.dx.n, a.dx.c, a.dx.h, a.dx.w, a.w.k, a.w.h, a.w.w, a.dy.h, a.dy.w, a.conv};
+}
+ConvProblem ProblemOf(const gpurt::ConvBackwardFilterArgs& a) {
+  return {ConvCall::kBackwardFilter, a.x.n, a.x.c, a.x.h, a.x.w, a.dw.k, a.dw.h, a.dw.w, a.dy.h, a.dy.w, a.conv};
+}
+
+std::vector<gpurt::DnnAlgoPerf> ModelAlgorithms(const ConvProblem& p) {
+  const double macs = static_cast<double>(p.n) * static_cast<double>(p.k) *
+                      static_cast<double>(p.c / std::max(1, p.conv.groups)) * static_cast<double>(p.r * p.s) *
+                      static_cast<double>(p.oh * p.ow);
+  std::vector<gpurt::DnnAlgoPerf> out;
+  const std::vector<AlgoModel>& algos = Algorithms(p.call);
+  for (size_t i = 0; i < algos.size(); ++i) {
+    gpurt::DnnAlgoPerf perf;
+    perf.algo = static_cast<int>(i);
+    perf.deterministic = algos[i].deterministic;
+    if (std::optional<size_t> ws = ModelWorkspace(algos[i], p)) {
+      perf.workspace = *ws;
+      perf.time_ms = static_cast<float>((algos[i].fixed_us * 1e3 + macs / algos[i].macs_per_ns) * 1e-6);
+    } else {
+      perf.status = gpurt::kDnnNotSupported;
+    }
+    out.push_back(perf);
+  }
+  return out;
+}
+
+size_t AlgorithmWorkspace(const ConvProblem& p, int algo, const char* call) {
+  if (algo < 0) return kConvWorkspaceBytes;
+  const std::vector<AlgoModel>& algos = Algorithms(p.call);
+  if (static_cast<size_t>(algo) >= algos.size())
+    FailDnn(gpurt::kDnnBadParam, call,
+            "algorithm " + std::to_string(algo) + " is not one of cuDNN's " + std::to_string(algos.size()));
+  std::optional<size_t> ws = ModelWorkspace(algos[static_cast<size_t>(algo)], p);
+  if (!ws) FailDnn(gpurt::kDnnNotSupported, call, "algorithm " + std::to_string(algo) + " cannot run this problem");
+  return *ws;
 }
 
 } // namespace kiln::gpusim

@@ -381,16 +381,56 @@ class SimPlatform final : public gpurt::Platform {
   void Gemm(void* blas, gpurt::Stream h, const gpurt::GemmArgs& g) override;
   // cuDNN: sim_dnn.cc.
   size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvForwardArgs& a) override {
-    gpurt::CheckConvForward(a, "cudnnGetConvolutionForwardWorkspaceSize");
-    return gpusim::kConvWorkspaceBytes;
+    const char* call = "cudnnGetConvolutionForwardWorkspaceSize";
+    gpurt::CheckConvForward(a, call);
+    return gpusim::AlgorithmWorkspace(gpusim::ProblemOf(a), a.algo, call);
   }
   size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvBackwardDataArgs& a) override {
-    gpurt::CheckConvBackwardData(a, "cudnnGetConvolutionBackwardDataWorkspaceSize");
-    return gpusim::kConvWorkspaceBytes;
+    const char* call = "cudnnGetConvolutionBackwardDataWorkspaceSize";
+    gpurt::CheckConvBackwardData(a, call);
+    return gpusim::AlgorithmWorkspace(gpusim::ProblemOf(a), a.algo, call);
   }
   size_t DnnConvolutionWorkspaceSize(void*, gpurt::Stream, const gpurt::ConvBackwardFilterArgs& a) override {
-    gpurt::CheckConvBackwardFilter(a, "cudnnGetConvolutionBackwardFilterWorkspaceSize");
-    return gpusim::kConvWorkspaceBytes;
+    const char* call = "cudnnGetConvolutionBackwardFilterWorkspaceSize";
+    gpurt::CheckConvBackwardFilter(a, call);
+    return gpusim::AlgorithmWorkspace(gpusim::ProblemOf(a), a.algo, call);
+  }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void*, gpurt::Stream h,
+                                                               const gpurt::ConvForwardArgs& a) override {
+    const char* call = "cudnnFindConvolutionForwardAlgorithmEx";
+    gpurt::CheckConvForward(a, call);
+    return Find(h, gpusim::ProblemOf(a), a.workspace_bytes, call);
+  }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void*, gpurt::Stream h,
+                                                               const gpurt::ConvBackwardDataArgs& a) override {
+    const char* call = "cudnnFindConvolutionBackwardDataAlgorithmEx";
+    gpurt::CheckConvBackwardData(a, call);
+    return Find(h, gpusim::ProblemOf(a), a.workspace_bytes, call);
+  }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void*, gpurt::Stream h,
+                                                               const gpurt::ConvBackwardFilterArgs& a) override {
+    const char* call = "cudnnFindConvolutionBackwardFilterAlgorithmEx";
+    gpurt::CheckConvBackwardFilter(a, call);
+    return Find(h, gpusim::ProblemOf(a), a.workspace_bytes, call);
+  }
+  std::string DnnLibraryKey(int) override { return "gpusim dnn model 1"; }
+  // A measurement as cuDNN's Find makes one: it waits for the stream (refused while capturing),
+  // then reports every algorithm, those that ran fastest first, then those that could not run
+  // (not supported, or more workspace than given), each in enum order.
+  std::vector<gpurt::DnnAlgoPerf> Find(gpurt::Stream h, const gpusim::ConvProblem& p, size_t workspace,
+                                       const char* call) {
+    StreamImpl* s = Stream(h, call);
+    ProhibitedInCapture(s, call);
+    s->Drain();
+    s->device()->CheckSticky(call);
+    std::vector<gpurt::DnnAlgoPerf> algos = gpusim::ModelAlgorithms(p);
+    for (gpurt::DnnAlgoPerf& a : algos)
+      if (a.status == 0 && a.workspace > workspace) a.status = gpurt::kDnnNotSupported, a.time_ms = 0;
+    std::stable_sort(algos.begin(), algos.end(), [](const gpurt::DnnAlgoPerf& x, const gpurt::DnnAlgoPerf& y) {
+      if ((x.status == 0) != (y.status == 0)) return x.status == 0;
+      return x.status == 0 && x.time_ms < y.time_ms;
+    });
+    return algos;
   }
   void DnnConvolutionForward(void* dnn, gpurt::Stream h, const gpurt::ConvForwardArgs& a) override {
     gpusim::DnnConvolutionForward(memory_, dnn, h, Stream(h, "cudnnConvolutionForward"), a);

@@ -106,6 +106,7 @@ using GraphExec = GraphExecRec*;  ///< cudaGraphExec_t
 
 // The arguments of the cuDNN calls (kiln/runtime/gpu_dnn.h).
 struct ConvForwardArgs;
+struct DnnAlgoPerf;
 struct ConvBackwardDataArgs;
 struct ConvBackwardFilterArgs;
 struct PoolingForwardArgs;
@@ -303,6 +304,17 @@ class Platform {
   virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvForwardArgs& a);
   virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardDataArgs& a);
   virtual size_t DnnConvolutionWorkspaceSize(void* dnn, Stream s, const ConvBackwardFilterArgs& a);
+  /// Every algorithm of the call with these arguments, run on its buffers (the output is
+  /// overwritten) with its workspace (`workspace_bytes` at most; an algorithm that needs more is
+  /// reported, not run), fastest first (cudnnFind*AlgorithmEx). Waits for the stream; refused while
+  /// it captures. The default: none (a platform that cannot measure; the heuristic choice stands).
+  virtual std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s, const ConvForwardArgs& a);
+  virtual std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s, const ConvBackwardDataArgs& a);
+  virtual std::vector<DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, Stream s,
+                                                                const ConvBackwardFilterArgs& a);
+  /// What a measured choice depends on besides the problem (the library's version, the device's
+  /// model): part of the key of a choice cached on disk. Empty: choices are not kept on disk.
+  virtual std::string DnnLibraryKey(int device);
   virtual void DnnPoolingForward(void* dnn, Stream s, const PoolingForwardArgs& a);
   virtual void DnnBatchNormForwardTraining(void* dnn, Stream s, const BatchNormArgs& a);
   virtual void DnnBatchNormForwardInference(void* dnn, Stream s, const BatchNormArgs& a);

@@ -96,6 +96,9 @@ struct ConvForwardArgs {
   /// calls on different streams of one device must not use at the same time.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  /// The algorithm (cuDNN's enum value for this call) to run, as DnnFindConvolutionAlgorithms
+  /// reported it; -1: the platform's heuristic choice. The workspace size follows it.
+  int algo = -1;
 };
 
 /// cudnnConvolutionBackwardData: dx = alpha * (the gradient of the forward convolution's loss
@@ -116,6 +119,9 @@ struct ConvBackwardDataArgs {
   /// calls on different streams of one device must not use at the same time.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  /// The algorithm (cuDNN's enum value for this call) to run, as DnnFindConvolutionAlgorithms
+  /// reported it; -1: the platform's heuristic choice. The workspace size follows it.
+  int algo = -1;
 };
 
 /// cudnnConvolutionBackwardFilter: dw = alpha * (the gradient with respect to the filter, given x
@@ -135,6 +141,19 @@ struct ConvBackwardFilterArgs {
   /// calls on different streams of one device must not use at the same time.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  /// The algorithm (cuDNN's enum value for this call) to run, as DnnFindConvolutionAlgorithms
+  /// reported it; -1: the platform's heuristic choice. The workspace size follows it.
+  int algo = -1;
+};
+
+/// One algorithm of a convolution call, as cudnnFind*Algorithm reports it: its cuDNN enum value,
+/// whether it runs these arguments (status 0), its measured time and the workspace it needs.
+struct DnnAlgoPerf {
+  int algo = -1;
+  int status = 0;
+  float time_ms = 0;
+  size_t workspace = 0;
+  bool deterministic = true;
 };
 
 /// cudnnPoolingMode_t.
