@@ -135,11 +135,21 @@ std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, con
 
 // The first algorithm cuDNN's heuristics rank that runs for the problem (cached by `key`), with
 // `st.mu` held; `rank(perf, n, &count)` and `bytes(algo, &size)` ask cuDNN.
+// `given` >= 0: that algorithm (measured by the caller: gpu_dnn_autotune.cc), its workspace asked.
 template <class Perf, class Rank, class Bytes>
-const Algo& Choose(State& st, const std::string& key, int algo_count, Rank rank, Bytes bytes,
-                   const char* call, const std::string& problem) {
+const Algo& Choose(State& st, std::string key, int algo_count, Rank rank, Bytes bytes, const char* call,
+                   const std::string& problem, int given) {
+  if (given >= 0) key.append("|algo ").append(std::to_string(given));
   auto it = st.algos.find(key);
   if (it != st.algos.end()) return it->second;
+  if (given >= 0) {
+    if (given >= algo_count)
+      gpurt::FailDnn(gpurt::kDnnBadParam, call,
+                     "algorithm " + std::to_string(given) + " is not one of cuDNN's " + std::to_string(algo_count));
+    size_t size = 0;
+    bytes(static_cast<decltype(Perf{}.algo)>(given), &size);
+    return st.algos.emplace(key, Algo{given, size}).first->second;
+  }
   int count = 0;
   std::vector<Perf> perf(static_cast<size_t>(algo_count));
   rank(perf.data(), algo_count, &count);
@@ -206,7 +216,7 @@ struct ForwardProblem {
           Check(cudnnGetConvolutionForwardWorkspaceSize(h, x.d, w.d, c.d, y.d, al, size),
                 "cudnnGetConvolutionForwardWorkspaceSize");
         },
-        call, "input " + a.x.ToString() + " and output " + a.y.ToString());
+        call, "input " + a.x.ToString() + " and output " + a.y.ToString(), a.algo);
   }
 };
 
@@ -233,7 +243,7 @@ struct BackwardDataProblem {
           Check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w.d, dy.d, c.d, dx.d, al, size),
                 "cudnnGetConvolutionBackwardDataWorkspaceSize");
         },
-        call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString());
+        call, "dx " + a.dx.ToString() + " and dy " + a.dy.ToString(), a.algo);
   }
 };
 
@@ -260,7 +270,7 @@ struct BackwardFilterProblem {
           Check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x.d, dy.d, c.d, dw.d, al, size),
                 "cudnnGetConvolutionBackwardFilterWorkspaceSize");
         },
-        call, "x " + a.x.ToString() + " and dy " + a.dy.ToString());
+        call, "x " + a.x.ToString() + " and dy " + a.dy.ToString(), a.algo);
   }
 };
 
@@ -341,6 +351,80 @@ void DnnConvolutionBackwardFilter(gpurt::Platform& p, void* handle, gpurt::Strea
                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(f.algo.algo), ws,
                                        ws_bytes, &a.beta, f.dw.d, a.dw_data),
         call);
+}
+
+// ---- measured algorithms (cudnnFind*AlgorithmEx) ----
+
+template <class Perf> std::vector<gpurt::DnnAlgoPerf> Reported(const Perf* perf, int count) {
+  std::vector<gpurt::DnnAlgoPerf> out;
+  for (int i = 0; i < count; ++i) {
+    gpurt::DnnAlgoPerf r;
+    r.algo = static_cast<int>(perf[i].algo);
+    r.status = perf[i].status == CUDNN_STATUS_SUCCESS ? 0 : static_cast<int>(perf[i].status);
+    r.time_ms = perf[i].time;
+    r.workspace = perf[i].memory;
+    r.deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvForwardArgs& a) {
+  const char* call = "cudnnFindConvolutionForwardAlgorithmEx";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  ForwardProblem f(st, p, h, a, call);
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+  int count = 0;
+  Check(cudnnFindConvolutionForwardAlgorithmEx(h, f.x.d, a.x_data, f.w.d, a.w_data, f.c.d, f.y.d, a.y_data,
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf.data(),
+                                               a.workspace, a.workspace_bytes),
+        call);
+  return Reported(perf.data(), count);
+}
+
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvBackwardDataArgs& a) {
+  const char* call = "cudnnFindConvolutionBackwardDataAlgorithmEx";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  BackwardDataProblem f(st, p, h, a, call);
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+  int count = 0;
+  Check(cudnnFindConvolutionBackwardDataAlgorithmEx(h, f.w.d, a.w_data, f.dy.d, a.dy_data, f.c.d, f.dx.d,
+                                                    a.dx_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count,
+                                                    perf.data(), a.workspace, a.workspace_bytes),
+        call);
+  return Reported(perf.data(), count);
+}
+
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvBackwardFilterArgs& a) {
+  const char* call = "cudnnFindConvolutionBackwardFilterAlgorithmEx";
+  cudnnHandle_t h = BoundTo(handle, s, call);
+  State& st = St();
+  std::lock_guard<std::mutex> g(st.mu);
+  BackwardFilterProblem f(st, p, h, a, call);
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+  int count = 0;
+  Check(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, f.x.d, a.x_data, f.dy.d, a.dy_data, f.c.d, f.dw.d,
+                                                      a.dw_data, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                      perf.data(), a.workspace, a.workspace_bytes),
+        call);
+  return Reported(perf.data(), count);
+}
+
+std::string DnnLibraryKey(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";  // unknown: choices are kept in memory only
+  }
+  return "cudnn " + std::to_string(cudnnGetVersion()) + " " + prop.name + " sm_" + std::to_string(prop.major) +
+         std::to_string(prop.minor) + " x" + std::to_string(prop.multiProcessorCount);
 }
 
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) {
@@ -471,6 +555,19 @@ size_t DnnConvolutionWorkspaceSize(gpurt::Platform&, void*, gpurt::Stream,
                                    const gpurt::ConvBackwardFilterArgs&) {
   NoCudnn("cudnnGetConvolutionBackwardFilterWorkspaceSize");
 }
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform&, void*, gpurt::Stream,
+                                                             const gpurt::ConvForwardArgs&) {
+  return {};
+}
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform&, void*, gpurt::Stream,
+                                                             const gpurt::ConvBackwardDataArgs&) {
+  return {};
+}
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform&, void*, gpurt::Stream,
+                                                             const gpurt::ConvBackwardFilterArgs&) {
+  return {};
+}
+std::string DnnLibraryKey(int) { return ""; }
 void DnnPoolingForward(void*, gpurt::Stream, const gpurt::PoolingForwardArgs&) {
   NoCudnn("cudnnPoolingForward");
 }

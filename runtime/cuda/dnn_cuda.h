@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "kiln/runtime/gpu_dnn.h"
 
@@ -26,6 +28,15 @@ size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stre
                                    const gpurt::ConvBackwardDataArgs& a);
 size_t DnnConvolutionWorkspaceSize(gpurt::Platform& p, void* handle, gpurt::Stream s,
                                    const gpurt::ConvBackwardFilterArgs& a);
+/// Every algorithm of the call, run on its buffers (cudnnFind*AlgorithmEx), fastest first.
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvForwardArgs& a);
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvBackwardDataArgs& a);
+std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p, void* handle, gpurt::Stream s,
+                                                             const gpurt::ConvBackwardFilterArgs& a);
+/// cuDNN's version and the device's model ("" when unknown).
+std::string DnnLibraryKey(int device);
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a);
 void DnnPoolingBackward(void* handle, gpurt::Stream s, const gpurt::PoolingBackwardArgs& a);
 void DnnBatchNormBackward(void* handle, gpurt::Stream s, const gpurt::BatchNormBackwardArgs& a);

@@ -235,6 +235,19 @@ class CudaPlatform final : public gpurt::Platform {
   void DnnConvolutionBackwardFilter(void* dnn, gpurt::Stream s, const gpurt::ConvBackwardFilterArgs& a) override {
     cuda::DnnConvolutionBackwardFilter(*this, dnn, s, a);
   }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, gpurt::Stream s,
+                                                               const gpurt::ConvForwardArgs& a) override {
+    return cuda::DnnFindConvolutionAlgorithms(*this, dnn, s, a);
+  }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, gpurt::Stream s,
+                                                               const gpurt::ConvBackwardDataArgs& a) override {
+    return cuda::DnnFindConvolutionAlgorithms(*this, dnn, s, a);
+  }
+  std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(void* dnn, gpurt::Stream s,
+                                                               const gpurt::ConvBackwardFilterArgs& a) override {
+    return cuda::DnnFindConvolutionAlgorithms(*this, dnn, s, a);
+  }
+  std::string DnnLibraryKey(int device) override { return cuda::DnnLibraryKey(device); }
   size_t DnnConvolutionWorkspaceSize(void* dnn, gpurt::Stream s, const gpurt::ConvForwardArgs& a) override {
     return cuda::DnnConvolutionWorkspaceSize(*this, dnn, s, a);
   }
