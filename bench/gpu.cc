@@ -24,7 +24,10 @@
 //    epoch of LeNet on synthetic Fashion-MNIST-shaped data (seconds), kiln hybridized; PyTorch's
 //    figures and the ratios come from bench/python/gpu_{resnet18,lenet}_torch.py in gpu-check.
 //
-//   bench_gpu [--quick]     (256 MiB copies and 64M elements; --quick: 16 MiB and 4M)
+//   bench_gpu [--quick] [--only NAME,...]
+//     --quick: 16 MiB copies and 4M elements instead of 256 MiB and 64M, smaller models;
+//     --only: just those parts (gpu_copy, gpu_matmul, gpu_mlp, gpu_conv, gpu_resnet18, gpu_lenet,
+//     gpu_elementwise), as gpu-check's GPUCHECK_BENCH_VARIANTS reruns them under other settings.
 // Without a GPU (or a CUDA build, or codegen) it prints one "skipped" line per part. On simulated
 // GPUs (KILN_GPU_SIM) gpu_mlp, gpu_conv, gpu_resnet18 and gpu_lenet run their correctness checks
 // (against the CPU, at small sizes) and print a "skipped" line for their timings.
@@ -352,12 +355,18 @@ void MlpBench(bool quick, bool timed) {
   graphs = before;
 }
 
+// The parts named by --only (all when it is not given).
+std::vector<std::string> g_only;
+bool Wanted(const char* name) {
+  return g_only.empty() || std::find(g_only.begin(), g_only.end(), name) != g_only.end();
+}
+
 // The parts that also check themselves on simulated GPUs; `timed` only on a real one.
 void ModelBenches(bool quick, bool timed) {
-  MlpBench(quick, timed);
-  kiln::gpubench::ConvBench(quick, timed);
-  kiln::gpubench::ResNet18Bench(quick, timed);
-  kiln::gpubench::LeNetBench(quick, timed);
+  if (Wanted("gpu_mlp")) MlpBench(quick, timed);
+  if (Wanted("gpu_conv")) kiln::gpubench::ConvBench(quick, timed);
+  if (Wanted("gpu_resnet18")) kiln::gpubench::ResNet18Bench(quick, timed);
+  if (Wanted("gpu_lenet")) kiln::gpubench::LeNetBench(quick, timed);
   kiln::engine::Engine::Get().WaitForAll();  // nothing left running on a stream at exit
 }
 
@@ -369,6 +378,24 @@ void SkipModelBenches(const char* why) {
 
 int main(int argc, char** argv) {
   const bool quick = kiln::bench::HasFlag(argc, argv, "--quick");
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) != "--only") continue;
+    std::string list = argv[i + 1];
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) g_only.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+    static const char* const kParts[] = {"gpu_copy", "gpu_matmul", "gpu_mlp", "gpu_conv",
+                                         "gpu_resnet18", "gpu_lenet", "gpu_elementwise"};
+    for (const std::string& name : g_only) {
+      if (std::find_if(std::begin(kParts), std::end(kParts), [&](const char* p) { return name == p; }) == std::end(kParts)) {
+        std::fprintf(stderr, "bench_gpu: --only %s: no such part (expected some of gpu_copy, gpu_matmul, gpu_mlp, "
+                     "gpu_conv, gpu_resnet18, gpu_lenet, gpu_elementwise, comma-separated)\n", name.c_str());
+        return 2;
+      }
+    }
+  }
 #ifdef KILN_WITH_CUDA
   if (kiln::NumGPUs() == 0 || std::string(kiln::gpurt::Get().Name()) != "cuda") {
     // Timings against cudaMemcpy need the real driver: simulated GPUs (KILN_GPU_SIM) are not timed.
@@ -380,11 +407,11 @@ int main(int argc, char** argv) {
     else SkipModelBenches(why);
     return 0;
   }
-  CopyBench(quick);
-  MatmulBench(quick);
+  if (Wanted("gpu_copy")) CopyBench(quick);
+  if (Wanted("gpu_matmul")) MatmulBench(quick);
   ModelBenches(quick, /*timed=*/true);
 #ifdef KILN_WITH_CODEGEN
-  ElementwiseBench(quick);
+  if (Wanted("gpu_elementwise")) ElementwiseBench(quick);
 #else
   Skipped("gpu_elementwise", "codegen not linked: LLVM 19.1 not found");
 #endif

@@ -1,13 +1,14 @@
 // bench_gpu's gpu_conv (a source of bench_gpu, see bench/CMakeLists.txt): float32 conv2d through
-// kiln (nd::conv2d on gpu(0) tensors: cuDNN through kiln's GPU platform, the algorithm cuDNN's v7
-// heuristic ranks first, one engine task per call, timed by the host over back-to-back calls)
-// against cudnnConvolutionForward called directly on a stream, with the fastest algorithm
-// cudnnFindConvolutionForwardAlgorithm measured and a cudaMalloc'd workspace, timed with CUDA
-// events. ResNet-18's 3x3 stride-1 shapes at batch 256: 64->64 at 28x28, 128->128 at 14x14,
-// 256->256 at 7x7 (and 512->512 at 4x4 outside --quick). The direct call uses cuDNN's default
-// math type (TF32 tensor cores allowed on Ampere and later), as PyTorch does for convolutions;
-// kiln uses FMA math (float32) unless KILN_GPU_TF32=1 (runtime/cuda/dnn_cuda.cc). Kiln's output is
-// checked against cuDNN's. Lines: TFLOP/s of each and the ratio cuDNN time / kiln time.
+// kiln (nd::conv2d on gpu(0) tensors: cuDNN through kiln's GPU platform, the algorithm kiln's
+// autotune measured on the first call, or cuDNN's v7 heuristic with KILN_CUDNN_AUTOTUNE=0, one
+// engine task per call, timed by the host over back-to-back calls) against cudnnConvolutionForward
+// called directly on a stream, with the fastest algorithm cudnnFindConvolutionForwardAlgorithm
+// measured and a cudaMalloc'd workspace, timed with CUDA events. ResNet-18's 3x3 stride-1 shapes at
+// batch 256: 64->64 at 28x28, 128->128 at 14x14, 256->256 at 7x7 (and 512->512 at 4x4 outside
+// --quick). Both sides use the same math: cuDNN's default (TF32 tensor cores allowed on Ampere
+// and later, as PyTorch's convolutions), kiln's default, or FMA (strict float32) with
+// KILN_CONV_TF32=0 (kiln/runtime/math_mode.h).
+// Kiln's output is checked against cuDNN's. Lines: TFLOP/s of each and the ratio cuDNN time / kiln time.
 // On simulated GPUs only the check against the CPU runs, at batch 2 and 1/8 of the channels.
 #include <cmath>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "kiln/frontend/tensor.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/engine.h"
+#include "kiln/runtime/math_mode.h"
 
 #if defined(KILN_WITH_CUDA) && KILN_WITH_CUDNN
 #include <cuda_runtime.h>
@@ -115,6 +117,8 @@ void TimeShape(cudnnHandle_t h, cudaStream_t stream, int64_t n, const ConvShape&
   CudnnCheck(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, ci, ci, 3, 3), "w descriptor");
   CudnnCheck(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
              "convolution descriptor");
+  const bool tf32 = gpurt::Tf32Allowed(gpurt::MathOp::kConv);  // kiln's math (kiln/runtime/math_mode.h)
+  CudnnCheck(cudnnSetConvolutionMathType(cd, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), "math type");
   int on, oc, oh, ow;
   CudnnCheck(cudnnGetConvolution2dForwardOutputDim(cd, xd, wd, &on, &oc, &oh, &ow), "output dims");
   if (on != ni || oc != ci || oh != hwi || ow != hwi) {
@@ -174,6 +178,7 @@ void TimeShape(cudnnHandle_t h, cudaStream_t stream, int64_t n, const ConvShape&
   Emit(kBench, "cudnn_find_" + name, "TFLOPs", flop / (rf * 1e-3) / 1e12, "TFLOP/s");
   Emit(kBench, "cudnn_find_" + name, "algo", static_cast<double>(algo), "cudnnConvolutionFwdAlgo_t");
   Emit(kBench, "cudnn_find/kiln_" + name, "speedup", rf / k, "x");
+  Emit(kBench, "math_" + name, "tf32", tf32 ? 1 : 0, "bool");
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   cudaFree(py);
@@ -190,7 +195,8 @@ void TimeShape(cudnnHandle_t h, cudaStream_t stream, int64_t n, const ConvShape&
 void ConvBench(bool quick, bool timed) {
   std::vector<ConvShape> shapes = {{64, 28}, {128, 14}, {256, 7}};
   if (!quick) shapes.push_back({512, 4});
-  CheckAgainstCpu(shapes, timed ? 1e-2f : 1e-4f);
+  // TF32 (a real GPU's, or the simulator's rounding when the math mode allows it) reads 10-bit mantissas.
+  CheckAgainstCpu(shapes, timed || gpurt::Tf32Allowed(gpurt::MathOp::kConv) ? 1e-2f : 1e-4f);
   if (!timed) return Skipped("gpu_conv", kSimulatedOnly);
 #if defined(KILN_WITH_CUDA) && KILN_WITH_CUDNN
   CudaCheck(cudaSetDevice(0), "cudaSetDevice");

@@ -44,7 +44,8 @@ constexpr Switch kSwitches[] = {
     {"KILN_JOIN_CALLS", "1", "0: a hybridized call under autograd.record() runs at once instead of waiting for the loss, the backward and the SGD or Adam update to join it in one plan"},
     {"KILN_CUDNN_AUTOTUNE", "1", "0: convolutions on GPUs take cuDNN's heuristic algorithm instead of the one measured fastest (once per problem, kept in KILN_CACHE_DIR/dnn)"},
     {"KILN_CUDNN_WORKSPACE_MB", "256", "the most workspace a measured convolution algorithm may use, in MiB"},
-    {"KILN_GPU_TF32", "0", "1: float32 matmuls and convolutions on GPUs use TF32 tensor cores (inputs rounded to 10 mantissa bits, relative error ~1e-3)"},
+    {"KILN_CONV_TF32", "1", "0: float32 convolutions on GPUs in full float32 (cuDNN's FMA math); 1 (default, as PyTorch's cudnn.allow_tf32): they may use TF32 tensor cores (inputs rounded to 10 mantissa bits, relative error ~1e-3); kiln.set_math_mode overrides it"},
+    {"KILN_MATMUL_TF32", "0", "1: float32 matmuls on GPUs use TF32 tensor cores (cuBLASLt CUBLAS_COMPUTE_32F_FAST_TF32, relative error ~1e-3); 0 (default, as PyTorch's matmul.allow_tf32): full float32; kiln.set_math_mode overrides it"},
     {"KILN_GPU_LOG", "0", "1: print the GPU platform, driver version and devices on first contact"},
     {"KILN_DIST_TIMEOUT", "60", "seconds a collective across processes may wait for the others before failing"},
 };

@@ -14,6 +14,7 @@
 #include "kiln/runtime/cuda.h"
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/math_mode.h"
 #include "kiln/runtime/profiler.h"
 
 namespace kiln::exec {
@@ -122,6 +123,9 @@ struct GraphCache {
   std::vector<void*> staged;  // per input then output: the graph's buffer, or null (read in place)
   std::vector<void*> random_states;  // every entry's, kept until the cache goes (replays may read them)
   bool planned = false;
+  // The math modes (MathBits) the plan has run plainly under: a mode's first call measures its
+  // convolution algorithms outside a capture; graphs are kept per mode (part of an entry's key).
+  std::vector<const void*> math_seen;
   ~GraphCache() {
     try {
       for (Entry& e : entries) cuda::DestroyGraph(e.exec);
@@ -171,6 +175,14 @@ size_t Bytes(const TensorView& t) { return static_cast<size_t>(t.shape.numel()) 
 // from `random_state` when it is set (a capture).
 using RunFn = std::function<void(std::span<const TensorView>, std::span<const TensorView>, const uint64_t* random_state)>;
 
+// The math mode the plan's kernels ask the libraries for (kiln/runtime/math_mode.h), as a key part:
+// a graph replays the math it was captured with.
+const void* MathBits() {
+  const uintptr_t bits = (gpurt::Tf32Allowed(gpurt::MathOp::kConv) ? 1u : 0u) |
+                         (gpurt::Tf32Allowed(gpurt::MathOp::kMatmul) ? 2u : 0u);
+  return reinterpret_cast<const void*>(bits);
+}
+
 // Runs the call `run(in, out)` (the steps and the output copies) of GPU plan `p` as a CUDA graph
 // when it can: replays the graph captured for the call's addresses, or captures one (the second
 // call onwards), else runs it plainly.
@@ -190,8 +202,14 @@ void RunOnGpu(const Plan& p, const CallInfo& call, const void* arena, std::span<
   const size_t n = in.size() + out.size();
   auto at = [&](size_t i) -> const TensorView& { return i < in.size() ? in[i] : out[i - in.size()]; };
   if (!gc.off.empty()) return plain();
+  const void* math = MathBits();
   if (gc.calls++ == 0) {  // the first call loads the kernels and sizes the workspaces
     for (size_t i = 0; i < n; ++i) gc.first.push_back(at(i).data);
+    gc.math_seen.push_back(math);
+    return plain();
+  }
+  if (std::find(gc.math_seen.begin(), gc.math_seen.end(), math) == gc.math_seen.end()) {
+    gc.math_seen.push_back(math);  // a new math mode: its convolution algorithms are measured first
     return plain();
   }
   // A value whose address differs from the first call's goes through a buffer of the graph's own
@@ -217,7 +235,7 @@ void RunOnGpu(const Plan& p, const CallInfo& call, const void* arena, std::span<
     for (GraphCache::Entry& e : gc.entries) cuda::DestroyGraph(e.exec);  // in flight: freed when done
     gc.entries.clear();
   }
-  std::vector<const void*> key = {arena};
+  std::vector<const void*> key = {arena, math};
   std::vector<TensorView> views(n);
   for (size_t i = 0; i < n; ++i) {
     views[i] = at(i);

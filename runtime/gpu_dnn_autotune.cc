@@ -69,7 +69,7 @@ void Put(std::ostringstream& o, const char* name, const DnnFilterDesc& f) {
 void Put(std::ostringstream& o, const DnnConvDesc& c) {
   o << " pad " << c.pad_h << ',' << c.pad_w << " stride " << c.stride_h << ',' << c.stride_w << " dilation "
     << c.dilation_h << ',' << c.dilation_w << " mode " << static_cast<int>(c.mode) << " compute "
-    << static_cast<int>(c.compute) << " groups " << c.groups;
+    << static_cast<int>(c.compute) << " groups " << c.groups << " tf32 " << c.tf32;
 }
 
 // The problem's text: the call, its descriptors, the math mode and the library (no pointers).
@@ -77,7 +77,7 @@ std::string ProblemText(Platform& p, int device, const char* call, const std::fu
   std::ostringstream o;
   o << kHeader << ' ' << call;
   put(o);
-  o << " tf32 " << (env::GetInt("KILN_GPU_TF32") == 1) << " library " << p.DnnLibraryKey(device);
+  o << " library " << p.DnnLibraryKey(device);
   return o.str();
 }
 std::string Text(Platform& p, int device, const ConvForwardArgs& a) {

@@ -7,16 +7,17 @@
 // one strided-batched GEMM when the operands' batch offsets are evenly spaced (equal batch
 // shapes, or one side broadcast whole: stride 0), else one GEMM per batch entry. Inputs are
 // contiguous (contiguous_inputs); integer and bool dtypes are a DTypeError. float32 runs on TF32
-// tensor cores only when KILN_GPU_TF32=1.
+// tensor cores only when the math mode allows it (KILN_MATMUL_TF32=1 or kiln.set_math_mode,
+// kiln/runtime/math_mode.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "kiln/runtime/cuda.h"
-#include "kiln/runtime/env.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/gpu.h"
 #include "kiln/runtime/kernel.h"
+#include "kiln/runtime/math_mode.h"
 
 namespace kiln {
 
@@ -55,16 +56,6 @@ bool GemmDType(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
-// KILN_GPU_TF32: 0 (default) or 1, read at each GEMM (a captured CUDA graph keeps the setting it
-// was captured with).
-bool Tf32() {
-  const int64_t v = env::GetInt("KILN_GPU_TF32");
-  if (v != 0 && v != 1)
-    KILN_THROW(ValueError) << "KILN_GPU_TF32=" << v << ": expected 0 (float32 GEMMs in full float32) or 1 (TF32 "
-                           << "tensor cores: inputs rounded to 10 mantissa bits)";
-  return v == 1;
-}
-
 void GpuMatmulKernel(const KernelArgs& k) {
   gpurt::MatmulOnGpu(k.in[0], k.in[1], k.out[0], k.attrs.Bool("transpose_a"), k.attrs.Bool("transpose_b"));
 }
@@ -90,7 +81,7 @@ void gpurt::MatmulOnGpu(const TensorView& a, const TensorView& b, const TensorVi
 
   gpurt::GemmArgs g;  // out^T (N x M, column-major) = op(b)^T op(a)^T
   g.dtype = out.dtype;
-  g.tf32 = out.dtype == DType::kFloat32 && Tf32();
+  g.tf32 = out.dtype == DType::kFloat32 && gpurt::Tf32Allowed(gpurt::MathOp::kMatmul);
   g.m = N, g.n = M, g.k = K;
   g.transa = tb ? gpurt::BlasOp::kT : gpurt::BlasOp::kN;
   g.lda = std::max<int64_t>(1, tb ? K : N);

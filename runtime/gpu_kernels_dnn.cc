@@ -47,6 +47,7 @@
 #include "kiln/runtime/gpu_dnn.h"
 #include "kiln/runtime/gpu_dnn_autotune.h"
 #include "kiln/runtime/kernel.h"
+#include "kiln/runtime/math_mode.h"
 
 namespace kiln {
 
@@ -99,6 +100,7 @@ gpurt::DnnConvDesc ConvDesc(const KernelArgs& k) {
   c.dilation_h = d[0], c.dilation_w = d[1];
   c.mode = gpurt::DnnConvMode::kCrossCorrelation;
   c.groups = static_cast<int>(k.attrs.Int("groups")); // divides the channels (inference checked it)
+  c.tf32 = gpurt::Tf32Allowed(gpurt::MathOp::kConv);  // float32 only reaches here (RequireFloat32)
   return c;
 }
 

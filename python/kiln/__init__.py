@@ -13,13 +13,15 @@ kiln's own names.
 from . import _C
 from ._C import (Device, KilnError, ShapeError, DTypeError, DeviceError, FormatError, ArgumentError,
                  StateError, OutOfMemoryError, InternalError, IntegerOverflowError, FileError, NDArray, cpu, gpu, num_gpus, waitall,
-                 codegen_stats, gpu_memory_stats, empty_cache, cuda_graph_stats, dnn_algo_stats)
+                 codegen_stats, gpu_memory_stats, empty_cache, cuda_graph_stats, dnn_algo_stats,
+                 set_math_mode, math_mode)
 from . import ndarray as _ndarray  # adds indexing and the Python-side methods to NDArray
 from . import nd, autograd
 from .context import Context  # mx.Context: every kiln.Device is one
 
 __all__ = ["nd", "autograd", "NDArray", "Device", "Context", "random", "MXNetError", "cpu", "gpu",
            "num_gpus", "gpus", "waitall", "gpu_memory_stats", "empty_cache", "cuda_graph_stats", "dnn_algo_stats",
+           "set_math_mode", "math_mode",
            "KilnError", "ShapeError", "DTypeError", "DeviceError", "FormatError", "ArgumentError",
            "StateError", "OutOfMemoryError", "InternalError", "IntegerOverflowError", "codegen_stats",
            "FileError"]

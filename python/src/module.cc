@@ -16,6 +16,7 @@
 #include "kiln/runtime/env.h"
 #include "kiln/runtime/executor.h"
 #include "kiln/runtime/gpu_dnn_autotune.h"
+#include "kiln/runtime/math_mode.h"
 #include "kiln/runtime/step_counters.h"
 #include "kiln/runtime/error.h"
 
@@ -242,6 +243,32 @@ KILN_PY_BIND(0) {
   }, "How this process chose its GPU convolutions' cuDNN algorithms: problems measured, calls answered "
      "from memory, problems read from the disk cache (KILN_CACHE_DIR/dnn), choices written there, calls "
      "left to cuDNN's heuristics (while capturing, KILN_CUDNN_AUTOTUNE=0, nothing measurable).");
+  m.def("set_math_mode", [](std::optional<std::string> conv, std::optional<std::string> matmul) {
+    // Both are checked before either changes.
+    auto parse = [](const char* what, const std::optional<std::string>& v) -> std::optional<int> {
+      if (!v) return std::nullopt;
+      if (*v == "tf32") return 1;
+      if (*v == "float32") return 0;
+      if (*v == "default") return -1;
+      KILN_THROW(ValueError) << "set_math_mode(" << what << "='" << *v << "'): expected 'tf32' (TF32 tensor "
+                             << "cores allowed), 'float32' (full float32) or 'default' (the environment's "
+                             << (std::string(what) == "conv" ? "KILN_CONV_TF32" : "KILN_MATMUL_TF32") << ")";
+    };
+    const std::optional<int> c = parse("conv", conv), mm = parse("matmul", matmul);
+    if (c) gpurt::SetTf32(gpurt::MathOp::kConv, *c);
+    if (mm) gpurt::SetTf32(gpurt::MathOp::kMatmul, *mm);
+  }, pyb::arg("conv") = pyb::none(), pyb::arg("matmul") = pyb::none(),
+     "Which float32 math GPU convolutions and matmuls may use, as PyTorch's torch.backends.cudnn.allow_tf32 "
+     "and torch.backends.cuda.matmul.allow_tf32: 'tf32' (TF32 tensor cores: inputs rounded to 10 mantissa "
+     "bits, relative error ~1e-3), 'float32' (full float32) or 'default' (back to KILN_CONV_TF32, default "
+     "tf32, and KILN_MATMUL_TF32, default float32); None leaves it. Later calls use it; a compiled plan "
+     "captured as a CUDA graph under another mode is captured again.");
+  m.def("math_mode", [] {
+    pyb::dict d;
+    d["conv"] = gpurt::Tf32Allowed(gpurt::MathOp::kConv) ? "tf32" : "float32";
+    d["matmul"] = gpurt::Tf32Allowed(gpurt::MathOp::kMatmul) ? "tf32" : "float32";
+    return d;
+  }, "The float32 math GPU convolutions and matmuls use now: {'conv': 'tf32' or 'float32', 'matmul': ...}.");
   m.def("step_counters", [] {
     StepCounters c;
     {

@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "kiln/runtime/env.h"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -54,9 +53,6 @@ struct Filter {
   Filter(const Filter&) = delete;
   Filter& operator=(const Filter&) = delete;
 };
-// KILN_GPU_TF32 (runtime/env.cc; gpu_kernels_blas.cc checks its value at each GEMM).
-bool Tf32() { return kiln::env::GetInt("KILN_GPU_TF32") == 1; }
-
 struct Conv {
   cudnnConvolutionDescriptor_t d = nullptr;
   Conv() { Check(cudnnCreateConvolutionDescriptor(&d), "cudnnCreateConvolutionDescriptor"); }
@@ -66,9 +62,9 @@ struct Conv {
         d, c.pad_h, c.pad_w, c.stride_h, c.stride_w, c.dilation_h, c.dilation_w,
         static_cast<cudnnConvolutionMode_t>(c.mode), static_cast<cudnnDataType_t>(c.compute));
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(d, c.groups);
-    // TF32 only when asked for (KILN_GPU_TF32=1, as for GEMMs): cuDNN's default math lets float32
+    // c.tf32 (the math mode: kiln/runtime/math_mode.h): cuDNN's default math lets float32
     // convolutions use TF32 tensor cores on Ampere and later; FMA math keeps them in float32.
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, Tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
     return st;
   }
   Conv(const Conv&) = delete;
@@ -128,7 +124,7 @@ std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, con
   for (const std::string& part : {std::to_string(device), x.ToString(), y.ToString()})
     k.append("|").append(part);
   for (int v : {w.k, w.c, w.h, w.w, static_cast<int>(w.format), c.pad_h, c.pad_w, c.stride_h, c.stride_w,
-                c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups, Tf32() ? 1 : 0})
+                c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups, c.tf32 ? 1 : 0})
     k.append(",").append(std::to_string(v));
   return k;
 }

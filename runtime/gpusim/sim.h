@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -156,5 +157,17 @@ struct LibraryBinding {
 /// graph being captured) over the CPU's sgemm.
 void EnqueueGemm(const Memory& memory, StreamImpl* s, gpurt::Stream h, int current_device, const LibraryBinding& bound,
                  const gpurt::GemmArgs& g);
+
+// TF32 as tensor cores read a float32: the mantissa rounded to its top 10 bits (to nearest even);
+// NaN and infinity pass unchanged (sim_blas.cc's GEMMs and sim_dnn.cc's convolutions).
+inline float RoundTf32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f;
+  u += 0xfffu + ((u >> 13) & 1u);
+  u &= ~0x1fffu;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 }  // namespace kiln::gpusim

@@ -60,18 +60,6 @@ void CheckOperand(const Memory& memory, int device, const void* p, Extent e, siz
 
 char Op(gpurt::BlasOp op) { return op == gpurt::BlasOp::kN ? 'N' : 'T'; }
 
-// TF32 as tensor cores read a float32: the mantissa rounded to its top 10 bits (to nearest even);
-// NaN and infinity pass unchanged.
-float RoundTf32(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u) return f;
-  u += 0xfffu + ((u >> 13) & 1u);
-  u &= ~0x1fffu;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // One column-major operand as stored (rows x cols, leading dimension ld) packed (ld = rows) in the
 // accumulation type Acc, TF32-rounded when asked.
 template <class T, class Acc>

@@ -205,6 +205,12 @@ void BatchStats(const std::vector<float>& xs, const BnLayout& l, std::vector<dou
   for (double& v : var) v /= static_cast<double>(l.count);
 }
 
+// What a convolution whose math allows TF32 reads: each value rounded as tensor cores read it.
+void MaybeTf32(bool tf32, std::vector<float>& v) {
+  if (tf32)
+    for (float& f : v) f = RoundTf32(f);
+}
+
 } // namespace
 
 void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl* s,
@@ -228,6 +234,7 @@ void DnnConvolutionForward(Memory& m, void* handle, gpurt::Stream h, StreamImpl*
     std::vector<float> xs = Gather(x, a.x);
     const gpurt::DnnFilterDesc& f = a.w;
     std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
+    MaybeTf32(a.conv.tf32, xs), MaybeTf32(a.conv.tf32, ws);
     std::vector<float> ys(static_cast<size_t>(a.y.n) * a.y.c * a.y.h * a.y.w);
     host::Conv2d(Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), Packed(ws, f.k, f.c, f.h, f.w),
                  Packed(ys, a.y.n, a.y.c, a.y.h, a.y.w), Params(a.conv));
@@ -255,6 +262,7 @@ void DnnConvolutionBackwardData(Memory& m, void* handle, gpurt::Stream h, Stream
     const gpurt::DnnFilterDesc& f = a.w;
     std::vector<float> ws = GatherFilter(w, f, a.conv.mode == gpurt::DnnConvMode::kConvolution);
     std::vector<float> dys = Gather(dy, a.dy);
+    MaybeTf32(a.conv.tf32, ws), MaybeTf32(a.conv.tf32, dys);
     std::vector<float> dxs(static_cast<size_t>(a.dx.n) * a.dx.c * a.dx.h * a.dx.w);
     host::Conv2dGradData(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w), Packed(ws, f.k, f.c, f.h, f.w),
                          Packed(dxs, a.dx.n, a.dx.c, a.dx.h, a.dx.w), Params(a.conv));
@@ -283,6 +291,7 @@ void DnnConvolutionBackwardFilter(Memory& m, void* handle, gpurt::Stream h, Stre
     UseWorkspace(ws_data, a.workspace_bytes);
     const gpurt::DnnFilterDesc& f = a.dw;
     std::vector<float> xs = Gather(x, a.x), dys = Gather(dy, a.dy);
+    MaybeTf32(a.conv.tf32, xs), MaybeTf32(a.conv.tf32, dys);
     std::vector<float> dws(static_cast<size_t>(f.k) * f.c * f.h * f.w);
     host::Conv2dGradWeight(Packed(dys, a.dy.n, a.dy.c, a.dy.h, a.dy.w),
                            Packed(xs, a.x.n, a.x.c, a.x.h, a.x.w), Packed(dws, f.k, f.c, f.h, f.w),

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   char dir[] = "/tmp/kiln-test-cache-XXXXXX";
   bool own_cache = mkdtemp(dir) != nullptr;
   if (own_cache) setenv("KILN_CACHE_DIR", dir, 1);
+  // Tests compare GPU convolutions with the CPU's float32 numbers, so they run in full float32
+  // (as PyTorch's tests turn TF32 off) unless KILN_CONV_TF32 is set; the math-mode tests set it.
+  setenv("KILN_CONV_TF32", "0", 0);
   doctest::Context context(argc, argv);
   int result = context.run();
   if (own_cache) {

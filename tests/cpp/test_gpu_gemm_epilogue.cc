@@ -2,7 +2,7 @@
 // simulator's runtime/gpusim/sim_blas.cc):
 // float16 and bfloat16 accumulate in float32 and round once, as the CPU kernel does (within one
 // storage ulp: the two sum in different orders); float64 in float64; TF32 only with
-// KILN_GPU_TF32=1 (relative error ~1e-3 instead of ~1e-6); cuBLASLt's bias + relu / GELU epilogue
+// KILN_MATMUL_TF32=1 (relative error ~1e-3 instead of ~1e-6); cuBLASLt's bias + relu / GELU epilogue
 // (gpurt::MatmulOnGpu) against the separate ops; broadcast batch dimensions; and compiled plans on
 // a GPU binding matmul + bias + relu to one GEMM with its epilogue (the compile report's group).
 #include <doctest/doctest.h>
@@ -129,7 +129,7 @@ TEST_CASE("gpu: gemm integer operands are a DTypeError (matmul takes floats on e
   CHECK_THROWS_AS(nd::matmul(a, b), DTypeError);
 }
 
-TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative error ~1e-3 instead of ~1e-6)") {
+TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_MATMUL_TF32=1 (relative error ~1e-3 instead of ~1e-6)") {
   KILN_REQUIRE_GPU();
   const int64_t M = 24, K = 512, N = 20;
   Tensor a = RandomTensor({M, K}, 5), b = RandomTensor({K, N}, 6);
@@ -153,7 +153,7 @@ TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative er
   const double full = worst_error(nd::matmul(ga, gb));
   double tf32 = 0;
   {
-    ScopedEnv on("KILN_GPU_TF32", "1");
+    ScopedEnv on("KILN_MATMUL_TF32", "1");
     tf32 = worst_error(nd::matmul(ga, gb));
   }
   const double after = worst_error(nd::matmul(ga, gb));
@@ -174,7 +174,7 @@ TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative er
   const double outer_full = outer_error(nd::matmul(ca, cb));
   double outer_tf32 = 0;
   {
-    ScopedEnv on("KILN_GPU_TF32", "1");
+    ScopedEnv on("KILN_MATMUL_TF32", "1");
     outer_tf32 = outer_error(nd::matmul(ca, cb));
   }
   MESSAGE("worst relative error over k = 512 (of sum |a b|): float32 " << full << ", TF32 " << tf32
@@ -187,13 +187,13 @@ TEST_CASE("gpu: gemm float32 runs on TF32 only with KILN_GPU_TF32=1 (relative er
   CHECK(outer_full < 1.2e-7);
   CHECK(outer_tf32 < 1e-3);
   {
-    ScopedEnv bad("KILN_GPU_TF32", "2");
+    ScopedEnv bad("KILN_MATMUL_TF32", "2");
     CHECK_THROWS_WITH_AS(nd::matmul(ga, gb).To(cpu()).ToVector<float>(), doctest::Contains("expected 0"), ValueError);
   }
   // Only float32 is affected: a float16 product is the same either way.
   Tensor ha = nd::cast(a, DType::kFloat16).To(gpu(0)), hb = nd::cast(b, DType::kFloat16).To(gpu(0));
   const std::vector<float> h0 = nd::matmul(ha, hb).To(cpu()).ToVector<float>();
-  ScopedEnv on("KILN_GPU_TF32", "1");
+  ScopedEnv on("KILN_MATMUL_TF32", "1");
   CHECK(nd::matmul(ha, hb).To(cpu()).ToVector<float>() == h0);
 }
 

@@ -20,6 +20,9 @@ REAL_GPU = os.environ.pop("KILN_TEST_REAL_GPU", "") == "1"
 # end: the tests see cold compiles and leave the user's ~/.cache/kiln alone.
 _cache_dir = tempfile.mkdtemp(prefix="kiln-pytest-cache-")
 os.environ["KILN_CACHE_DIR"] = _cache_dir
+# GPU convolutions are compared with the CPU's float32 numbers: full float32, as PyTorch's tests turn
+# TF32 off (unless KILN_CONV_TF32 is set; test_math_mode.py sets it itself).
+os.environ.setdefault("KILN_CONV_TF32", "0")
 
 import kiln
 from kiln import nd

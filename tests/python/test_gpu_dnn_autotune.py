@@ -2,9 +2,12 @@
 whose cuDNN reports a modelled time per algorithm: a problem is measured once, answered from
 memory after, and from the disk cache (KILN_CACHE_DIR/dnn) in the next process; a 3x3
 convolution's measured choice is not the heuristic's; KILN_CUDNN_AUTOTUNE=0 measures nothing; the
-numbers are those of the heuristic choice."""
+numbers are those of the heuristic choice. On a real GPU (KILN_TEST_REAL_GPU=1) cuDNN's own
+measurements choose, so only the counts and the cache are asserted, and the numbers agree within
+float32's rounding (algorithms sum in different orders)."""
 import os
 
+from conftest import REAL_GPU
 from test_gpu import run_sim
 
 CODE = """
@@ -42,14 +45,19 @@ def test_a_problem_is_measured_once_and_the_next_process_reads_the_choice_from_d
     files = [open(os.path.join(cache, "dnn", f)).read().splitlines() for f in os.listdir(os.path.join(cache, "dnn"))]
     assert len(files) == 5
     chosen = {(text.split()[2], " 3, 3]" in text): int(algo) for text, algo in files}
-    # the simulator's model: a Winograd algorithm (6, 7) is fastest on 3x3 unstrided problems,
-    # where cuDNN's heuristic (and the simulator's) takes implicit precomputed GEMM (1); the strided
-    # 5x5 convolution keeps that one
-    assert chosen[("forward", True)] in (6, 7) and chosen[("forward", False)] == 1, chosen
+    if not REAL_GPU:
+        # the simulator's model: a Winograd algorithm (6, 7) is fastest on 3x3 unstrided problems,
+        # where cuDNN's heuristic (and the simulator's) takes implicit precomputed GEMM (1); the
+        # strided 5x5 convolution keeps that one
+        assert chosen[("forward", True)] in (6, 7) and chosen[("forward", False)] == 1, chosen
     second = stats(run_sim(("import os; os.environ['KILN_CACHE_DIR'] = %r\n" % cache) + CODE % b))
     assert second["measured"] == 0 and second["disk_hits"] == 5, second
     off = stats(run_sim("import os; os.environ['KILN_CUDNN_AUTOTUNE'] = '0'\n" + CODE % c))
     assert off["measured"] == 0 and off["heuristic"] > 0, off
-    # the simulator computes every algorithm alike: the numbers do not depend on the choice
-    np.testing.assert_array_equal(np.load(a), np.load(b))
-    np.testing.assert_array_equal(np.load(a), np.load(c))
+    # the simulator computes every algorithm alike: the numbers do not depend on the choice; a real
+    # GPU's algorithms sum in different orders (some backward-filter ones with atomics)
+    for other in (b, c):
+        if REAL_GPU:
+            np.testing.assert_allclose(np.load(a), np.load(other), rtol=1e-4, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(np.load(a), np.load(other))

@@ -195,7 +195,8 @@ void CheckGemm(const GemmArgs& g, const char* call);
 /// calling engine worker's stream through Platform::Gemm (runtime/gpu_kernels_blas.cc), with
 /// cuBLASLt's epilogue: `bias` (null, or out's last dimension of values, out's dtype) added per
 /// output column, then `act`. Contiguous operands of one dtype; a DTypeError for dtypes cuBLASLt
-/// is not asked for here (integers, bool). tf32 follows KILN_GPU_TF32. Compiled plans on GPUs
+/// is not asked for here (integers, bool). float32 uses TF32 when the math mode allows it for
+/// matmuls (kiln/runtime/math_mode.h). Compiled plans on GPUs
 /// run their matmul + bias + activation groups through it.
 void MatmulOnGpu(const TensorView& a, const TensorView& b, const TensorView& out, bool transpose_a,
                  bool transpose_b, const TensorView* bias = nullptr, GemmActivation act = GemmActivation::kNone);

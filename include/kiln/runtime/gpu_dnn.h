@@ -77,6 +77,10 @@ struct DnnConvDesc {
   DnnConvMode mode = DnnConvMode::kCrossCorrelation;
   DnnDataType compute = DnnDataType::kFloat;
   int groups = 1;
+  /// float32 may run on TF32 tensor cores (cuDNN's default math; the simulator rounds the inputs'
+  /// mantissas to 10 bits); false: FMA math, full float32. Kiln's kernels set it from the math
+  /// mode (kiln/runtime/math_mode.h).
+  bool tf32 = false;
 };
 
 /// cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y (beta == 0 never reads y).
