@@ -400,9 +400,8 @@ int main(int argc, char** argv) {
   if (kiln::NumGPUs() == 0 || std::string(kiln::gpurt::Get().Name()) != "cuda") {
     // Timings against cudaMemcpy need the real driver: simulated GPUs (KILN_GPU_SIM) are not timed.
     const char* why = kiln::NumGPUs() == 0 ? "no GPU on this machine" : "simulated GPUs (KILN_GPU_SIM): no timings";
-    Skipped("gpu_copy", why);
-    Skipped("gpu_matmul", why);
-    Skipped("gpu_elementwise", why);
+    for (const char* part : {"gpu_copy", "gpu_matmul", "gpu_elementwise"})
+      if (Wanted(part)) Skipped(part, why);
     if (kiln::NumGPUs() > 0) ModelBenches(quick, /*timed=*/false);  // the simulator: correctness only
     else SkipModelBenches(why);
     return 0;

@@ -25,11 +25,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kHeader = "kiln-dnn-algo 1";
+constexpr const char* kHeader = "kiln-dnn-algo 2";  // 2: the math type follows the algorithm
+
+// A measured choice: cuDNN's algorithm and the math type it ran with (-1: not reported).
+struct Choice {
+  int algo = -1, math = -1;
+};
 
 struct State {
   std::mutex mu;  // held while a problem is measured: one measurement of a problem at a time
-  std::map<std::string, int> chosen;  // memory key -> algorithm (-1: the heuristics')
+  std::map<std::string, Choice> chosen;  // memory key -> choice (algo -1: the heuristics')
+  std::map<int, std::string> library;    // device -> DnnLibraryKey, asked once
   AutotuneStats stats;
 };
 State& St() {
@@ -72,12 +78,20 @@ void Put(std::ostringstream& o, const DnnConvDesc& c) {
     << static_cast<int>(c.compute) << " groups " << c.groups << " tf32 " << c.tf32;
 }
 
+// The platform's library key of `device`, asked once (with the state's lock held).
+const std::string& LibraryKey(Platform& p, int device) {
+  auto& known = St().library;
+  auto it = known.find(device);
+  if (it == known.end()) it = known.emplace(device, p.DnnLibraryKey(device)).first;
+  return it->second;
+}
+
 // The problem's text: the call, its descriptors, the math mode and the library (no pointers).
 std::string ProblemText(Platform& p, int device, const char* call, const std::function<void(std::ostringstream&)>& put) {
   std::ostringstream o;
   o << kHeader << ' ' << call;
   put(o);
-  o << " library " << p.DnnLibraryKey(device);
+  o << " library " << LibraryKey(p, device);
   return o.str();
 }
 std::string Text(Platform& p, int device, const ConvForwardArgs& a) {
@@ -107,15 +121,18 @@ void SetOutput(ConvForwardArgs& a, void* p) { a.y_data = p; }
 void SetOutput(ConvBackwardDataArgs& a, void* p) { a.dx_data = p; }
 void SetOutput(ConvBackwardFilterArgs& a, void* p) { a.dw_data = p; }
 
-// A choice read from the disk cache: the file's first line must be the problem's text.
-std::optional<int> ReadChoice(const fs::path& file, const std::string& text) {
+// A choice read from the disk cache: the file's first line must be the problem's text, the
+// second the algorithm and its math type.
+std::optional<Choice> ReadChoice(const fs::path& file, const std::string& text) {
   std::ifstream in(file);
   std::string line;
   if (!in || !std::getline(in, line) || line != text) return std::nullopt;
-  int algo = -1;
-  if (!(in >> algo) || algo < 0) return std::nullopt;
-  return algo;
+  Choice c;
+  if (!(in >> c.algo >> c.math) || c.algo < 0 || c.math < -1) return std::nullopt;
+  return c;
 }
+
+template <class Args> void Apply(Args& a, const Choice& c) { a.algo = c.algo, a.conv.math = c.math; }
 
 template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, Args& a) {
   State& st = St();
@@ -125,11 +142,11 @@ template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, 
     ++st.stats.heuristic;
     return;
   }
+  std::lock_guard<std::mutex> g(st.mu);
   const std::string text = Text(p, device, a);
   const std::string key = text + " device " + std::to_string(device);
-  std::lock_guard<std::mutex> g(st.mu);
   if (auto it = st.chosen.find(key); it != st.chosen.end()) {
-    a.algo = it->second;
+    Apply(a, it->second);
     ++st.stats.memory_hits;
     return;
   }
@@ -138,16 +155,16 @@ template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, 
     return;
   }
   const fs::path dir = CacheDir();
-  const bool on_disk = !dir.empty() && !p.DnnLibraryKey(device).empty();
+  const bool on_disk = !dir.empty() && !LibraryKey(p, device).empty();
   const fs::path file = on_disk ? dir / (std::to_string(Fnv1a(text)) + ".kalgo") : fs::path();
   if (on_disk) {
-    if (std::optional<int> algo = ReadChoice(file, text)) {
+    if (std::optional<Choice> c = ReadChoice(file, text)) {
       Args probe = a;
-      probe.algo = *algo;
+      Apply(probe, *c);
       try {
         (void)p.DnnConvolutionWorkspaceSize(dnn, s, probe);  // still an algorithm of this library
-        a.algo = *algo;
-        st.chosen[key] = *algo;
+        Apply(a, *c);
+        st.chosen[key] = *c;
         ++st.stats.disk_hits;
         return;
       } catch (const Error&) {
@@ -175,23 +192,23 @@ template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, 
       cap /= 2;  // a smaller workspace: fewer algorithms can run
     }
   }
-  int algo = -1;
+  Choice c;
   for (const DnnAlgoPerf& perf : perfs)
     if (perf.status == 0) {
-      algo = perf.algo;
+      c = {perf.algo, perf.math};
       break;
     }
-  st.chosen[key] = algo;
-  if (algo < 0) {  // nothing measurable: the heuristics
+  st.chosen[key] = c;
+  if (c.algo < 0) {  // nothing measurable: the heuristics
     ++st.stats.heuristic;
     return;
   }
-  a.algo = algo;
+  Apply(a, c);
   ++st.stats.measured;
   if (!on_disk) return;
   try {
     fs::create_directories(dir);
-    WriteFileAtomic(file.string(), text + "\n" + std::to_string(algo) + "\n");
+    WriteFileAtomic(file.string(), text + "\n" + std::to_string(c.algo) + " " + std::to_string(c.math) + "\n");
     ++st.stats.disk_writes;
   } catch (const std::exception& e) {  // a cache that cannot be written: kept in memory only
     std::fprintf(stderr, "kiln: warning: cuDNN algorithm cache: %s\n", e.what());
@@ -213,12 +230,16 @@ AutotuneStats GetAutotuneStats() {
   return St().stats;
 }
 
-std::string AlgorithmKey(Platform& p, int device, const ConvForwardArgs& a) { return Text(p, device, a); }
+std::string AlgorithmKey(Platform& p, int device, const ConvForwardArgs& a) {
+  std::lock_guard<std::mutex> g(St().mu);
+  return Text(p, device, a);
+}
 
 namespace detail {
 void ForgetAlgorithms() {
   std::lock_guard<std::mutex> g(St().mu);
   St().chosen.clear();
+  St().library.clear();
   St().stats = {};
 }
 }  // namespace detail

@@ -64,7 +64,10 @@ struct Conv {
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(d, c.groups);
     // c.tf32 (the math mode: kiln/runtime/math_mode.h): cuDNN's default math lets float32
     // convolutions use TF32 tensor cores on Ampere and later; FMA math keeps them in float32.
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    // A measured choice runs with the math type it was measured with (c.math), within c.tf32.
+    cudnnMathType_t math = c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    if (c.math >= 0 && (c.tf32 || c.math == CUDNN_FMA_MATH)) math = static_cast<cudnnMathType_t>(c.math);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, math);
     return st;
   }
   Conv(const Conv&) = delete;
@@ -124,7 +127,7 @@ std::string Key(const char* call, int device, const gpurt::DnnTensorDesc& x, con
   for (const std::string& part : {std::to_string(device), x.ToString(), y.ToString()})
     k.append("|").append(part);
   for (int v : {w.k, w.c, w.h, w.w, static_cast<int>(w.format), c.pad_h, c.pad_w, c.stride_h, c.stride_w,
-                c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups, c.tf32 ? 1 : 0})
+                c.dilation_h, c.dilation_w, static_cast<int>(c.mode), c.groups, c.tf32 ? 1 : 0, c.math})
     k.append(",").append(std::to_string(v));
   return k;
 }
@@ -360,6 +363,7 @@ template <class Perf> std::vector<gpurt::DnnAlgoPerf> Reported(const Perf* perf,
     r.time_ms = perf[i].time;
     r.workspace = perf[i].memory;
     r.deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
+    r.math = static_cast<int>(perf[i].mathType);
     out.push_back(r);
   }
   return out;
@@ -414,13 +418,19 @@ std::vector<gpurt::DnnAlgoPerf> DnnFindConvolutionAlgorithms(gpurt::Platform& p,
 }
 
 std::string DnnLibraryKey(int device) {
+  // Asked once per device: cudaGetDeviceProperties is slow, and convolutions ask at every call.
+  static std::mutex mu;
+  static std::map<int, std::string> known;
+  std::lock_guard<std::mutex> g(mu);
+  if (auto it = known.find(device); it != known.end()) return it->second;
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return "";  // unknown: choices are kept in memory only
+    return "";  // unknown: choices are kept in memory only (asked again next time)
   }
-  return "cudnn " + std::to_string(cudnnGetVersion()) + " " + prop.name + " sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + " x" + std::to_string(prop.multiProcessorCount);
+  return known[device] = "cudnn " + std::to_string(cudnnGetVersion()) + " " + prop.name + " sm_" +
+                         std::to_string(prop.major) + std::to_string(prop.minor) + " x" +
+                         std::to_string(prop.multiProcessorCount);
 }
 
 void DnnPoolingForward(void* handle, gpurt::Stream s, const gpurt::PoolingForwardArgs& a) {

@@ -44,7 +44,7 @@ def test_a_problem_is_measured_once_and_the_next_process_reads_the_choice_from_d
     assert first["memory_hits"] > 0, first
     files = [open(os.path.join(cache, "dnn", f)).read().splitlines() for f in os.listdir(os.path.join(cache, "dnn"))]
     assert len(files) == 5
-    chosen = {(text.split()[2], " 3, 3]" in text): int(algo) for text, algo in files}
+    chosen = {(text.split()[2], " 3, 3]" in text): int(algo.split()[0]) for text, algo in files}
     if not REAL_GPU:
         # the simulator's model: a Winograd algorithm (6, 7) is fastest on 3x3 unstrided problems,
         # where cuDNN's heuristic (and the simulator's) takes implicit precomputed GEMM (1); the

@@ -81,6 +81,10 @@ struct DnnConvDesc {
   /// mantissas to 10 bits); false: FMA math, full float32. Kiln's kernels set it from the math
   /// mode (kiln/runtime/math_mode.h).
   bool tf32 = false;
+  /// The cudnnMathType_t to run with, as a measurement reported it for the chosen algorithm (cuDNN
+  /// picks tensor-core kernels by algorithm and math type together); -1: from `tf32` (default
+  /// math, or FMA). Never lets a float32 convolution use TF32 when `tf32` is false.
+  int math = -1;
 };
 
 /// cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y (beta == 0 never reads y).
@@ -158,6 +162,7 @@ struct DnnAlgoPerf {
   float time_ms = 0;
   size_t workspace = 0;
   bool deterministic = true;
+  int math = -1;  ///< the cudnnMathType_t it was measured with (-1: not reported)
 };
 
 /// cudnnPoolingMode_t.
