@@ -77,7 +77,7 @@ TEST_CASE("gpu dnn autotune: an algorithm that needs more workspace than given i
     if (r.status == 0) CHECK(r.workspace == 0);
 }
 
-TEST_CASE("gpu dnn autotune: the chosen algorithm runs and gives the heuristic's numbers; a strided problem has no Winograd") {
+TEST_CASE("gpu dnn autotune: the chosen algorithm runs and gives the heuristic's numbers, and a strided problem has no Winograd") {
   Problem pr(Sim());
   std::vector<float> heuristic, chosen;
   for (int algo : {-1, 7}) {

@@ -99,7 +99,7 @@ TEST_CASE("gpu math mode: convolutions may use TF32 by default, matmuls may not,
                        ValueError);
 }
 
-TEST_CASE("gpu math mode: a TF32 convolution reads its inputs as tensor cores do; float32 matches the CPU") {
+TEST_CASE("gpu math mode: a TF32 convolution reads its inputs as tensor cores do, and float32 matches the CPU") {
   KILN_REQUIRE_GPU();
   nd::random::seed(5);
   Tensor x = nd::random::normal(0, 1, {2, 8, 9, 9}), w = nd::random::normal(0, 0.3, {6, 8, 3, 3});
