@@ -82,8 +82,11 @@ void Put(std::ostringstream& o, const DnnConvDesc& c) {
 const std::string& LibraryKey(Platform& p, int device) {
   auto& known = St().library;
   auto it = known.find(device);
-  if (it == known.end()) it = known.emplace(device, p.DnnLibraryKey(device)).first;
-  return it->second;
+  if (it != known.end()) return it->second;
+  static const std::string unknown;
+  std::string key = p.DnnLibraryKey(device);
+  if (key.empty()) return unknown;  // asked again next time: the disk cache is off until known
+  return known.emplace(device, std::move(key)).first->second;
 }
 
 // The problem's text: the call, its descriptors, the math mode and the library (no pointers).
@@ -128,7 +131,7 @@ std::optional<Choice> ReadChoice(const fs::path& file, const std::string& text) 
   std::string line;
   if (!in || !std::getline(in, line) || line != text) return std::nullopt;
   Choice c;
-  if (!(in >> c.algo >> c.math) || c.algo < 0 || c.math < -1) return std::nullopt;
+  if (!(in >> c.algo >> c.math) || c.algo < 0 || c.math < -1 || c.math > 3) return std::nullopt;
   return c;
 }
 
@@ -137,6 +140,7 @@ template <class Args> void Apply(Args& a, const Choice& c) { a.algo = c.algo, a.
 template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, Args& a) {
   State& st = St();
   a.workspace = nullptr, a.workspace_bytes = 0;
+  Apply(a, Choice{});  // the heuristics' unless a choice is found (`a` may carry another chunk's)
   if (!Enabled()) {
     std::lock_guard<std::mutex> g(st.mu);
     ++st.stats.heuristic;
@@ -188,8 +192,16 @@ template <class Args> void Choose(Platform& p, void* dnn, Stream s, int device, 
       perfs = p.DnnFindConvolutionAlgorithms(dnn, s, m);
       break;
     } catch (const MemoryError&) {
-      if (cap == 0) throw;
+      if (cap == 0) {  // no memory to measure with: the heuristics (measured again next time)
+        ++st.stats.heuristic;
+        return;
+      }
       cap /= 2;  // a smaller workspace: fewer algorithms can run
+    } catch (const Error& e) {  // the library could not measure: its heuristic choice stands
+      std::fprintf(stderr, "kiln: warning: measuring convolution algorithms failed, cuDNN's heuristics choose: %s\n",
+                   e.what());
+      perfs.clear();
+      break;
     }
   }
   Choice c;

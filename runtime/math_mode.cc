@@ -11,7 +11,6 @@ namespace kiln::gpurt {
 namespace {
 
 std::atomic<int> g_override[2] = {-1, -1};
-std::atomic<uint64_t> g_generation{0};
 
 const char* SwitchOf(MathOp op) { return op == MathOp::kConv ? "KILN_CONV_TF32" : "KILN_MATMUL_TF32"; }
 const char* WhatOf(MathOp op) { return op == MathOp::kConv ? "convolutions" : "matmuls"; }
@@ -31,9 +30,7 @@ bool Tf32Allowed(MathOp op) {
 
 void SetTf32(MathOp op, int allowed) {
   KILN_CHECK(allowed >= -1 && allowed <= 1) << "SetTf32: " << allowed;
-  if (g_override[static_cast<int>(op)].exchange(allowed) != allowed) g_generation.fetch_add(1);
+  g_override[static_cast<int>(op)].store(allowed);
 }
-
-uint64_t MathModeGeneration() { return g_generation.load(std::memory_order_relaxed); }
 
 }  // namespace kiln::gpurt

@@ -66,7 +66,9 @@ struct Conv {
     // convolutions use TF32 tensor cores on Ampere and later; FMA math keeps them in float32.
     // A measured choice runs with the math type it was measured with (c.math), within c.tf32.
     cudnnMathType_t math = c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-    if (c.math >= 0 && (c.tf32 || c.math == CUDNN_FMA_MATH)) math = static_cast<cudnnMathType_t>(c.math);
+    // Never TENSOR_OP_MATH_ALLOW_CONVERSION (float32 computed in half precision).
+    if (c.math == CUDNN_FMA_MATH || (c.tf32 && (c.math == CUDNN_DEFAULT_MATH || c.math == CUDNN_TENSOR_OP_MATH)))
+      math = static_cast<cudnnMathType_t>(c.math);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, math);
     return st;
   }

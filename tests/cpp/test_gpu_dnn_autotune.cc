@@ -73,8 +73,13 @@ TEST_CASE("gpu dnn autotune: the simulator's Find ranks every algorithm by a mod
 TEST_CASE("gpu dnn autotune: an algorithm that needs more workspace than given is reported, not run") {
   Problem pr(Sim());
   gpurt::ConvForwardArgs a = pr.a;  // no workspace at all
-  for (const gpurt::DnnAlgoPerf& r : pr.p.DnnFindConvolutionAlgorithms(pr.handle(), pr.s, a))
+  int ran = 0, refused = 0;
+  for (const gpurt::DnnAlgoPerf& r : pr.p.DnnFindConvolutionAlgorithms(pr.handle(), pr.s, a)) {
     if (r.status == 0) CHECK(r.workspace == 0);
+    (r.status == 0 ? ran : refused) += 1;
+  }
+  CHECK(ran > 0);      // implicit GEMM needs no workspace
+  CHECK(refused > 0);  // Winograd, FFT and the heuristic's precomputed GEMM need some
 }
 
 TEST_CASE("gpu dnn autotune: the chosen algorithm runs and gives the heuristic's numbers, and a strided problem has no Winograd") {

@@ -2,8 +2,8 @@
 // (default on) and torch.backends.cuda.matmul.allow_tf32 (default off): convolutions may run on
 // TF32 tensor cores (inputs rounded to 10 mantissa bits, relative error ~1e-3) unless
 // KILN_CONV_TF32=0; matmuls stay in full float32 unless KILN_MATMUL_TF32=1. kiln.set_math_mode()
-// overrides either switch for the process. Read at each call: a plan already captured as a CUDA
-// graph keeps the math it was captured with (the executor recaptures when the mode changed).
+// overrides either switch for the process. Read at each call; a CUDA graph replays the math it was
+// captured with, so the executor keys a plan's graphs by the mode (runtime/executor.cc).
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,5 @@ bool Tf32Allowed(MathOp op);
 
 /// Overrides `op`'s switch: 1 allows TF32, 0 keeps full float32, -1 goes back to the environment.
 void SetTf32(MathOp op, int allowed);
-
-/// Changes each time an override changes (the executor recaptures plans captured before).
-uint64_t MathModeGeneration();
 
 }  // namespace kiln::gpurt
